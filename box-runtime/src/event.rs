@@ -1,0 +1,41 @@
+//! The event side of the contract: what `#[derive(OutboxEvent)]` implements.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// An event type that txbox can publish through the outbox and hand to inbox handlers.
+///
+/// Implement it with `#[derive(OutboxEvent)]` and an `#[outbox(...)]` attribute rather than by
+/// hand:
+///
+/// ```ignore
+/// #[derive(Serialize, Deserialize, OutboxEvent)]
+/// #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+/// pub struct OrderCreated { pub order_id: Uuid, pub total_cents: i64 }
+/// ```
+///
+/// The payload on the wire is the event's JSON (serde) representation; the event type travels in
+/// the CloudEvents `ce_type` header.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an outbox event",
+    label = "this type has no `#[derive(OutboxEvent)]`",
+    note = "add `#[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]` and \
+            `#[outbox(event_type = \"...\", topic = \"...\")]` to the type"
+)]
+pub trait OutboxEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// The event type name (`ce_type`), e.g. `"OrderCreated"`.
+    const EVENT_TYPE: &'static str;
+    /// The topic the event is published to.
+    const TOPIC: &'static str;
+    /// The aggregate type, when the derive names one (`aggregate_type = "Order"`).
+    const AGGREGATE_TYPE: Option<&'static str> = None;
+
+    /// The message key (Kafka key): events with the same key keep their order. `None` when the
+    /// derive names no `key` field.
+    fn key(&self) -> Option<String>;
+
+    /// The aggregate id, when the derive names one (`aggregate_id = field`); defaults to the key.
+    fn aggregate_id(&self) -> Option<String> {
+        self.key()
+    }
+}

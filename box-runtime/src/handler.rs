@@ -1,0 +1,419 @@
+//! Handlers: the error type they return, the metadata they may take, and the registry that
+//! `#[inbox_handler]` feeds through `inventory`.
+
+use std::any::{Any, TypeId};
+use std::collections::BTreeMap;
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::event::OutboxEvent;
+
+/// The error a handler returns. Any `std::error::Error + Send + Sync + 'static` converts into it
+/// with `?`. A handler may also return `anyhow::Result<()>` or its own error type (see
+/// [`IntoHandlerError`]).
+///
+/// An ordinary error is *transient*: the transaction is rolled back and the message retried. An
+/// error made with [`HandlerError::permanent`] is not retried.
+pub struct HandlerError {
+    kind: ErrorKind,
+    source: Box<dyn StdError + Send + Sync + 'static>,
+}
+
+/// What kind of failure a [`HandlerError`] reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// Worth retrying: the transaction is rolled back and the message delivered again.
+    Transient,
+    /// Retrying cannot help (the handler said so).
+    Permanent,
+    /// The message itself is unusable (payload does not decode into the event type, ...).
+    BadMessage,
+}
+
+#[derive(Debug)]
+struct Message(String);
+
+impl fmt::Display for Message {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl StdError for Message {}
+
+impl HandlerError {
+    /// A transient error: the message is retried.
+    pub fn transient(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Self { kind: ErrorKind::Transient, source: error.into() }
+    }
+
+    /// A permanent error: retrying cannot help, so the message is not retried.
+    pub fn permanent(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
+        Self { kind: ErrorKind::Permanent, source: error.into() }
+    }
+
+    /// The message cannot be used at all (e.g. its payload does not match the event type).
+    pub fn bad_message(reason: impl Into<String>) -> Self {
+        Self { kind: ErrorKind::BadMessage, source: Box::new(Message(reason.into())) }
+    }
+
+    /// Which kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// Whether retrying the message may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.kind == ErrorKind::Transient
+    }
+
+    /// The underlying error.
+    pub fn source_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// The error and its chain of causes, joined by `: `.
+    pub fn chain(&self) -> String {
+        let mut out = self.source.to_string();
+        let mut next = self.source.source();
+        while let Some(cause) = next {
+            out.push_str(": ");
+            out.push_str(&cause.to_string());
+            next = cause.source();
+        }
+        out
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("kind", &self.kind)
+            .field("error", &self.chain())
+            .finish()
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            ErrorKind::Transient => write!(f, "{}", self.chain()),
+            ErrorKind::Permanent => write!(f, "permanent: {}", self.chain()),
+            ErrorKind::BadMessage => write!(f, "bad message: {}", self.chain()),
+        }
+    }
+}
+
+impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self::transient(error)
+    }
+}
+
+/// Converts what a handler returns in its `Err` into a [`HandlerError`]: implemented for
+/// `HandlerError` itself, every `std::error::Error + Send + Sync + 'static`, `anyhow::Error`,
+/// `Box<dyn Error + Send + Sync>`, `String` and `&str`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as the error type of an inbox handler",
+    label = "this error type does not convert into `txbox::HandlerError`",
+    note = "return `Result<(), HandlerError>`, `anyhow::Result<()>`, or an error type that \
+            implements `std::error::Error + Send + Sync + 'static`"
+)]
+pub trait IntoHandlerError {
+    /// Performs the conversion.
+    fn into_handler_error(self) -> HandlerError;
+}
+
+impl<E: Into<Box<dyn StdError + Send + Sync + 'static>>> IntoHandlerError for E {
+    fn into_handler_error(self) -> HandlerError {
+        match self.into().downcast::<Kinded>() {
+            Ok(kinded) => kinded.0,
+            Err(source) => HandlerError { kind: ErrorKind::Transient, source },
+        }
+    }
+}
+
+/// A `HandlerError` travelling as a boxed error, so that its kind survives the round trip.
+#[derive(Debug)]
+struct Kinded(HandlerError);
+
+impl fmt::Display for Kinded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl StdError for Kinded {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source.source()
+    }
+}
+
+impl From<HandlerError> for Box<dyn StdError + Send + Sync + 'static> {
+    fn from(error: HandlerError) -> Self {
+        Box::new(Kinded(error))
+    }
+}
+
+/// What a handler may know about the message it handles (its optional third parameter,
+/// `meta: &MessageMeta`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MessageMeta {
+    /// The consumer group handling the message.
+    pub group: String,
+    /// The event id the inbox deduplicates on.
+    pub event_id: String,
+    /// The event source, when the consumer is configured to key the inbox by (source, id).
+    pub source: Option<String>,
+    /// The event type (`ce_type`).
+    pub event_type: String,
+    /// Broker coordinates.
+    pub topic: String,
+    /// Broker coordinates.
+    pub partition: i32,
+    /// Broker coordinates.
+    pub offset: i64,
+    /// The message key, if any.
+    pub key: Option<Vec<u8>>,
+    /// The message headers, in broker order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    /// Which attempt this is: 1 for the first delivery, 2 for the first retry, ...
+    pub attempt: u32,
+}
+
+impl MessageMeta {
+    /// The first header with this name, as bytes.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
+    }
+}
+
+/// The future an erased handler returns.
+pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'a>>;
+
+/// An erased handler: decodes the payload into its event type, downcasts the transaction to the
+/// type it declared and runs.
+pub type InvokeFn = for<'a> fn(&'a [u8], &'a mut (dyn Any + Send), &'a MessageMeta) -> HandlerFuture<'a>;
+
+/// A transaction type a handler may take as its second parameter (`tx: &mut PgTx<'_>`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a transaction type txbox can hand to a handler",
+    label = "expected `&mut PgTx<'_>` here",
+    note = "the second parameter of an inbox handler is the transaction txbox opens for the \
+            message: write `tx: &mut txbox::PgTx<'_>`"
+)]
+pub trait HandlerTx: Send {
+    /// The same type with its lifetime made `'static`: what the store hands out.
+    type Static: Any + Send;
+}
+
+impl HandlerTx for sqlx::Transaction<'_, sqlx::Postgres> {
+    type Static = sqlx::Transaction<'static, sqlx::Postgres>;
+}
+
+/// One `#[inbox_handler]`, as registered through `inventory`.
+pub struct HandlerRegistration {
+    /// The event type it handles (`event = "..."`).
+    pub event_type: &'static str,
+    /// The consumer group it belongs to (`group = "..."`).
+    pub group: &'static str,
+    /// The function's path (`module::name`).
+    pub name: &'static str,
+    /// Where it is defined.
+    pub file: &'static str,
+    /// Where it is defined.
+    pub line: u32,
+    /// The `TypeId` of the transaction type it takes.
+    pub tx_type: fn() -> TypeId,
+    /// The erased handler.
+    pub invoke: InvokeFn,
+}
+
+impl HandlerRegistration {
+    /// Used by the code `#[inbox_handler]` generates.
+    #[doc(hidden)]
+    #[allow(clippy::too_many_arguments)]
+    pub const fn new(
+        event_type: &'static str,
+        group: &'static str,
+        name: &'static str,
+        file: &'static str,
+        line: u32,
+        tx_type: fn() -> TypeId,
+        invoke: InvokeFn,
+    ) -> Self {
+        Self { event_type, group, name, file, line, tx_type, invoke }
+    }
+
+    /// `path (file:line)`, for messages.
+    pub fn location(&self) -> String {
+        format!("{} ({}:{})", self.name, self.file, self.line)
+    }
+}
+
+impl fmt::Debug for HandlerRegistration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerRegistration")
+            .field("event_type", &self.event_type)
+            .field("group", &self.group)
+            .field("name", &self.name)
+            .field("file", &self.file)
+            .field("line", &self.line)
+            .finish()
+    }
+}
+
+inventory::collect!(HandlerRegistration);
+
+/// Every handler linked into this binary.
+pub fn registrations() -> impl Iterator<Item = &'static HandlerRegistration> {
+    inventory::iter::<HandlerRegistration>.into_iter()
+}
+
+/// The handlers of one consumer group, by event type.
+#[derive(Debug, Clone)]
+pub struct DispatchTable {
+    group: String,
+    handlers: BTreeMap<&'static str, &'static HandlerRegistration>,
+}
+
+/// Why a dispatch table could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegistryError {
+    /// Two handlers claim the same (event, group).
+    #[error("two handlers for event `{event_type}` in group `{group}`: {first} and {second}; keep one")]
+    Duplicate {
+        /// The event type.
+        event_type: String,
+        /// The group.
+        group: String,
+        /// The first handler, `path (file:line)`.
+        first: String,
+        /// The second handler, `path (file:line)`.
+        second: String,
+    },
+    /// No handler is registered for the group.
+    #[error("no #[inbox_handler] with group = \"{group}\" is linked into this binary")]
+    Empty {
+        /// The group.
+        group: String,
+    },
+    /// A handler takes a transaction of another database than the consumer's store.
+    #[error("handler {handler} takes a transaction of another database than this consumer's store ({store})")]
+    WrongStore {
+        /// The handler, `path (file:line)`.
+        handler: String,
+        /// The store's name.
+        store: &'static str,
+    },
+}
+
+impl DispatchTable {
+    /// Builds the table of `group` from every handler linked into the binary.
+    pub fn for_group(group: &str) -> Result<Self, RegistryError> {
+        Self::from_registrations(group, registrations())
+    }
+
+    /// Builds the table of `group` from the given registrations.
+    pub fn from_registrations<'r>(
+        group: &str,
+        regs: impl IntoIterator<Item = &'r HandlerRegistration>,
+    ) -> Result<Self, RegistryError>
+    where
+        'r: 'static,
+    {
+        let mut handlers: BTreeMap<&'static str, &'static HandlerRegistration> = BTreeMap::new();
+        let mut all: Vec<&'static HandlerRegistration> =
+            regs.into_iter().filter(|r| r.group == group).collect();
+        // Deterministic order, so the error names the same pair on every start.
+        all.sort_by_key(|r| (r.event_type, r.file, r.line));
+        for reg in all {
+            if let Some(first) = handlers.insert(reg.event_type, reg) {
+                return Err(RegistryError::Duplicate {
+                    event_type: reg.event_type.to_owned(),
+                    group: group.to_owned(),
+                    first: first.location(),
+                    second: reg.location(),
+                });
+            }
+        }
+        if handlers.is_empty() {
+            return Err(RegistryError::Empty { group: group.to_owned() });
+        }
+        Ok(Self { group: group.to_owned(), handlers })
+    }
+
+    /// Checks that every handler takes the transaction type `T` of the consumer's store.
+    pub fn check_tx_type<T: Any>(&self, store: &'static str) -> Result<(), RegistryError> {
+        for reg in self.handlers.values() {
+            if (reg.tx_type)() != TypeId::of::<T>() {
+                return Err(RegistryError::WrongStore { handler: reg.location(), store });
+            }
+        }
+        Ok(())
+    }
+
+    /// The group.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+
+    /// The handler for an event type.
+    pub fn get(&self, event_type: &str) -> Option<&'static HandlerRegistration> {
+        self.handlers.get(event_type).copied()
+    }
+
+    /// The event types handled.
+    pub fn event_types(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.handlers.keys().copied()
+    }
+}
+
+/// Runs a typed handler behind the erased [`InvokeFn`] signature. Called by generated code.
+#[doc(hidden)]
+pub fn invoke<'a, E, T, F, Fut, Er>(
+    payload: &'a [u8],
+    tx: &'a mut (dyn Any + Send),
+    meta: &'a MessageMeta,
+    handler: F,
+) -> HandlerFuture<'a>
+where
+    E: OutboxEvent,
+    T: Any + Send,
+    F: FnOnce(E, &'a mut T, &'a MessageMeta) -> Fut,
+    Fut: Future<Output = Result<(), Er>> + Send + 'a,
+    Er: IntoHandlerError,
+{
+    let event = match serde_json::from_slice::<E>(payload) {
+        Ok(event) => event,
+        Err(error) => {
+            let reason = format!(
+                "payload does not decode into `{}` (event type `{}`): {error}",
+                std::any::type_name::<E>(),
+                E::EVENT_TYPE
+            );
+            return Box::pin(std::future::ready(Err(HandlerError::bad_message(reason))));
+        }
+    };
+    let Some(tx) = tx.downcast_mut::<T>() else {
+        let reason = format!(
+            "handler takes `{}`, which is not the transaction type of this consumer's store",
+            std::any::type_name::<T>()
+        );
+        return Box::pin(std::future::ready(Err(HandlerError::permanent(reason))));
+    };
+    let fut = handler(event, tx, meta);
+    Box::pin(async move { fut.await.map_err(IntoHandlerError::into_handler_error) })
+}
+
+/// The `TypeId` of the store transaction behind a handler's transaction parameter. Called by
+/// generated code.
+#[doc(hidden)]
+pub fn tx_type_id<T: HandlerTx + ?Sized>() -> TypeId {
+    TypeId::of::<T::Static>()
+}
