@@ -7,7 +7,12 @@
 #![warn(missing_docs)]
 
 pub use box_macros::{inbox_handler, OutboxEvent};
-pub use box_runtime::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta, PgTx};
+pub use box_runtime::{
+    config, consumer, engine, handler, ident, names, shutdown_signal, store, transport,
+    AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
+    IntoHandlerError, KafkaConfig, MessageMeta, OnExhausted, Outcome, PgStore, PgTx, Report,
+    RetryPolicy, Source, Tables, UnknownEvent,
+};
 
 #[doc(hidden)]
 pub use box_runtime::__private;

@@ -47,17 +47,26 @@ impl StdError for Message {}
 impl HandlerError {
     /// A transient error: the message is retried.
     pub fn transient(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
-        Self { kind: ErrorKind::Transient, source: error.into() }
+        Self {
+            kind: ErrorKind::Transient,
+            source: error.into(),
+        }
     }
 
     /// A permanent error: retrying cannot help, so the message is not retried.
     pub fn permanent(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
-        Self { kind: ErrorKind::Permanent, source: error.into() }
+        Self {
+            kind: ErrorKind::Permanent,
+            source: error.into(),
+        }
     }
 
     /// The message cannot be used at all (e.g. its payload does not match the event type).
     pub fn bad_message(reason: impl Into<String>) -> Self {
-        Self { kind: ErrorKind::BadMessage, source: Box::new(Message(reason.into())) }
+        Self {
+            kind: ErrorKind::BadMessage,
+            source: Box::new(Message(reason.into())),
+        }
     }
 
     /// Which kind of failure this is.
@@ -131,7 +140,10 @@ impl<E: Into<Box<dyn StdError + Send + Sync + 'static>>> IntoHandlerError for E 
     fn into_handler_error(self) -> HandlerError {
         match self.into().downcast::<Kinded>() {
             Ok(kinded) => kinded.0,
-            Err(source) => HandlerError { kind: ErrorKind::Transient, source },
+            Err(source) => HandlerError {
+                kind: ErrorKind::Transient,
+                source,
+            },
         }
     }
 }
@@ -188,7 +200,10 @@ pub struct MessageMeta {
 impl MessageMeta {
     /// The first header with this name, as bytes.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.headers.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_deref())
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_deref())
     }
 }
 
@@ -197,7 +212,8 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 
 /// An erased handler: decodes the payload into its event type, downcasts the transaction to the
 /// type it declared and runs.
-pub type InvokeFn = for<'a> fn(&'a [u8], &'a mut (dyn Any + Send), &'a MessageMeta) -> HandlerFuture<'a>;
+pub type InvokeFn =
+    for<'a> fn(&'a [u8], &'a mut (dyn Any + Send), &'a MessageMeta) -> HandlerFuture<'a>;
 
 /// A transaction type a handler may take as its second parameter (`tx: &mut PgTx<'_>`).
 #[diagnostic::on_unimplemented(
@@ -246,7 +262,15 @@ impl HandlerRegistration {
         tx_type: fn() -> TypeId,
         invoke: InvokeFn,
     ) -> Self {
-        Self { event_type, group, name, file, line, tx_type, invoke }
+        Self {
+            event_type,
+            group,
+            name,
+            file,
+            line,
+            tx_type,
+            invoke,
+        }
     }
 
     /// `path (file:line)`, for messages.
@@ -286,7 +310,9 @@ pub struct DispatchTable {
 #[non_exhaustive]
 pub enum RegistryError {
     /// Two handlers claim the same (event, group).
-    #[error("two handlers for event `{event_type}` in group `{group}`: {first} and {second}; keep one")]
+    #[error(
+        "two handlers for event `{event_type}` in group `{group}`: {first} and {second}; keep one"
+    )]
     Duplicate {
         /// The event type.
         event_type: String,
@@ -343,16 +369,24 @@ impl DispatchTable {
             }
         }
         if handlers.is_empty() {
-            return Err(RegistryError::Empty { group: group.to_owned() });
+            return Err(RegistryError::Empty {
+                group: group.to_owned(),
+            });
         }
-        Ok(Self { group: group.to_owned(), handlers })
+        Ok(Self {
+            group: group.to_owned(),
+            handlers,
+        })
     }
 
     /// Checks that every handler takes the transaction type `T` of the consumer's store.
     pub fn check_tx_type<T: Any>(&self, store: &'static str) -> Result<(), RegistryError> {
         for reg in self.handlers.values() {
             if (reg.tx_type)() != TypeId::of::<T>() {
-                return Err(RegistryError::WrongStore { handler: reg.location(), store });
+                return Err(RegistryError::WrongStore {
+                    handler: reg.location(),
+                    store,
+                });
             }
         }
         Ok(())

@@ -6,13 +6,24 @@
 
 #![warn(missing_docs)]
 
+pub mod config;
+pub mod consumer;
+pub mod engine;
 pub mod event;
 pub mod handler;
 pub mod ident;
 pub mod names;
+pub mod store;
+pub mod transport;
+mod util;
 
+pub use config::{AckStrategy, CommitOn, EventId, OnExhausted, RetryPolicy, Source, UnknownEvent};
+pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
+pub use engine::Outcome;
 pub use event::OutboxEvent;
 pub use handler::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta};
+pub use store::postgres::{PgStore, Tables};
+pub use transport::kafka::{KafkaConfig, Report};
 
 /// The transaction type a PostgreSQL handler takes: `tx: &mut PgTx<'_>`.
 pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;

@@ -1,0 +1,193 @@
+//! How a consumer behaves: acknowledgement strategy, event identity, retries, bad messages.
+
+use std::time::Duration;
+
+use crate::names;
+
+/// When the broker is told a message is done (the offset committed), and whether the inbox
+/// deduplicates. The four strategies measured in the seed article; [`AckStrategy::ExactlyOnceInbox`]
+/// is the default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AckStrategy {
+    /// Commit the offset on receipt, before the handler runs. A failure loses the message: for
+    /// telemetry that is cheaper to lose than to repeat.
+    AtMostOnce,
+    /// Run the handler in a transaction without an inbox row; commit the offset as `commit` says.
+    AtLeastOnce {
+        /// When the offset is committed.
+        commit: CommitOn,
+    },
+    /// Insert the inbox row, run the handler and mark the row processed in one transaction;
+    /// commit the offset only after that transaction commits. Duplicates are skipped.
+    #[default]
+    ExactlyOnceInbox,
+}
+
+/// When [`AckStrategy::AtLeastOnce`] commits the offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CommitOn {
+    /// After the transaction ends, whether it committed or rolled back: a failed message is
+    /// acknowledged and its effect lost.
+    OnPersist,
+    /// Only after the transaction committed: a failed message is delivered again (and its effect
+    /// applied again if it had succeeded before: no deduplication).
+    OnSuccess,
+}
+
+impl AckStrategy {
+    /// Shorthand for `AtLeastOnce { commit: CommitOn::OnPersist }`.
+    pub const AT_LEAST_ONCE_ON_PERSIST: Self = Self::AtLeastOnce {
+        commit: CommitOn::OnPersist,
+    };
+    /// Shorthand for `AtLeastOnce { commit: CommitOn::OnSuccess }`.
+    pub const AT_LEAST_ONCE_ON_SUCCESS: Self = Self::AtLeastOnce {
+        commit: CommitOn::OnSuccess,
+    };
+
+    /// Whether this strategy keeps inbox rows.
+    pub fn uses_inbox(self) -> bool {
+        matches!(self, Self::ExactlyOnceInbox)
+    }
+}
+
+/// Where a message's event id comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventId {
+    /// A header set by the producer: `ce_id` (CloudEvents) by default, `id` for Debezium.
+    Header(String),
+    /// `topic/partition/offset`: only correct while the topic is never rewritten or replayed
+    /// under new offsets, so it must be chosen explicitly.
+    BrokerCoordinates,
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        Self::Header(names::HEADER_ID.to_owned())
+    }
+}
+
+/// Whether the inbox key includes the event's source: `(group, source, id)` instead of
+/// `(group, id)`, for ids that are unique only per producer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Source {
+    /// Ids are globally unique (UUIDs): the key is `(group, id)`.
+    #[default]
+    None,
+    /// The source is read from this header (`ce_source` for CloudEvents); a message without it
+    /// is a bad message.
+    Header(String),
+}
+
+impl Source {
+    /// The CloudEvents `ce_source` header.
+    pub fn cloudevents() -> Self {
+        Self::Header(names::HEADER_SOURCE.to_owned())
+    }
+}
+
+/// How failed handler runs are retried in the process before the message is given up on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Runs in total, including the first (at least 1).
+    pub max_attempts: u32,
+    /// Wait before the first retry.
+    pub initial_backoff: Duration,
+    /// Upper bound of the wait.
+    pub max_backoff: Duration,
+    /// Growth of the wait per attempt.
+    pub factor: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(30),
+            factor: 2.0,
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One run, no retry.
+    pub fn no_retries() -> Self {
+        Self {
+            max_attempts: 1,
+            ..Self::default()
+        }
+    }
+
+    /// The wait after `attempt` failed runs (1-based), with up to 25 % jitter.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let exp = self
+            .factor
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).min(64) as i32);
+        let base = self.initial_backoff.as_secs_f64() * exp;
+        let capped = base.min(self.max_backoff.as_secs_f64());
+        let jitter = 1.0 - 0.25 * crate::util::unit_random();
+        Duration::from_secs_f64((capped * jitter).max(0.0))
+    }
+}
+
+/// What happens to a message whose handler failed on every allowed attempt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnExhausted {
+    /// Store it in the dead-letter table (raw bytes, headers, error, attempts) and commit its
+    /// offset so the partition moves on.
+    #[default]
+    DeadLetter,
+    /// Leave its offset uncommitted and go on with the next messages; the committed offset stays
+    /// before it, so it is delivered again after a restart or rebalance.
+    LeaveUncommitted,
+}
+
+/// What happens to a message whose event type no handler of the group handles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnknownEvent {
+    /// Dead-letter it with the reason.
+    #[default]
+    DeadLetter,
+    /// Acknowledge it without doing anything (topics shared by several services).
+    Skip,
+}
+
+/// The behaviour of one consumer group's inbox.
+#[derive(Clone, Debug)]
+pub struct InboxConfig {
+    /// Acknowledgement strategy.
+    pub ack: AckStrategy,
+    /// Where the event id comes from.
+    pub event_id: EventId,
+    /// Whether the key includes the source.
+    pub source: Source,
+    /// The header carrying the event type.
+    pub event_type_header: String,
+    /// Retries of failed handler runs.
+    pub retry: RetryPolicy,
+    /// What to do once retries are exhausted.
+    pub on_exhausted: OnExhausted,
+    /// What to do with event types no handler handles.
+    pub unknown_event: UnknownEvent,
+    /// Payloads larger than this are dead-lettered unread.
+    pub max_payload_bytes: usize,
+    /// Backoff bounds while the database is unreachable.
+    pub outage_backoff: (Duration, Duration),
+}
+
+impl Default for InboxConfig {
+    fn default() -> Self {
+        Self {
+            ack: AckStrategy::default(),
+            event_id: EventId::default(),
+            source: Source::default(),
+            event_type_header: names::HEADER_TYPE.to_owned(),
+            retry: RetryPolicy::default(),
+            on_exhausted: OnExhausted::default(),
+            unknown_event: UnknownEvent::default(),
+            max_payload_bytes: 1024 * 1024,
+            outage_backoff: (Duration::from_millis(100), Duration::from_secs(10)),
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The consumer service: an inbox on a store, fed by a transport, until shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{
+    AckStrategy, EventId, InboxConfig, OnExhausted, RetryPolicy, Source, UnknownEvent,
+};
+use crate::engine::{Inbox, SetupError};
+use crate::store::InboxStore;
+use crate::transport::kafka::{self, KafkaConfig, KafkaTransportError, Report};
+
+/// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use box_runtime::consumer::Consumer;
+/// use box_runtime::store::postgres::PgStore;
+/// use box_runtime::transport::kafka::KafkaConfig;
+///
+/// let store = PgStore::new(pool);
+/// store.migrate().await?;
+/// Consumer::builder("billing", store, KafkaConfig::new("127.0.0.1:9092", ["orders"]))
+///     .build()?
+///     .run_until_signal()
+///     .await?;
+/// # Ok(()) }
+/// ```
+pub struct Consumer<S> {
+    inbox: Arc<Inbox<S>>,
+    kafka: KafkaConfig,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+}
+
+/// Builds a [`Consumer`]; every setting has a safe default.
+pub struct ConsumerBuilder<S> {
+    group: String,
+    store: S,
+    kafka: KafkaConfig,
+    config: InboxConfig,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+}
+
+impl<S: InboxStore> Consumer<S> {
+    /// A consumer for `group` (the `group = "..."` of its handlers).
+    pub fn builder(group: impl Into<String>, store: S, kafka: KafkaConfig) -> ConsumerBuilder<S> {
+        ConsumerBuilder {
+            group: group.into(),
+            store,
+            kafka,
+            config: InboxConfig::default(),
+            reports: None,
+        }
+    }
+
+    /// The inbox engine.
+    pub fn inbox(&self) -> &Inbox<S> {
+        &self.inbox
+    }
+
+    /// Consumes until `shutdown` completes; then finishes the messages in hand, commits and
+    /// leaves the group.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), KafkaTransportError> {
+        let (tx, rx) = watch::channel(false);
+        let run = kafka::run(self.inbox, self.kafka, rx, self.reports);
+        tokio::pin!(run);
+        tokio::select! {
+            result = &mut run => result,
+            () = shutdown => {
+                let _ = tx.send(true);
+                run.await
+            }
+        }
+    }
+
+    /// Consumes until SIGINT or SIGTERM.
+    pub async fn run_until_signal(self) -> Result<(), KafkaTransportError> {
+        self.run(shutdown_signal()).await
+    }
+}
+
+impl<S: InboxStore> ConsumerBuilder<S> {
+    /// The acknowledgement strategy (default [`AckStrategy::ExactlyOnceInbox`]).
+    pub fn ack(mut self, ack: AckStrategy) -> Self {
+        self.config.ack = ack;
+        self
+    }
+
+    /// Where event ids come from (default: the `ce_id` header).
+    pub fn event_id(mut self, event_id: EventId) -> Self {
+        self.config.event_id = event_id;
+        self
+    }
+
+    /// Keys the inbox by `(source, id)` (default: by id alone).
+    pub fn source(mut self, source: Source) -> Self {
+        self.config.source = source;
+        self
+    }
+
+    /// The header carrying the event type (default `ce_type`).
+    pub fn event_type_header(mut self, name: impl Into<String>) -> Self {
+        self.config.event_type_header = name.into();
+        self
+    }
+
+    /// Retries of failed handler runs (default: 5 runs, 100 ms doubling to 30 s).
+    pub fn retry(mut self, retry: RetryPolicy) -> Self {
+        self.config.retry = retry;
+        self
+    }
+
+    /// What happens once retries are exhausted (default: dead letter).
+    pub fn on_exhausted(mut self, on_exhausted: OnExhausted) -> Self {
+        self.config.on_exhausted = on_exhausted;
+        self
+    }
+
+    /// What happens to event types without a handler (default: dead letter).
+    pub fn unknown_event(mut self, unknown: UnknownEvent) -> Self {
+        self.config.unknown_event = unknown;
+        self
+    }
+
+    /// Payloads over this size are dead-lettered unread (default 1 MiB).
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.config.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Replaces the whole inbox configuration.
+    pub fn config(mut self, config: InboxConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sends a [`Report`] for every message handled (for tests and metrics).
+    pub fn reports(mut self, sender: mpsc::UnboundedSender<Report>) -> Self {
+        self.reports = Some(sender);
+        self
+    }
+
+    /// Builds the dispatch table of the group from every handler linked into the binary; fails
+    /// on two handlers for one event type, or none for the group.
+    pub fn build(self) -> Result<Consumer<S>, SetupError> {
+        let inbox = Inbox::new(self.store, &self.group, self.config)?;
+        Ok(Consumer {
+            inbox: Arc::new(inbox),
+            kafka: self.kafka,
+            reports: self.reports,
+        })
+    }
+}
+
+/// Completes on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+}

@@ -1,0 +1,450 @@
+//! The PostgreSQL store (sqlx): inbox rows, attempt counts, dead letters and migrations.
+
+use sqlx::postgres::PgPool;
+use sqlx::{Postgres, Row};
+
+use super::{Claim, DeadLetter, InboxKey, InboxStore, StoreError};
+use crate::ident::{Ident, IdentError, TableName};
+use crate::names;
+use crate::transport::Delivery;
+
+/// The names of txbox's tables. Every name is a validated identifier; set a schema to keep
+/// txbox's tables (and tests) apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tables {
+    /// Inbox rows: `(consumer_group, source, event_id)`.
+    pub inbox: TableName,
+    /// Failed attempts, kept outside the handler's transaction.
+    pub attempts: TableName,
+    /// Dead letters.
+    pub dead_letters: TableName,
+    /// Outbox rows.
+    pub outbox: TableName,
+    /// Applied migrations.
+    pub migrations: TableName,
+}
+
+impl Default for Tables {
+    fn default() -> Self {
+        Self::in_schema(None)
+    }
+}
+
+fn default_table(schema: Option<&Ident>, name: &str) -> TableName {
+    TableName::new(
+        schema.cloned(),
+        Ident::new(name).expect("default table names are valid"),
+    )
+}
+
+impl Tables {
+    fn in_schema(schema: Option<&Ident>) -> Self {
+        Self {
+            inbox: default_table(schema, names::INBOX_TABLE),
+            attempts: default_table(schema, names::ATTEMPTS_TABLE),
+            dead_letters: default_table(schema, names::DEAD_LETTER_TABLE),
+            outbox: default_table(schema, names::OUTBOX_TABLE),
+            migrations: default_table(schema, names::MIGRATIONS_TABLE),
+        }
+    }
+
+    /// The default table names inside `schema` (created by [`PgStore::migrate`] if missing).
+    pub fn with_schema(schema: &str) -> Result<Self, IdentError> {
+        Ok(Self::in_schema(Some(&Ident::new(schema)?)))
+    }
+
+    /// The schema the tables live in, if set.
+    pub fn schema(&self) -> Option<&Ident> {
+        self.inbox.schema()
+    }
+
+    fn table(&self, name: &str) -> Result<TableName, IdentError> {
+        Ok(TableName::new(self.schema().cloned(), Ident::new(name)?))
+    }
+
+    /// Renames the inbox table.
+    pub fn inbox(mut self, name: &str) -> Result<Self, IdentError> {
+        self.inbox = self.table(name)?;
+        Ok(self)
+    }
+
+    /// Renames the attempts table.
+    pub fn attempts(mut self, name: &str) -> Result<Self, IdentError> {
+        self.attempts = self.table(name)?;
+        Ok(self)
+    }
+
+    /// Renames the dead-letter table.
+    pub fn dead_letters(mut self, name: &str) -> Result<Self, IdentError> {
+        self.dead_letters = self.table(name)?;
+        Ok(self)
+    }
+
+    /// Renames the outbox table.
+    pub fn outbox(mut self, name: &str) -> Result<Self, IdentError> {
+        self.outbox = self.table(name)?;
+        Ok(self)
+    }
+
+    /// Renames the migrations table.
+    pub fn migrations(mut self, name: &str) -> Result<Self, IdentError> {
+        self.migrations = self.table(name)?;
+        Ok(self)
+    }
+}
+
+/// One schema change: `(component, version)` is recorded once applied.
+pub struct Migration {
+    /// Which part of txbox it belongs to (`"inbox"`, `"outbox"`).
+    pub component: &'static str,
+    /// Increasing per component.
+    pub version: i32,
+    /// What it does.
+    pub description: &'static str,
+    /// The SQL, given the configured table names.
+    pub sql: fn(&Tables) -> String,
+}
+
+fn inbox_v1(t: &Tables) -> String {
+    format!(
+        r#"
+CREATE TABLE IF NOT EXISTS {inbox} (
+    consumer_group text        NOT NULL,
+    source         text        NOT NULL DEFAULT '',
+    event_id       text        NOT NULL,
+    event_type     text        NOT NULL,
+    topic          text,
+    "partition"    integer,
+    "offset"       bigint,
+    payload        bytea,
+    received_at    timestamptz NOT NULL DEFAULT now(),
+    processed_at   timestamptz,
+    PRIMARY KEY (consumer_group, source, event_id)
+);
+CREATE INDEX IF NOT EXISTS {inbox_unprocessed} ON {inbox} (received_at) WHERE processed_at IS NULL;
+CREATE INDEX IF NOT EXISTS {inbox_processed} ON {inbox} (processed_at) WHERE processed_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS {attempts} (
+    consumer_group  text        NOT NULL,
+    source          text        NOT NULL,
+    event_id        text        NOT NULL,
+    attempts        integer     NOT NULL,
+    last_error      text        NOT NULL,
+    first_failed_at timestamptz NOT NULL DEFAULT now(),
+    last_failed_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_group, source, event_id)
+);
+CREATE TABLE IF NOT EXISTS {dead} (
+    id               bigserial   PRIMARY KEY,
+    consumer_group   text        NOT NULL,
+    source           text,
+    event_id         text,
+    event_type       text,
+    topic            text        NOT NULL,
+    "partition"      integer     NOT NULL,
+    "offset"         bigint      NOT NULL,
+    message_key      bytea,
+    header_names     text[]      NOT NULL,
+    header_values    bytea[]     NOT NULL,
+    payload          bytea,
+    error            text        NOT NULL,
+    attempts         integer     NOT NULL,
+    first_failed_at  timestamptz NOT NULL,
+    last_failed_at   timestamptz NOT NULL,
+    dead_lettered_at timestamptz NOT NULL DEFAULT now(),
+    replayed_at      timestamptz
+);
+CREATE INDEX IF NOT EXISTS {dead_group} ON {dead} (consumer_group, dead_lettered_at);
+"#,
+        inbox = t.inbox,
+        inbox_unprocessed = t.inbox.derived("unprocessed_idx"),
+        inbox_processed = t.inbox.derived("processed_idx"),
+        attempts = t.attempts,
+        dead = t.dead_letters,
+        dead_group = t.dead_letters.derived("group_idx"),
+    )
+}
+
+/// The migrations txbox ships, in order.
+pub fn migrations() -> &'static [Migration] {
+    static ALL: &[Migration] = &[Migration {
+        component: "inbox",
+        version: 1,
+        description: "inbox, attempts and dead-letter tables",
+        sql: inbox_v1,
+    }];
+    ALL
+}
+
+/// Applies every migration not yet applied. Idempotent, and safe to call from several
+/// processes at once: they serialise on an advisory lock.
+pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(format!("txbox:{}", tables.migrations))
+        .execute(&mut *tx)
+        .await?;
+    if let Some(schema) = tables.schema() {
+        sqlx::raw_sql(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .execute(&mut *tx)
+            .await?;
+    }
+    sqlx::raw_sql(&format!(
+        "CREATE TABLE IF NOT EXISTS {} (component text NOT NULL, version integer NOT NULL, \
+         description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), \
+         PRIMARY KEY (component, version))",
+        tables.migrations
+    ))
+    .execute(&mut *tx)
+    .await?;
+    let applied: Vec<(String, i32)> = sqlx::query_as(&format!(
+        "SELECT component, version FROM {}",
+        tables.migrations
+    ))
+    .fetch_all(&mut *tx)
+    .await?;
+    for m in migrations() {
+        if applied
+            .iter()
+            .any(|(c, v)| c == m.component && *v == m.version)
+        {
+            continue;
+        }
+        sqlx::raw_sql(&(m.sql)(tables)).execute(&mut *tx).await?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (component, version, description) VALUES ($1, $2, $3)",
+            tables.migrations
+        ))
+        .bind(m.component)
+        .bind(m.version)
+        .bind(m.description)
+        .execute(&mut *tx)
+        .await?;
+        tracing::info!(
+            component = m.component,
+            version = m.version,
+            "txbox migration applied"
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The SQL the store runs, rendered once from the table names.
+#[derive(Debug)]
+struct Statements {
+    claim: String,
+    mark_processed: String,
+    clear_attempts: String,
+    record_failure: String,
+    dead_letter: String,
+}
+
+impl Statements {
+    fn new(t: &Tables) -> Self {
+        Self {
+            claim: format!(
+                "WITH ins AS (\
+                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\") \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM ins) AS inserted, \
+                   COALESCE((SELECT attempts FROM {attempts} \
+                             WHERE consumer_group = $1 AND source = $2 AND event_id = $3), 0) AS attempts",
+                inbox = t.inbox,
+                attempts = t.attempts
+            ),
+            mark_processed: format!(
+                "UPDATE {} SET processed_at = now() \
+                 WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
+                t.inbox
+            ),
+            clear_attempts: format!(
+                "DELETE FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
+                t.attempts
+            ),
+            record_failure: format!(
+                "INSERT INTO {a} AS a (consumer_group, source, event_id, attempts, last_error) \
+                 VALUES ($1, $2, $3, 1, $4) \
+                 ON CONFLICT (consumer_group, source, event_id) DO UPDATE \
+                 SET attempts = a.attempts + 1, last_error = EXCLUDED.last_error, last_failed_at = now() \
+                 RETURNING attempts",
+                a = t.attempts
+            ),
+            dead_letter: format!(
+                "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
+                   message_key, header_names, header_values, payload, error, attempts, first_failed_at, last_failed_at) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+                   COALESCE(a.first_failed_at, now()), now() \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = COALESCE($2, '') AND a.event_id = $3",
+                dead = t.dead_letters,
+                attempts = t.attempts
+            ),
+        }
+    }
+}
+
+/// The PostgreSQL store.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    tables: Tables,
+    sql: std::sync::Arc<Statements>,
+}
+
+impl PgStore {
+    /// A store on `pool` with the default table names.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store on `pool` with the given table names.
+    pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
+        let sql = std::sync::Arc::new(Statements::new(&tables));
+        Self { pool, tables, sql }
+    }
+
+    /// Applies txbox's migrations (see [`migrate`]).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        migrate(&self.pool, &self.tables).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table names.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+}
+
+impl InboxStore for PgStore {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+
+    const NAME: &'static str = "postgres";
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.rollback().await?)
+    }
+
+    async fn claim<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        event_type: &'a str,
+        delivery: &'a Delivery,
+    ) -> Result<Claim, StoreError> {
+        let row = sqlx::query(&self.sql.claim)
+            .bind(&key.group)
+            .bind(&key.source)
+            .bind(&key.event_id)
+            .bind(event_type)
+            .bind(&delivery.topic)
+            .bind(delivery.partition)
+            .bind(delivery.offset)
+            .fetch_one(&mut **tx)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            // A unique violation can only mean another transaction inserted the row first.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23505") => {
+                return Ok(Claim::Duplicate)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let inserted: bool = row.try_get("inserted")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        Ok(if inserted {
+            Claim::New {
+                attempts: attempts.max(0) as u32,
+            }
+        } else {
+            Claim::Duplicate
+        })
+    }
+
+    async fn mark_processed<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        had_failures: bool,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.mark_processed)
+            .bind(&key.group)
+            .bind(&key.source)
+            .bind(&key.event_id)
+            .execute(&mut **tx)
+            .await?;
+        if had_failures {
+            sqlx::query(&self.sql.clear_attempts)
+                .bind(&key.group)
+                .bind(&key.source)
+                .bind(&key.event_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn record_failure<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        error: &'a str,
+    ) -> Result<u32, StoreError> {
+        let attempts: i32 = sqlx::query_scalar(&self.sql.record_failure)
+            .bind(&key.group)
+            .bind(&key.source)
+            .bind(&key.event_id)
+            .bind(error)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(attempts.max(0) as u32)
+    }
+
+    async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<(), StoreError> {
+        let d = letter.delivery;
+        let names: Vec<&str> = d.headers.iter().map(|(n, _)| n.as_str()).collect();
+        let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&self.sql.dead_letter)
+            .bind(letter.group)
+            .bind(
+                letter
+                    .key
+                    .map(|k| k.source.as_str())
+                    .filter(|s| !s.is_empty()),
+            )
+            .bind(letter.key.map(|k| k.event_id.as_str()))
+            .bind(letter.event_type)
+            .bind(&d.topic)
+            .bind(d.partition)
+            .bind(d.offset)
+            .bind(d.key.as_deref())
+            .bind(&names)
+            .bind(&values)
+            .bind(d.payload.as_deref())
+            .bind(letter.error)
+            .bind(letter.attempts as i32)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(key) = letter.key {
+            sqlx::query(&self.sql.clear_attempts)
+                .bind(&key.group)
+                .bind(&key.source)
+                .bind(&key.event_id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,43 @@
+//! Transports: where messages come from. The engine sees only [`Delivery`].
+
+pub mod kafka;
+
+/// One message as the broker delivered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// Topic.
+    pub topic: String,
+    /// Partition.
+    pub partition: i32,
+    /// Offset within the partition.
+    pub offset: i64,
+    /// The key, if any.
+    pub key: Option<Vec<u8>>,
+    /// The payload, if any (a tombstone has none).
+    pub payload: Option<Vec<u8>>,
+    /// Headers in broker order.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+impl Delivery {
+    /// The first header with this name.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| v.as_deref())
+    }
+
+    /// The first header with this name as UTF-8, trimmed; `None` when missing, empty or not UTF-8.
+    pub fn header_str(&self, name: &str) -> Option<&str> {
+        self.header(name)
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+    }
+
+    /// `topic/partition@offset`, for messages.
+    pub fn coordinates(&self) -> String {
+        format!("{}/{}@{}", self.topic, self.partition, self.offset)
+    }
+}

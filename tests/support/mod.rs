@@ -1,0 +1,385 @@
+//! Shared fixtures of the integration tests: a PostgreSQL schema per test, a Tansu broker
+//! process per test, and a producer/consumer toolbox. A missing service fails the test with a
+//! message saying how to start it; nothing is skipped.
+
+#![allow(dead_code)]
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Offset, TopicPartitionList};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio::sync::mpsc;
+use txbox::{KafkaConfig, Report};
+
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
+}
+
+/// A schema of its own for one test: every table (txbox's and the test's) lives in it.
+pub struct TestDb {
+    pub pool: PgPool,
+    pub schema: String,
+    pub tables: txbox::Tables,
+}
+
+impl TestDb {
+    pub async fn new(name: &str) -> Self {
+        let url = database_url();
+        let admin = PgPoolOptions::new().max_connections(1).connect(&url).await.unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL is not reachable at {url}: {e}\n\
+                 start it with: pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
+                 or set DATABASE_URL"
+            )
+        });
+        let schema = format!(
+            "t_{}_{}",
+            name,
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+            .execute(&admin)
+            .await
+            .expect("create schema");
+        admin.close().await;
+        let options: PgConnectOptions = url.parse().expect("DATABASE_URL");
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .connect_with(options.options([("search_path", schema.as_str())]))
+            .await
+            .expect("connect to PostgreSQL");
+        let tables = txbox::Tables::with_schema(&schema).expect("valid schema name");
+        sqlx::raw_sql(
+            "CREATE TABLE invoices (id bigserial PRIMARY KEY, order_id uuid NOT NULL, \
+             total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .execute(&pool)
+        .await
+        .expect("create invoices");
+        Self {
+            pool,
+            schema,
+            tables,
+        }
+    }
+
+    pub fn store(&self) -> txbox::PgStore {
+        txbox::PgStore::with_tables(self.pool.clone(), self.tables.clone())
+    }
+
+    pub async fn migrated_store(&self) -> txbox::PgStore {
+        let store = self.store();
+        store.migrate().await.expect("migrate");
+        store
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+
+    pub async fn invoices(&self) -> i64 {
+        self.count("SELECT count(*) FROM invoices").await
+    }
+}
+
+/// A Tansu broker process of its own, on a free port; killed when dropped.
+pub struct Broker {
+    child: Child,
+    pub brokers: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+impl Broker {
+    pub fn start() -> Self {
+        Self::start_on(free_port())
+    }
+
+    pub fn start_on(port: u16) -> Self {
+        let url = format!("tcp://127.0.0.1:{port}");
+        let bin = std::env::var("TANSU_BIN").unwrap_or_else(|_| "tansu".to_owned());
+        let child = Command::new(&bin)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot start the Tansu broker (`{bin}`): {e}\ninstall it with: scripts/install-tansu")
+            });
+        let addr = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "Tansu did not listen on {addr} within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            brokers: addr,
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        self.brokers
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port")
+    }
+
+    /// Kills the broker (its memory storage is lost).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        create_topic(&self.brokers, topic, partitions).await
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin client");
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let results = admin
+        .create_topics(
+            [&new],
+            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+        )
+        .await
+        .expect("create topic");
+    for r in results {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
+/// A producer suitable for Tansu (no idempotence handshake).
+pub fn producer(brokers: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "false")
+        .set("acks", "all")
+        .set("message.timeout.ms", "10000")
+        .create()
+        .expect("producer")
+}
+
+/// A message in CloudEvents binary mode.
+pub struct Msg {
+    pub id: Option<String>,
+    pub event_type: Option<String>,
+    pub payload: Vec<u8>,
+    pub partition: Option<i32>,
+    pub key: Option<String>,
+}
+
+impl Msg {
+    pub fn order(id: &str, order_id: uuid::Uuid, total_cents: i64) -> Self {
+        Self {
+            id: Some(id.to_owned()),
+            event_type: Some("OrderCreated".to_owned()),
+            payload: serde_json::to_vec(
+                &serde_json::json!({"order_id": order_id, "total_cents": total_cents}),
+            )
+            .expect("json"),
+            partition: None,
+            key: Some(order_id.to_string()),
+        }
+    }
+
+    pub fn on_partition(mut self, partition: i32) -> Self {
+        self.partition = Some(partition);
+        self
+    }
+}
+
+pub async fn send(producer: &FutureProducer, topic: &str, msg: Msg) {
+    let mut headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "ce_source",
+            value: Some("tests"),
+        })
+        .insert(Header {
+            key: "ce_specversion",
+            value: Some("1.0"),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json"),
+        });
+    if let Some(id) = &msg.id {
+        headers = headers.insert(Header {
+            key: "ce_id",
+            value: Some(id.as_str()),
+        });
+    }
+    if let Some(t) = &msg.event_type {
+        headers = headers.insert(Header {
+            key: "ce_type",
+            value: Some(t.as_str()),
+        });
+    }
+    let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
+        .payload(msg.payload.as_slice())
+        .headers(headers);
+    if let Some(k) = &msg.key {
+        record = record.key(k.as_str());
+    }
+    if let Some(p) = msg.partition {
+        record = record.partition(p);
+    }
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+/// Consumer settings that make group joins and rebalances quick on a test broker.
+pub fn kafka(brokers: &str, topic: &str) -> KafkaConfig {
+    KafkaConfig::new(brokers, [topic])
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("topic.metadata.refresh.interval.ms", "1000")
+}
+
+/// The offset committed for `group` on `topic`/`partition` (`None` when nothing is committed).
+pub fn committed(brokers: &str, group: &str, topic: &str, partition: i32) -> Option<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, partition);
+    let offsets = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    let element = offsets
+        .find_partition(topic, partition)
+        .expect("partition in answer");
+    match element.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+/// Waits for the committed offset to reach `at_least`; returns what was last seen.
+pub async fn wait_committed(
+    brokers: &str,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    at_least: i64,
+) -> Option<i64> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (b, g, t) = (brokers.to_owned(), group.to_owned(), topic.to_owned());
+        let seen = tokio::task::spawn_blocking(move || committed(&b, &g, &t, partition))
+            .await
+            .expect("join");
+        if seen.is_some_and(|o| o >= at_least) || Instant::now() > deadline {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A consumer running in a task, with its reports and a way to stop it gracefully.
+pub struct Running {
+    pub reports: mpsc::UnboundedReceiver<Report>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    pub fn start<S: txbox::store::InboxStore>(builder: txbox::ConsumerBuilder<S>) -> Self {
+        let (tx, reports) = mpsc::unbounded_channel();
+        let consumer = builder.reports(tx).build().expect("build consumer");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            consumer
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("consumer run");
+        });
+        Self {
+            reports,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// The next report, or `None` if none comes within `within`.
+    pub async fn next(&mut self, within: Duration) -> Option<Report> {
+        tokio::time::timeout(within, self.reports.recv())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// The next `n` reports; panics if they do not come within 30 s.
+    pub async fn take(&mut self, n: usize) -> Vec<Report> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match self.next(Duration::from_secs(30)).await {
+                Some(r) => out.push(r),
+                None => panic!("expected {n} reports, got {}: {out:#?}", out.len()),
+            }
+        }
+        out
+    }
+
+    /// Stops gracefully and waits for the consumer to leave the group.
+    pub async fn stop(mut self) -> mpsc::UnboundedReceiver<Report> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.handle)
+            .await
+            .expect("consumer stops within 30 s")
+            .expect("consumer task");
+        self.reports
+    }
+}
+
+pub fn unique(prefix: &str) -> String {
+    format!(
+        "{prefix}-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    )
+}
