@@ -78,7 +78,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = txbox::PgStore::new(pool);
     store.migrate().await?;
 
-    let kafka = txbox::KafkaConfig::new(brokers, [topic.as_str()]);
+    // A 6 s session (librdkafka's default is 45 s) makes joins and rebalances quick; a member
+    // that dies is noticed after 6 s.
+    let kafka = txbox::KafkaConfig::new(brokers, [topic.as_str()])
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "1000");
     txbox::Consumer::builder(group, store, kafka)
         .build()?
         .run_until_signal()

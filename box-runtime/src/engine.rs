@@ -320,18 +320,18 @@ impl<S: InboxStore> Inbox<S> {
         let id = d.header_str(names_id(&self.config)).unwrap_or("-");
         match outcome {
             Outcome::Processed { attempt } => tracing::info!(
-                group = self.group(), message = %d.coordinates(), event_id = id, attempt, "processed"),
+                group = self.group(), at = %d.coordinates(), event_id = id, attempt, "processed"),
             Outcome::Duplicate => tracing::info!(
-                group = self.group(), message = %d.coordinates(), event_id = id, "duplicate"),
+                group = self.group(), at = %d.coordinates(), event_id = id, "duplicate"),
             Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {
-                tracing::warn!(group = self.group(), message = %d.coordinates(), event_id = id, %error, "{}", outcome.label())
+                tracing::warn!(group = self.group(), at = %d.coordinates(), event_id = id, %error, "{}", outcome.label())
             }
             Outcome::DeadLettered { reason } => tracing::warn!(
-                group = self.group(), message = %d.coordinates(), event_id = id, %reason, "dead-lettered"),
+                group = self.group(), at = %d.coordinates(), event_id = id, %reason, "dead-lettered"),
             Outcome::Skipped { reason } => tracing::info!(
-                group = self.group(), message = %d.coordinates(), event_id = id, %reason, "skipped"),
+                group = self.group(), at = %d.coordinates(), event_id = id, %reason, "skipped"),
             Outcome::Abandoned => tracing::info!(
-                group = self.group(), message = %d.coordinates(), event_id = id, "abandoned at shutdown"),
+                group = self.group(), at = %d.coordinates(), event_id = id, "abandoned at shutdown"),
         }
     }
 
@@ -450,7 +450,7 @@ impl<S: InboxStore> Inbox<S> {
                         && attempts < self.config.retry.max_attempts;
                     if retry {
                         let wait = self.config.retry.backoff(attempts);
-                        tracing::info!(group = self.group(), message = %d.coordinates(), attempt = attempts,
+                        tracing::info!(group = self.group(), at = %d.coordinates(), attempt = attempts,
                             error = %chain, retry_in = ?wait, "handler failed, retrying");
                         if !sleep_unless_shutdown(wait, shutdown).await {
                             return Outcome::Abandoned;

@@ -1,0 +1,44 @@
+# Sourced by scripts/test and scripts/demo: makes sure the services txbox runs against exist.
+# PostgreSQL: started if it is installed but down (and stopped again on exit by the caller's
+# trap if this script started it). Tansu: installed from PyPI if missing.
+
+STARTED_POSTGRES=0
+
+ensure_postgres() {
+  if ! command -v pg_lsclusters >/dev/null 2>&1; then
+    echo "PostgreSQL is not installed; installing it with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  fi
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    local version
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    echo "starting PostgreSQL $version" >&2
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start
+    STARTED_POSTGRES=1
+    for _ in $(seq 1 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+  fi
+  pg_isready -q -h 127.0.0.1 -p 5432 || { echo "PostgreSQL did not come up on 127.0.0.1:5432" >&2; return 1; }
+  # The tests and examples use database `test` as user `postgres`.
+  if ! psql -h 127.0.0.1 -U postgres -d test -Atqc 'select 1' >/dev/null 2>&1; then
+    psql -h 127.0.0.1 -U postgres -d postgres -qc 'CREATE DATABASE test' >/dev/null 2>&1 \
+      || su postgres -c "createdb test" 2>/dev/null || true
+  fi
+  psql -h 127.0.0.1 -U postgres -d test -Atqc 'select 1' >/dev/null \
+    || { echo "cannot connect as postgres to database test on 127.0.0.1:5432 (trust auth expected)" >&2; return 1; }
+}
+
+stop_postgres_if_started() {
+  if [ "$STARTED_POSTGRES" = 1 ]; then
+    local version
+    version=$(ls /etc/postgresql | sort -V | tail -n 1)
+    pg_ctlcluster --skip-systemctl-redirect "$version" main stop || true
+  fi
+}
+
+ensure_tansu() {
+  "$(dirname "${BASH_SOURCE[0]}")/install-tansu"
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
