@@ -23,7 +23,8 @@ fn flag(args: &[String], name: &str, default: &str) -> String {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let brokers = std::env::var("KAFKA_BROKERS").map_err(|_| "set KAFKA_BROKERS (e.g. 127.0.0.1:9092)")?;
+    let brokers =
+        std::env::var("KAFKA_BROKERS").map_err(|_| "set KAFKA_BROKERS (e.g. 127.0.0.1:9092)")?;
     let topic = flag(&args, "--topic", "orders");
     let count: u32 = flag(&args, "--count", "10").parse()?;
     let duplicate_every: u32 = flag(&args, "--duplicate-every", "0").parse()?;
@@ -40,20 +41,48 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "order_id": order_id,
             "total_cents": 1000 + i64::from(i),
         }))?;
-        let copies = if duplicate_every > 0 && i % duplicate_every == 0 { 2 } else { 1 };
+        let copies = if duplicate_every > 0 && i % duplicate_every == 0 {
+            2
+        } else {
+            1
+        };
         for _ in 0..copies {
             let headers = OwnedHeaders::new()
-                .insert(Header { key: "ce_id", value: Some(id.as_str()) })
-                .insert(Header { key: "ce_type", value: Some("OrderCreated") })
-                .insert(Header { key: "ce_source", value: Some("send_orders") })
-                .insert(Header { key: "ce_specversion", value: Some("1.0") })
-                .insert(Header { key: "content-type", value: Some("application/json") });
+                .insert(Header {
+                    key: "ce_id",
+                    value: Some(id.as_str()),
+                })
+                .insert(Header {
+                    key: "ce_type",
+                    value: Some("OrderCreated"),
+                })
+                .insert(Header {
+                    key: "ce_source",
+                    value: Some("send_orders"),
+                })
+                .insert(Header {
+                    key: "ce_specversion",
+                    value: Some("1.0"),
+                })
+                .insert(Header {
+                    key: "content-type",
+                    value: Some("application/json"),
+                });
             let key = order_id.to_string();
-            let record = FutureRecord::to(&topic).key(&key).payload(&payload).headers(headers);
-            producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e)?;
+            let record = FutureRecord::to(&topic)
+                .key(&key)
+                .payload(&payload)
+                .headers(headers);
+            producer
+                .send(record, Duration::from_secs(10))
+                .await
+                .map_err(|(e, _)| e)?;
             sent += 1;
         }
     }
-    println!("sent {sent} messages ({count} orders, {} duplicates) to {topic}", sent - count);
+    println!(
+        "sent {sent} messages ({count} orders, {} duplicates) to {topic}",
+        sent - count
+    );
     Ok(())
 }

@@ -48,6 +48,8 @@ pub enum Outcome {
     DeadLettered {
         /// Why.
         reason: String,
+        /// Its id in the dead-letter table.
+        id: i64,
     },
     /// No handler for the event type and the consumer skips those; acknowledged.
     Skipped {
@@ -142,6 +144,31 @@ pub enum SetupError {
     /// The configuration is invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+}
+
+/// Why a dead letter could not be replayed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// No dead letter with that id in the group.
+    #[error("no dead letter {id} in group `{group}`")]
+    NotFound {
+        /// The group.
+        group: String,
+        /// The id.
+        id: i64,
+    },
+    /// It was replayed successfully before.
+    #[error("dead letter {id} of group `{group}` was already replayed")]
+    AlreadyReplayed {
+        /// The group.
+        group: String,
+        /// The id.
+        id: i64,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 enum Prepared<'d> {
@@ -326,7 +353,7 @@ impl<S: InboxStore> Inbox<S> {
             Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {
                 tracing::warn!(group = self.group(), at = %d.coordinates(), event_id = id, %error, "{}", outcome.label())
             }
-            Outcome::DeadLettered { reason } => tracing::warn!(
+            Outcome::DeadLettered { reason, .. } => tracing::warn!(
                 group = self.group(), at = %d.coordinates(), event_id = id, %reason, "dead-lettered"),
             Outcome::Skipped { reason } => tracing::info!(
                 group = self.group(), at = %d.coordinates(), event_id = id, %reason, "skipped"),
@@ -364,7 +391,10 @@ impl<S: InboxStore> Inbox<S> {
                         let _ = self.store.rollback(tx).await;
                         return Outcome::Duplicate;
                     }
-                    Ok(Claim::New { attempts }) => attempts,
+                    Ok(Claim::New { attempts }) => {
+                        crate::failpoint::hit("after_inbox_insert").await;
+                        attempts
+                    }
                     Err(e) => {
                         let _ = self.store.rollback(tx).await;
                         if !outage.wait(&e, shutdown).await {
@@ -389,6 +419,7 @@ impl<S: InboxStore> Inbox<S> {
             };
             match result {
                 Ok(()) => {
+                    crate::failpoint::hit("after_handler").await;
                     let marked = if inbox {
                         self.store
                             .mark_processed(&mut tx, &key, previous_failures > 0)
@@ -404,7 +435,10 @@ impl<S: InboxStore> Inbox<S> {
                         }
                     };
                     match committed {
-                        Ok(()) => return Outcome::Processed { attempt },
+                        Ok(()) => {
+                            crate::failpoint::hit("after_db_commit").await;
+                            return Outcome::Processed { attempt };
+                        }
                         // The commit may or may not have happened: with an inbox the next
                         // claim tells; without one the handler runs again (at least once).
                         Err(e) => {
@@ -478,6 +512,32 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
+    /// Runs a dead letter of this group through the normal inbox path again (the handler, in
+    /// its transaction with the inbox row). Marks it replayed when it was processed, or when
+    /// the event turns out to be processed already.
+    pub async fn replay(&self, id: i64) -> Result<Outcome, ReplayError> {
+        let letter = self
+            .store
+            .load_dead_letter(self.group(), id)
+            .await?
+            .ok_or_else(|| ReplayError::NotFound {
+                group: self.group().to_owned(),
+                id,
+            })?;
+        if letter.replayed {
+            return Err(ReplayError::AlreadyReplayed {
+                group: self.group().to_owned(),
+                id,
+            });
+        }
+        let (_never, shutdown) = watch::channel(false);
+        let outcome = self.process(&letter.delivery, &shutdown).await;
+        if matches!(outcome, Outcome::Processed { .. } | Outcome::Duplicate) {
+            self.store.mark_replayed(id).await?;
+        }
+        Ok(outcome)
+    }
+
     async fn record_failure(
         &self,
         key: &InboxKey,
@@ -517,9 +577,10 @@ impl<S: InboxStore> Inbox<S> {
         let mut outage = Backoff::new(self.config.outage_backoff);
         loop {
             match self.store.dead_letter(&letter).await {
-                Ok(()) => {
+                Ok(id) => {
                     return Outcome::DeadLettered {
                         reason: reason.to_owned(),
+                        id,
                     }
                 }
                 Err(e) => {

@@ -10,6 +10,7 @@ pub mod config;
 pub mod consumer;
 pub mod engine;
 pub mod event;
+mod failpoint;
 pub mod handler;
 pub mod ident;
 pub mod names;

@@ -55,7 +55,11 @@ impl TestDb {
         let options: PgConnectOptions = url.parse().expect("DATABASE_URL");
         let pool = PgPoolOptions::new()
             .max_connections(10)
-            .connect_with(options.options([("search_path", schema.as_str())]))
+            .connect_with(
+                options
+                    .options([("search_path", schema.as_str())])
+                    .application_name(&schema),
+            )
             .await
             .expect("connect to PostgreSQL");
         let tables = txbox::Tables::with_schema(&schema).expect("valid schema name");
@@ -71,6 +75,31 @@ impl TestDb {
             schema,
             tables,
         }
+    }
+
+    /// A connection URL whose sessions use this test's schema.
+    pub fn url(&self) -> String {
+        let base = database_url();
+        let sep = if base.contains('?') { '&' } else { '?' };
+        format!("{base}{sep}options=-c%20search_path%3D{}", self.schema)
+    }
+
+    /// Terminates every backend of this test's pool (a database outage as the consumer sees it).
+    pub async fn terminate_backends(&self) -> i64 {
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&database_url())
+            .await
+            .expect("admin");
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&self.schema)
+        .fetch_one(&admin)
+        .await
+        .expect("terminate backends");
+        admin.close().await;
+        n
     }
 
     pub fn store(&self) -> txbox::PgStore {

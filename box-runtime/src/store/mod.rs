@@ -178,9 +178,40 @@ pub trait InboxStore: Send + Sync + 'static {
         error: &'a str,
     ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a;
 
-    /// Stores a dead letter outside any transaction.
+    /// Stores a dead letter outside any transaction; returns its id.
     fn dead_letter<'a>(
         &'a self,
         letter: &'a DeadLetter<'a>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a;
+
+    /// Loads a dead letter of `group` by id.
+    fn load_dead_letter<'a>(
+        &'a self,
+        group: &'a str,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<StoredDeadLetter>, StoreError>> + Send + 'a;
+
+    /// Records that a dead letter was replayed successfully.
+    fn mark_replayed(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send + '_;
+}
+
+/// A dead letter as stored: the raw message and what went wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredDeadLetter {
+    /// Its id in the dead-letter table.
+    pub id: i64,
+    /// The consumer group.
+    pub group: String,
+    /// The event id, when the message had one.
+    pub event_id: Option<String>,
+    /// The event type header, when present.
+    pub event_type: Option<String>,
+    /// The raw message (topic, partition, offset, key, headers, payload bytes).
+    pub delivery: Delivery,
+    /// The reason and error chain.
+    pub error: String,
+    /// Failed runs.
+    pub attempts: u32,
+    /// Whether it was replayed successfully.
+    pub replayed: bool,
 }

@@ -3,7 +3,7 @@
 use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Row};
 
-use super::{Claim, DeadLetter, InboxKey, InboxStore, StoreError};
+use super::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
 use crate::ident::{Ident, IdentError, TableName};
 use crate::names;
 use crate::transport::Delivery;
@@ -237,6 +237,8 @@ struct Statements {
     clear_attempts: String,
     record_failure: String,
     dead_letter: String,
+    load_dead_letter: String,
+    mark_replayed: String,
 }
 
 impl Statements {
@@ -275,10 +277,18 @@ impl Statements {
                  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
                    COALESCE(a.first_failed_at, now()), now() \
                  FROM (SELECT 1) AS one \
-                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = COALESCE($2, '') AND a.event_id = $3",
+                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = COALESCE($2, '') AND a.event_id = $3 \
+                 RETURNING id",
                 dead = t.dead_letters,
                 attempts = t.attempts
             ),
+            load_dead_letter: format!(
+                "SELECT id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", message_key, \
+                   header_names, header_values, payload, error, attempts, replayed_at IS NOT NULL AS replayed \
+                 FROM {} WHERE consumer_group = $1 AND id = $2",
+                t.dead_letters
+            ),
+            mark_replayed: format!("UPDATE {} SET replayed_at = now() WHERE id = $1", t.dead_letters),
         }
     }
 }
@@ -410,12 +420,12 @@ impl InboxStore for PgStore {
         Ok(attempts.max(0) as u32)
     }
 
-    async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<(), StoreError> {
+    async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<i64, StoreError> {
         let d = letter.delivery;
         let names: Vec<&str> = d.headers.iter().map(|(n, _)| n.as_str()).collect();
         let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
         let mut tx = self.pool.begin().await?;
-        sqlx::query(&self.sql.dead_letter)
+        let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
             .bind(letter.group)
             .bind(
                 letter
@@ -434,7 +444,7 @@ impl InboxStore for PgStore {
             .bind(d.payload.as_deref())
             .bind(letter.error)
             .bind(letter.attempts as i32)
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await?;
         if let Some(key) = letter.key {
             sqlx::query(&self.sql.clear_attempts)
@@ -445,6 +455,49 @@ impl InboxStore for PgStore {
                 .await?;
         }
         tx.commit().await?;
+        Ok(id)
+    }
+
+    async fn load_dead_letter<'a>(
+        &'a self,
+        group: &'a str,
+        id: i64,
+    ) -> Result<Option<StoredDeadLetter>, StoreError> {
+        let Some(row) = sqlx::query(&self.sql.load_dead_letter)
+            .bind(group)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let names: Vec<String> = row.try_get("header_names")?;
+        let values: Vec<Option<Vec<u8>>> = row.try_get("header_values")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        Ok(Some(StoredDeadLetter {
+            id: row.try_get("id")?,
+            group: row.try_get("consumer_group")?,
+            event_id: row.try_get("event_id")?,
+            event_type: row.try_get("event_type")?,
+            delivery: Delivery {
+                topic: row.try_get("topic")?,
+                partition: row.try_get("partition")?,
+                offset: row.try_get("offset")?,
+                key: row.try_get("message_key")?,
+                payload: row.try_get("payload")?,
+                headers: names.into_iter().zip(values).collect(),
+            },
+            error: row.try_get("error")?,
+            attempts: attempts.max(0) as u32,
+            replayed: row.try_get("replayed")?,
+        }))
+    }
+
+    async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.mark_replayed)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

@@ -11,7 +11,8 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -33,6 +34,11 @@ pub struct KafkaConfig {
     pub settings: Vec<(String, String)>,
     /// Messages buffered per partition before the consumer waits for the partition's task.
     pub partition_buffer: usize,
+    /// Where dead letters are also published (besides the dead-letter table), if anywhere.
+    pub dead_letter_topic: Option<String>,
+    /// librdkafka settings of the dead-letter producer (e.g. `enable.idempotence=false` for
+    /// brokers without idempotent producers).
+    pub producer_settings: Vec<(String, String)>,
 }
 
 impl KafkaConfig {
@@ -47,7 +53,22 @@ impl KafkaConfig {
             group_id: None,
             settings: Vec::new(),
             partition_buffer: 64,
+            dead_letter_topic: None,
+            producer_settings: Vec::new(),
         }
+    }
+
+    /// Also publishes dead letters to `topic`: the original key, payload and headers, plus
+    /// `txbox_dlq_*` headers saying where the message came from and why it was given up.
+    pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
+        self.dead_letter_topic = Some(topic.into());
+        self
+    }
+
+    /// Sets a librdkafka setting of the dead-letter producer.
+    pub fn set_producer(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.producer_settings.push((key.into(), value.into()));
+        self
     }
 
     /// Sets a librdkafka setting (e.g. `session.timeout.ms`).
@@ -252,6 +273,24 @@ pub async fn run<S: InboxStore>(
         .map_err(KafkaTransportError::Setup)?;
     tracing::info!(group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
 
+    let dead_letters = match &config.dead_letter_topic {
+        Some(topic) => {
+            let mut producer = ClientConfig::new();
+            producer
+                .set("bootstrap.servers", &config.brokers)
+                .set("acks", "all");
+            for (k, v) in &config.producer_settings {
+                producer.set(k, v);
+            }
+            let producer: FutureProducer = producer.create().map_err(KafkaTransportError::Setup)?;
+            Some(Arc::new(DeadLetterTopic {
+                producer,
+                topic: topic.clone(),
+                group: group_id.clone(),
+            }))
+        }
+        None => None,
+    };
     let mut tasks: HashMap<PartitionKey, PartitionTask> = HashMap::new();
     // Partition tasks stop after their message in hand when this turns true; the consumer's
     // own shutdown signal is only read by this loop.
@@ -301,6 +340,7 @@ pub async fn run<S: InboxStore>(
                 committer,
                 stop_rx.clone(),
                 reports.clone(),
+                dead_letters.clone(),
             ));
             tasks.insert(
                 pk.clone(),
@@ -360,6 +400,7 @@ async fn partition_task<S: InboxStore>(
     committer: Committer,
     stop: watch::Receiver<bool>,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    dead_letters: Option<Arc<DeadLetterTopic>>,
 ) {
     let mut tracker = OffsetTracker::default();
     let before = inbox.acknowledges_before_processing();
@@ -380,6 +421,9 @@ async fn partition_task<S: InboxStore>(
         let outcome = inbox.process(&d, &stop).await;
         if outcome == Outcome::Abandoned {
             break;
+        }
+        if let (Some(dlq), Outcome::DeadLettered { reason, id }) = (&dead_letters, &outcome) {
+            dlq.publish(&d, reason, *id).await;
         }
         if !before {
             let position = if outcome.acknowledges() {
@@ -404,5 +448,63 @@ async fn partition_task<S: InboxStore>(
     // Make the last position durable before the group hears we left.
     if let Some(position) = tracker.position() {
         committer.commit(position, CommitMode::Sync);
+    }
+}
+
+/// Publishes dead letters to a topic, besides the dead-letter table.
+struct DeadLetterTopic {
+    producer: FutureProducer,
+    topic: String,
+    group: String,
+}
+
+impl DeadLetterTopic {
+    async fn publish(&self, d: &Delivery, reason: &str, id: i64) {
+        let mut headers = OwnedHeaders::new_with_capacity(d.headers.len() + 6);
+        for (name, value) in &d.headers {
+            headers = headers.insert(Header {
+                key: name.as_str(),
+                value: value.as_deref(),
+            });
+        }
+        let partition = d.partition.to_string();
+        let offset = d.offset.to_string();
+        let id = id.to_string();
+        for (key, value) in [
+            ("txbox_dlq_reason", reason),
+            ("txbox_dlq_group", self.group.as_str()),
+            ("txbox_dlq_topic", d.topic.as_str()),
+            ("txbox_dlq_partition", partition.as_str()),
+            ("txbox_dlq_offset", offset.as_str()),
+            ("txbox_dlq_id", id.as_str()),
+        ] {
+            headers = headers.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let mut wait = Duration::from_millis(100);
+        // The dead-letter table already holds the message: the topic is a copy, so a broker that
+        // refuses it for long is logged, not waited on forever.
+        for attempt in 1..=5 {
+            let mut record: FutureRecord<'_, [u8], [u8]> =
+                FutureRecord::to(&self.topic).headers(headers.clone());
+            if let Some(key) = &d.key {
+                record = record.key(key.as_slice());
+            }
+            if let Some(payload) = &d.payload {
+                record = record.payload(payload.as_slice());
+            }
+            match self.producer.send(record, Duration::from_secs(10)).await {
+                Ok(_) => return,
+                Err((e, _)) => {
+                    tracing::warn!(topic = %self.topic, attempt, error = %e, "publishing a dead letter failed");
+                    tokio::time::sleep(wait).await;
+                    wait *= 2;
+                }
+            }
+        }
+        tracing::error!(topic = %self.topic, at = %d.coordinates(),
+            "dead letter not published to the topic after 5 attempts; it is in the dead-letter table");
     }
 }

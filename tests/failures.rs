@@ -1,0 +1,646 @@
+//! Failures: retries, panics, permanent errors, dead letters and their replay, bad messages,
+//! database and broker outages. Each test has its own broker, topic and schema.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::consumer::{Consumer as _, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use serde::{Deserialize, Serialize};
+use support::{send, Broker, Msg, Running, TestDb};
+use txbox::engine::{Inbox, ReplayError};
+use txbox::prelude::*;
+use txbox::{Consumer, Outcome, RetryPolicy, UnknownEvent};
+use uuid::Uuid;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+pub struct OrderCreated {
+    pub order_id: Uuid,
+    pub total_cents: i64,
+}
+
+async fn insert_invoice(event: &OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+fn fast_retries(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(200),
+        factor: 2.0,
+    }
+}
+
+struct Setup {
+    broker: Broker,
+    db: TestDb,
+    store: txbox::PgStore,
+    topic: String,
+    producer: rdkafka::producer::FutureProducer,
+}
+
+async fn setup(name: &str, partitions: i32) -> Setup {
+    let broker = Broker::start();
+    let db = TestDb::new(name).await;
+    let store = db.migrated_store().await;
+    let topic = support::unique(name);
+    broker.create_topic(&topic, partitions).await;
+    let producer = support::producer(&broker.brokers);
+    Setup {
+        broker,
+        db,
+        store,
+        topic,
+        producer,
+    }
+}
+
+impl Setup {
+    fn consumer(&self, group: &str) -> txbox::ConsumerBuilder<txbox::PgStore> {
+        Consumer::builder(
+            group,
+            self.store.clone(),
+            support::kafka(&self.broker.brokers, &self.topic),
+        )
+    }
+
+    async fn send_order(&self, total_cents: i64) -> Uuid {
+        let order = Uuid::new_v4();
+        send(
+            &self.producer,
+            &self.topic,
+            Msg::order(&Uuid::new_v4().to_string(), order, total_cents),
+        )
+        .await;
+        order
+    }
+
+    async fn dead_letters(&self) -> i64 {
+        self.db
+            .count(&format!(
+                "SELECT count(*) FROM {}",
+                self.db.tables.dead_letters
+            ))
+            .await
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retries: the attempt count is stored outside the rolled-back transaction and seen by the
+// handler; a panic is an error like any other.
+
+static RETRY_ATTEMPTS_SEEN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+#[inbox_handler(event = "OrderCreated", group = "retry")]
+async fn fails_twice(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    RETRY_ATTEMPTS_SEEN.lock().unwrap().push(meta.attempt);
+    insert_invoice(&event, tx).await?;
+    if meta.attempt < 3 {
+        return Err(HandlerError::transient(format!(
+            "transient failure on attempt {}",
+            meta.attempt
+        )));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transient_failures_are_retried_with_backoff_and_counted() {
+    let s = setup("retry", 1).await;
+    s.send_order(100).await;
+    let mut c = Running::start(s.consumer("retry").retry(fast_retries(5)));
+    let report = c.take(1).await.remove(0);
+    c.stop().await;
+    assert_eq!(report.outcome, Outcome::Processed { attempt: 3 });
+    assert_eq!(*RETRY_ATTEMPTS_SEEN.lock().unwrap(), vec![1, 2, 3]);
+    assert_eq!(
+        s.db.invoices().await,
+        1,
+        "the two failed runs were rolled back"
+    );
+    assert_eq!(
+        s.db.count(&format!("SELECT count(*) FROM {}", s.db.tables.attempts))
+            .await,
+        0,
+        "cleared on success"
+    );
+}
+
+static RESTART_ATTEMPTS_SEEN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+#[inbox_handler(event = "OrderCreated", group = "restart-attempts")]
+async fn fails_until_third(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    RESTART_ATTEMPTS_SEEN.lock().unwrap().push(meta.attempt);
+    insert_invoice(&event, tx).await?;
+    if meta.attempt < 3 {
+        return Err(HandlerError::transient("not yet"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempt_count_survives_rollback_and_restart() {
+    let s = setup("restart", 1).await;
+    s.send_order(100).await;
+    // Two consumer lifetimes, one run each, nothing kept in memory between them.
+    for expected in 1..=2u32 {
+        let mut c = Running::start(
+            s.consumer("restart-attempts")
+                .retry(RetryPolicy::no_retries())
+                .on_exhausted(txbox::OnExhausted::LeaveUncommitted),
+        );
+        let report = c.take(1).await.remove(0);
+        c.stop().await;
+        assert!(
+            matches!(report.outcome, Outcome::FailedUnacknowledged { attempts, .. } if attempts == expected),
+            "{report:?}"
+        );
+    }
+    let mut c = Running::start(s.consumer("restart-attempts"));
+    let report = c.take(1).await.remove(0);
+    c.stop().await;
+    assert_eq!(report.outcome, Outcome::Processed { attempt: 3 });
+    assert_eq!(*RESTART_ATTEMPTS_SEEN.lock().unwrap(), vec![1, 2, 3]);
+    assert_eq!(s.db.invoices().await, 1);
+}
+
+static PANICKED: AtomicBool = AtomicBool::new(false);
+
+#[inbox_handler(event = "OrderCreated", group = "panic")]
+async fn panics_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    if !PANICKED.swap(true, Ordering::SeqCst) {
+        panic!("handler bug");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_retried_and_the_consumer_keeps_running() {
+    let s = setup("panic", 1).await;
+    s.send_order(100).await;
+    s.send_order(200).await;
+    let mut c = Running::start(s.consumer("panic").retry(fast_retries(3)));
+    let reports = c.take(2).await;
+    c.stop().await;
+    assert_eq!(reports[0].outcome, Outcome::Processed { attempt: 2 });
+    assert_eq!(reports[1].outcome, Outcome::Processed { attempt: 1 });
+    assert_eq!(s.db.invoices().await, 2);
+    let error: String = sqlx::query_scalar(&format!(
+        "SELECT last_error FROM {} LIMIT 1",
+        s.db.tables.attempts
+    ))
+    .fetch_optional(&s.db.pool)
+    .await
+    .unwrap()
+    .unwrap_or_default();
+    assert!(
+        error.is_empty(),
+        "attempts row cleared after success, found {error:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Permanent errors and exhausted retries: dead-lettered, the partition moves on; replayable.
+
+static PERMANENT_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "permanent")]
+async fn rejects_negative_totals(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+) -> Result<(), HandlerError> {
+    if event.total_cents < 0 {
+        PERMANENT_RUNS.fetch_add(1, Ordering::SeqCst);
+        return Err(HandlerError::permanent(format!(
+            "negative total {}",
+            event.total_cents
+        )));
+    }
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_error_dead_letters_at_once_and_the_partition_moves_on() {
+    let s = setup("permanent", 1).await;
+    s.send_order(-5).await;
+    s.send_order(10).await;
+    let mut c = Running::start(s.consumer("permanent").retry(fast_retries(5)));
+    let reports = c.take(2).await;
+    let committed = support::wait_committed(&s.broker.brokers, "permanent", &s.topic, 0, 2).await;
+    c.stop().await;
+    assert!(
+        matches!(&reports[0].outcome, Outcome::DeadLettered { reason, .. } if reason.contains("negative total -5")),
+        "{reports:#?}"
+    );
+    assert_eq!(
+        PERMANENT_RUNS.load(Ordering::SeqCst),
+        1,
+        "no retry of a permanent error"
+    );
+    assert!(matches!(reports[1].outcome, Outcome::Processed { .. }));
+    assert_eq!(committed, Some(2));
+    let (attempts, error): (i32, String) = sqlx::query_as(&format!(
+        "SELECT attempts, error FROM {}",
+        s.db.tables.dead_letters
+    ))
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 1);
+    assert!(error.contains("permanent: negative total -5"), "{error}");
+}
+
+static FIXED: AtomicBool = AtomicBool::new(false);
+static EXHAUST_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "exhaust")]
+async fn fails_until_fixed(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    EXHAUST_RUNS.fetch_add(1, Ordering::SeqCst);
+    insert_invoice(&event, tx).await?;
+    if event.total_cents == 666 && !FIXED.load(Ordering::SeqCst) {
+        return Err(HandlerError::transient("downstream rejected the order"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_retries_dead_letter_to_table_and_topic_then_replay_applies_once() {
+    let s = setup("exhaust", 1).await;
+    let dlq_topic = format!("{}.dlq", s.topic);
+    s.broker.create_topic(&dlq_topic, 1).await;
+    let poison = s.send_order(666).await;
+    s.send_order(1).await;
+    let kafka = support::kafka(&s.broker.brokers, &s.topic)
+        .dead_letter_topic(&dlq_topic)
+        .set_producer("enable.idempotence", "false");
+    let mut c =
+        Running::start(Consumer::builder("exhaust", s.store.clone(), kafka).retry(fast_retries(3)));
+    let reports = c.take(2).await;
+    c.stop().await;
+    let Outcome::DeadLettered { id, reason } = &reports[0].outcome else {
+        panic!("{reports:#?}")
+    };
+    assert!(
+        reason.contains("failed 3 times") && reason.contains("downstream rejected"),
+        "{reason}"
+    );
+    assert_eq!(
+        EXHAUST_RUNS.load(Ordering::SeqCst),
+        4,
+        "3 runs of the poison message, 1 of the next"
+    );
+    assert!(
+        matches!(reports[1].outcome, Outcome::Processed { .. }),
+        "the partition moved on"
+    );
+    assert_eq!(s.db.invoices().await, 1);
+
+    // The table keeps the raw message; the topic has a copy with the reason.
+    let (payload, names): (Vec<u8>, Vec<String>) = sqlx::query_as(&format!(
+        "SELECT payload, header_names FROM {} WHERE id = $1",
+        s.db.tables.dead_letters
+    ))
+    .bind(id)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        serde_json::from_slice::<OrderCreated>(&payload)
+            .unwrap()
+            .order_id,
+        poison
+    );
+    assert!(names.contains(&"ce_id".to_owned()) && names.contains(&"ce_type".to_owned()));
+    let dlq: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &s.broker.brokers)
+        .set("group.id", "dlq-reader")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    dlq.subscribe(&[dlq_topic.as_str()]).unwrap();
+    let m = tokio::time::timeout(Duration::from_secs(30), dlq.recv())
+        .await
+        .expect("a dead letter on the topic")
+        .unwrap();
+    assert_eq!(m.payload(), Some(payload.as_slice()));
+    let reason_header = m
+        .headers()
+        .and_then(|h| {
+            h.iter()
+                .find(|h| h.key == "txbox_dlq_reason")
+                .and_then(|h| h.value.map(<[u8]>::to_vec))
+        })
+        .expect("reason header");
+    assert!(String::from_utf8_lossy(&reason_header).contains("downstream rejected"));
+
+    // Fix the bug, replay: the handler runs through the inbox, once.
+    FIXED.store(true, Ordering::SeqCst);
+    let inbox = Inbox::new(s.store.clone(), "exhaust", Default::default()).unwrap();
+    let outcome = inbox.replay(*id).await.unwrap();
+    assert_eq!(outcome, Outcome::Processed { attempt: 1 });
+    assert_eq!(s.db.invoices().await, 2);
+    assert!(matches!(
+        inbox.replay(*id).await,
+        Err(ReplayError::AlreadyReplayed { .. })
+    ));
+    assert!(matches!(
+        inbox.replay(999_999).await,
+        Err(ReplayError::NotFound { .. })
+    ));
+    assert_eq!(s.db.invoices().await, 2, "a second replay applies nothing");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad messages: each dead-lettered at once with a reason naming what was wrong, raw bytes kept.
+
+static BAD_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "bad-messages")]
+async fn counts_runs(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    BAD_RUNS.fetch_add(1, Ordering::SeqCst);
+    insert_invoice(&event, tx).await
+}
+
+fn raw(id: Option<&str>, event_type: Option<&str>, payload: &[u8]) -> Msg {
+    Msg {
+        id: id.map(str::to_owned),
+        event_type: event_type.map(str::to_owned),
+        payload: payload.to_vec(),
+        partition: None,
+        key: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_messages_are_dead_lettered_with_reason_and_raw_bytes() {
+    let s = setup("bad", 1).await;
+    let good =
+        serde_json::to_vec(&serde_json::json!({"order_id": Uuid::new_v4(), "total_cents": 1}))
+            .unwrap();
+    let cases: Vec<(&str, Msg, &str)> = vec![
+        (
+            "not json",
+            raw(Some("b1"), Some("OrderCreated"), b"{not json"),
+            "payload does not decode",
+        ),
+        (
+            "missing field",
+            raw(
+                Some("b2"),
+                Some("OrderCreated"),
+                br#"{"order_id":"6f1c64c5-3d1c-4a55-9a5d-2a1f0b0c9e11"}"#,
+            ),
+            "missing field `total_cents`",
+        ),
+        (
+            "wrong type",
+            raw(
+                Some("b3"),
+                Some("OrderCreated"),
+                br#"{"order_id":"x","total_cents":"lots"}"#,
+            ),
+            "invalid",
+        ),
+        (
+            "no id",
+            raw(None, Some("OrderCreated"), &good),
+            "missing or empty event id header `ce_id`",
+        ),
+        (
+            "empty id",
+            raw(Some(""), Some("OrderCreated"), &good),
+            "missing or empty event id header `ce_id`",
+        ),
+        (
+            "no type",
+            raw(Some("b6"), None, &good),
+            "missing or empty event type header `ce_type`",
+        ),
+        (
+            "unknown type",
+            raw(Some("b7"), Some("OrderShipped"), &good),
+            "no handler for event type `OrderShipped`",
+        ),
+        (
+            "too large",
+            raw(Some("b8"), Some("OrderCreated"), &[b' '; 5000]),
+            "exceeds the limit of 4096 bytes",
+        ),
+    ];
+    for (_, msg, _) in &cases {
+        send(
+            &s.producer,
+            &s.topic,
+            Msg {
+                id: msg.id.clone(),
+                event_type: msg.event_type.clone(),
+                payload: msg.payload.clone(),
+                partition: None,
+                key: None,
+            },
+        )
+        .await;
+    }
+    s.send_order(42).await;
+    let mut c = Running::start(s.consumer("bad-messages").max_payload_bytes(4096));
+    let reports = c.take(cases.len() + 1).await;
+    let committed = support::wait_committed(
+        &s.broker.brokers,
+        "bad-messages",
+        &s.topic,
+        0,
+        cases.len() as i64 + 1,
+    )
+    .await;
+    c.stop().await;
+    for ((name, msg, expected), report) in cases.iter().zip(&reports) {
+        let Outcome::DeadLettered { reason, id } = &report.outcome else {
+            panic!("{name}: expected a dead letter, got {:?}", report.outcome)
+        };
+        assert!(
+            reason.contains(expected),
+            "{name}: reason {reason:?} should contain {expected:?}"
+        );
+        let payload: Option<Vec<u8>> = sqlx::query_scalar(&format!(
+            "SELECT payload FROM {} WHERE id = $1",
+            s.db.tables.dead_letters
+        ))
+        .bind(id)
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            payload.as_deref(),
+            Some(msg.payload.as_slice()),
+            "{name}: raw bytes kept"
+        );
+    }
+    assert!(
+        matches!(reports[cases.len()].outcome, Outcome::Processed { .. }),
+        "the consumer went on"
+    );
+    assert_eq!(
+        BAD_RUNS.load(Ordering::SeqCst),
+        1,
+        "the handler ran only for the good message"
+    );
+    assert_eq!(committed, Some(cases.len() as i64 + 1));
+    assert_eq!(s.dead_letters().await, cases.len() as i64);
+}
+
+#[inbox_handler(event = "OrderCreated", group = "skip-unknown")]
+async fn skip_unknown_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_event_types_can_be_skipped_and_acknowledged() {
+    let s = setup("skip", 1).await;
+    let payload = serde_json::to_vec(&serde_json::json!({"anything": 1})).unwrap();
+    send(
+        &s.producer,
+        &s.topic,
+        raw(Some("s1"), Some("InventoryReserved"), &payload),
+    )
+    .await;
+    s.send_order(5).await;
+    let mut c = Running::start(s.consumer("skip-unknown").unknown_event(UnknownEvent::Skip));
+    let reports = c.take(2).await;
+    let committed =
+        support::wait_committed(&s.broker.brokers, "skip-unknown", &s.topic, 0, 2).await;
+    c.stop().await;
+    assert!(
+        matches!(&reports[0].outcome, Outcome::Skipped { reason } if reason.contains("InventoryReserved"))
+    );
+    assert!(matches!(reports[1].outcome, Outcome::Processed { .. }));
+    assert_eq!(committed, Some(2));
+    assert_eq!(s.dead_letters().await, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outages: the database's connections are killed mid-stream; the broker is killed and restarted.
+
+#[inbox_handler(event = "OrderCreated", group = "db-outage")]
+async fn slow_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_outage_mid_stream_loses_and_doubles_nothing() {
+    let s = setup("dbout", 3).await;
+    let total = 300;
+    let mut ids = Vec::new();
+    for i in 0..total {
+        let (id, order) = (Uuid::new_v4().to_string(), Uuid::new_v4());
+        send(&s.producer, &s.topic, Msg::order(&id, order, i)).await;
+        if i % 10 == 0 {
+            // a few duplicate deliveries as well
+            send(&s.producer, &s.topic, Msg::order(&id, order, i)).await;
+        }
+        ids.push(order);
+    }
+    let mut c = Running::start(s.consumer("db-outage").retry(fast_retries(5)));
+    let mut seen = 0;
+    let mut killed = 0;
+    while seen < total + total / 10 {
+        c.next(Duration::from_secs(60))
+            .await
+            .expect("the consumer keeps going through the outage");
+        seen += 1;
+        if seen % 80 == 0 {
+            killed += s.db.terminate_backends().await;
+        }
+    }
+    c.stop().await;
+    assert!(killed > 0, "the outage must have hit live connections");
+    let distinct =
+        s.db.count("SELECT count(DISTINCT order_id) FROM invoices")
+            .await;
+    println!(
+        "terminated {killed} backends; invoices {} for {distinct} orders",
+        s.db.invoices().await
+    );
+    assert_eq!(distinct, total);
+    assert_eq!(s.db.invoices().await, total, "no event applied twice");
+    assert_eq!(
+        s.dead_letters().await,
+        0,
+        "an outage is not a failure of the message"
+    );
+}
+
+#[inbox_handler(event = "OrderCreated", group = "broker-outage")]
+async fn broker_outage_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_killed_and_restarted_nothing_doubled() {
+    let mut s = setup("brokerout", 1).await;
+    let first: Vec<(String, Uuid)> = (0..20)
+        .map(|_| (Uuid::new_v4().to_string(), Uuid::new_v4()))
+        .collect();
+    for (id, order) in &first {
+        send(&s.producer, &s.topic, Msg::order(id, *order, 1)).await;
+    }
+    let mut c = Running::start(s.consumer("broker-outage"));
+    c.take(first.len()).await;
+
+    // Kill the broker; its memory storage is gone. Restart it on the same port and produce the
+    // same events again, plus new ones.
+    let port = s.broker.port();
+    s.broker.kill();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    s.broker = Broker::start_on(port);
+    s.broker.create_topic(&s.topic, 1).await;
+    s.producer = support::producer(&s.broker.brokers);
+    let second: Vec<(String, Uuid)> = (0..20)
+        .map(|_| (Uuid::new_v4().to_string(), Uuid::new_v4()))
+        .collect();
+    for (id, order) in first.iter().chain(&second) {
+        send(&s.producer, &s.topic, Msg::order(id, *order, 2)).await;
+    }
+    let mut duplicates = 0;
+    let mut processed = 0;
+    while processed < second.len() {
+        let r = c
+            .next(Duration::from_secs(90))
+            .await
+            .expect("the consumer recovers after the broker restart");
+        match r.outcome {
+            Outcome::Processed { .. } => processed += 1,
+            Outcome::Duplicate => duplicates += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    c.stop().await;
+    println!("after the broker restart: {processed} processed, {duplicates} duplicates");
+    assert_eq!(s.db.invoices().await, 40);
+    assert_eq!(
+        s.db.count("SELECT count(DISTINCT order_id) FROM invoices")
+            .await,
+        40,
+        "nothing doubled"
+    );
+}
