@@ -1,0 +1,401 @@
+//! Crashes: the consumer runs as a real child process (the `billing` and `soak_consumer`
+//! examples, built with the `failpoints` feature) and is killed with SIGKILL at each step
+//! between receiving a message and committing its offset, then restarted. Every event's effect
+//! must happen exactly once.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+use support::{send, Broker, Msg, TestDb};
+use uuid::Uuid;
+
+/// Builds the child programs once (with failpoints) and returns the path of one.
+fn example(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args([
+                "build",
+                "--quiet",
+                "--features",
+                "failpoints",
+                "--example",
+                "billing",
+                "--example",
+                "soak_consumer",
+            ])
+            .status()
+            .expect("run cargo build for the child programs");
+        assert!(
+            status.success(),
+            "building the examples with --features failpoints failed"
+        );
+    });
+    // target/<profile>/deps/crash-<hash> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// A child consumer process; its stdout and stderr lines are collected.
+struct ChildConsumer {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    events: mpsc::Receiver<String>,
+}
+
+impl ChildConsumer {
+    fn start(
+        program: &str,
+        db: &TestDb,
+        brokers: &str,
+        topic: &str,
+        failpoint: Option<&str>,
+    ) -> Self {
+        let mut cmd = Command::new(example(program));
+        cmd.args(["--topic", topic])
+            .env("DATABASE_URL", db.url())
+            .env("KAFKA_BROKERS", brokers)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match failpoint {
+            Some(fp) => cmd.env("TXBOX_FAILPOINT", fp),
+            None => cmd.env_remove("TXBOX_FAILPOINT"),
+        };
+        let mut child = cmd.spawn().expect("spawn child consumer");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, events) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        for stream in [
+            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+            Box::new(stderr),
+        ] {
+            let (lines, tx) = (lines.clone(), tx.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(line.clone());
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self {
+            child,
+            lines,
+            events,
+        }
+    }
+
+    /// Waits for a line containing `needle`.
+    fn wait_for(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(_) => {}
+                Err(_) => panic!(
+                    "the child never printed {needle:?} within {within:?} (built without the `failpoints` \
+                     feature? run scripts/test); its output:\n{}",
+                    self.lines.lock().unwrap().join("\n")
+                ),
+            }
+        }
+    }
+
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// SIGKILL: no cleanup, no commit, no leaving the group.
+    fn kill9(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap");
+    }
+
+    /// SIGTERM, and the exit status of the graceful shutdown.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "child did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ChildConsumer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn wait_until(db: &TestDb, sql: &str, target: i64, within: Duration) -> i64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = db.count(sql).await;
+        if n >= target || Instant::now() > deadline {
+            return n;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn crash_at(failpoint: &str) {
+    let broker = Broker::start();
+    let db = TestDb::new("crash").await;
+    db.migrated_store().await;
+    let topic = support::unique("crash");
+    broker.create_topic(&topic, 1).await;
+    let producer = support::producer(&broker.brokers);
+    let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+    for (i, order) in orders.iter().enumerate() {
+        send(
+            &producer,
+            &topic,
+            Msg::order(&Uuid::new_v4().to_string(), *order, i as i64),
+        )
+        .await;
+    }
+
+    // The third message reaches the failpoint; the process is killed right there.
+    let spec = format!("{failpoint}:3");
+    let mut first = ChildConsumer::start("billing", &db, &broker.brokers, &topic, Some(&spec));
+    first.wait_for(
+        &format!("txbox failpoint {failpoint} reached"),
+        Duration::from_secs(60),
+    );
+    first.kill9();
+    let committed_before_restart = db
+        .count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL")
+        .await;
+
+    let mut second = ChildConsumer::start("billing", &db, &broker.brokers, &topic, None);
+    let processed = wait_until(
+        &db,
+        "SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL",
+        orders.len() as i64,
+        Duration::from_secs(90),
+    )
+    .await;
+    // Let the restarted consumer read everything it will be given before stopping it.
+    support::wait_committed(&broker.brokers, "billing", &topic, 0, orders.len() as i64).await;
+    let status = second.terminate();
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+
+    println!(
+        "{failpoint}: {committed_before_restart} committed before the kill; after restart {} processed lines, {} duplicates",
+        second.count(" processed "),
+        second.count(" duplicate ")
+    );
+    assert_eq!(
+        processed,
+        orders.len() as i64,
+        "every event processed after the restart"
+    );
+    for order in &orders {
+        let n = db
+            .count(&format!(
+                "SELECT count(*) FROM invoices WHERE order_id = '{order}'"
+            ))
+            .await;
+        assert_eq!(
+            n, 1,
+            "order {order} invoiced exactly once after a SIGKILL at {failpoint}"
+        );
+    }
+    if failpoint == "after_db_commit" {
+        assert_eq!(
+            committed_before_restart, 3,
+            "the third transaction committed before the kill"
+        );
+        assert!(
+            second.count(" duplicate ") >= 1,
+            "the committed but unacknowledged message came back as a duplicate"
+        );
+    } else {
+        assert_eq!(
+            committed_before_restart, 2,
+            "the third transaction died with the process"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_inbox_insert_applies_each_event_once() {
+    crash_at("after_inbox_insert").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_handler_applies_each_event_once() {
+    crash_at("after_handler").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_db_commit_before_offset_commit_applies_each_event_once() {
+    crash_at("after_db_commit").await;
+}
+
+/// The soak: 20 000 events on 3 partitions, 1 % delivered twice, 5 % failing transiently on the
+/// first attempt, 0.5 % failing permanently, and the consumer SIGKILLed three times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
+    const EVENTS: usize = 20_000;
+    let broker = Broker::start();
+    let db = TestDb::new("soak").await;
+    db.migrated_store().await;
+    let topic = support::unique("soak");
+    broker.create_topic(&topic, 3).await;
+    let producer = support::producer(&broker.brokers);
+
+    // Fate in the last digit of total_cents: 0 fine, 1 transient once, 2 permanent.
+    let mut permanent = 0i64;
+    let mut transient = 0i64;
+    let mut duplicates = 0i64;
+    let mut pending = Vec::with_capacity(EVENTS + EVENTS / 100);
+    let mut end_offsets = [0i64; 3];
+    for i in 0..EVENTS {
+        let fate = if i % 200 == 7 {
+            permanent += 1;
+            2
+        } else if i % 20 == 3 {
+            transient += 1;
+            1
+        } else {
+            0
+        };
+        let (id, order) = (Uuid::now_v7().to_string(), Uuid::new_v4());
+        let payload = serde_json::to_vec(
+            &serde_json::json!({"order_id": order, "total_cents": (i as i64) * 10 + fate}),
+        )
+        .expect("json");
+        let copies = if i % 100 == 50 { 2 } else { 1 };
+        duplicates += copies - 1;
+        for _ in 0..copies {
+            let headers = OwnedHeaders::new()
+                .insert(Header {
+                    key: "ce_id",
+                    value: Some(id.as_str()),
+                })
+                .insert(Header {
+                    key: "ce_type",
+                    value: Some("OrderCreated"),
+                });
+            let key = order.to_string();
+            let record = FutureRecord::to(&topic)
+                .key(&key)
+                .payload(&payload)
+                .headers(headers);
+            pending.push(
+                producer
+                    .send_result(record)
+                    .map_err(|(e, _)| e)
+                    .expect("enqueue"),
+            );
+        }
+    }
+    for delivery in pending {
+        let d = delivery
+            .await
+            .expect("delivered")
+            .map_err(|(e, _)| e)
+            .expect("acked");
+        end_offsets[d.partition as usize] = end_offsets[d.partition as usize].max(d.offset + 1);
+    }
+    let unique = EVENTS as i64;
+    let done_sql = "SELECT (SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL) \
+                    + (SELECT count(*) FROM txbox_dead_letters)";
+    let started = Instant::now();
+
+    // Three SIGKILLs at about a quarter, half and three quarters of the way.
+    let mut kills = 0;
+    for quarter in 1..=3i64 {
+        let mut child = ChildConsumer::start("soak_consumer", &db, &broker.brokers, &topic, None);
+        let reached = wait_until(
+            &db,
+            done_sql,
+            unique * quarter / 4,
+            Duration::from_secs(600),
+        )
+        .await;
+        assert!(
+            reached >= unique * quarter / 4,
+            "stalled at {reached} of {unique}"
+        );
+        child.kill9();
+        kills += 1;
+    }
+    let mut last = ChildConsumer::start("soak_consumer", &db, &broker.brokers, &topic, None);
+    let done = wait_until(&db, done_sql, unique, Duration::from_secs(600)).await;
+    for (partition, end) in end_offsets.iter().enumerate() {
+        let committed =
+            support::wait_committed(&broker.brokers, "soak", &topic, partition as i32, *end).await;
+        assert_eq!(
+            committed,
+            Some(*end),
+            "partition {partition} not stalled: committed up to its end"
+        );
+    }
+    assert!(last.terminate().success());
+    let elapsed = started.elapsed();
+
+    let invoices = db.invoices().await;
+    let distinct = db
+        .count("SELECT count(DISTINCT order_id) FROM invoices")
+        .await;
+    let dead = db.count("SELECT count(*) FROM txbox_dead_letters").await;
+    let dead_wrong = db
+        .count("SELECT count(*) FROM txbox_dead_letters WHERE error NOT LIKE '%injected permanent failure%'")
+        .await;
+    println!(
+        "soak: {EVENTS} events (+{duplicates} duplicate deliveries) on 3 partitions, {transient} transient and \
+         {permanent} permanent failures, {kills} SIGKILLs, {:.1} s\n\
+         soak: resolved {done}, invoices {invoices} (distinct orders {distinct}), dead letters {dead}, \
+         expected invoices {}",
+        elapsed.as_secs_f64(),
+        unique - permanent
+    );
+    assert_eq!(done, unique, "every event resolved: no message lost");
+    assert_eq!(
+        invoices,
+        unique - permanent,
+        "invoices == unique events minus permanent failures"
+    );
+    assert_eq!(distinct, invoices, "no event applied twice");
+    assert_eq!(dead, permanent, "dead letters == permanent failures");
+    assert_eq!(dead_wrong, 0, "only permanent failures were dead-lettered");
+}
