@@ -483,3 +483,79 @@ async fn failed_message_is_not_skipped_by_a_later_success() {
     assert_eq!(committed, Some(2));
     assert_eq!(db.invoices().await, 2, "each order invoiced once");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Rebalance (in-process Kafka: only Kafka semantics matter here): a second member joins and the
+// first leaves mid-stream; every event is applied once and every partition is committed to its
+// end by whoever owns it last.
+
+#[inbox_handler(event = "OrderCreated", group = "rebalance")]
+async fn rebalance_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rebalance_mid_stream_applies_each_event_once() {
+    use txbox::transport::in_process::{InProcessKafka, CONSUMER_SETTINGS};
+    let kafka = InProcessKafka::start().expect("in-process kafka");
+    let topic = "rebalance";
+    kafka.create_topic(topic, 4).expect("topic");
+    let db = TestDb::new("rebalance").await;
+    let store = db.migrated_store().await;
+    let producer = support::producer(kafka.brokers());
+    let total = 400;
+    for i in 0..total {
+        send(
+            &producer,
+            topic,
+            Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), i),
+        )
+        .await;
+    }
+    let config = || {
+        CONSUMER_SETTINGS.iter().fold(
+            txbox::KafkaConfig::new(kafka.brokers(), [topic]),
+            |c, (k, v)| c.set(*k, *v),
+        )
+    };
+    let mut a = Running::start(Consumer::builder("rebalance", store.clone(), config()));
+    a.take(50).await;
+    let b = Running::start(Consumer::builder("rebalance", store.clone(), config()));
+    a.take(50).await;
+    let mut a_reports = a.stop().await;
+    let processed_sql = format!(
+        "SELECT count(*) FROM {} WHERE processed_at IS NOT NULL",
+        db.tables.inbox
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while db.count(&processed_sql).await < total && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut positions = Vec::new();
+    for partition in 0..4 {
+        positions
+            .push(support::wait_committed(kafka.brokers(), "rebalance", topic, partition, 1).await);
+    }
+    let mut b_reports = b.stop().await;
+    let mut duplicates = 0;
+    while let Ok(r) = a_reports.try_recv().or_else(|_| b_reports.try_recv()) {
+        duplicates += usize::from(r.outcome == Outcome::Duplicate);
+    }
+    println!(
+        "rebalance: {duplicates} duplicate deliveries after handovers; committed {positions:?}"
+    );
+    assert_eq!(
+        db.count(&processed_sql).await,
+        total,
+        "every event processed"
+    );
+    assert_eq!(
+        db.invoices().await,
+        total,
+        "no event applied twice across the handovers"
+    );
+    let committed: i64 = positions.iter().map(|p| p.unwrap_or(0)).sum();
+    assert_eq!(committed, total, "every partition committed to its end");
+}

@@ -353,8 +353,19 @@ pub struct Running {
     handle: tokio::task::JoinHandle<()>,
 }
 
+/// `TXBOX_TEST_LOG=1` shows txbox's logs in the test output.
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if std::env::var_os("TXBOX_TEST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+        }
+    });
+}
+
 impl Running {
     pub fn start<S: txbox::store::InboxStore>(builder: txbox::ConsumerBuilder<S>) -> Self {
+        init_logging();
         let (tx, reports) = mpsc::unbounded_channel();
         let consumer = builder.reports(tx).build().expect("build consumer");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

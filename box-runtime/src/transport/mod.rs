@@ -1,5 +1,6 @@
 //! Transports: where messages come from. The engine sees only [`Delivery`].
 
+pub mod in_process;
 pub mod kafka;
 
 /// One message as the broker delivered it.
