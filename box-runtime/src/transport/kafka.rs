@@ -175,28 +175,56 @@ impl Committer {
             == Some(&self.generation)
     }
 
-    /// Commits `position` (the next offset to read) if the partition is still ours.
-    fn commit(&self, position: i64, mode: CommitMode) -> bool {
+    fn offsets(&self, position: i64) -> Option<TopicPartitionList> {
+        let mut tpl = TopicPartitionList::new();
+        match tpl.add_partition_offset(&self.topic, self.partition, Offset::Offset(position)) {
+            Ok(()) => Some(tpl),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot build the offset list");
+                None
+            }
+        }
+    }
+
+    /// Queues an asynchronous commit of `position` (the next offset to read) if the partition
+    /// is still ours. Queueing does not block, and the ownership lock is held while it happens,
+    /// so no commit is queued after the partition's revocation was seen. Closing the consumer
+    /// waits for queued commits.
+    fn commit_async(&self, position: i64) -> bool {
         let own = lock(&self.ownership);
         if own.owned.get(&(self.topic.clone(), self.partition)) != Some(&self.generation) {
             tracing::debug!(topic = %self.topic, partition = self.partition, position,
                 "partition no longer owned; not committing");
             return false;
         }
-        let mut tpl = TopicPartitionList::new();
-        if let Err(e) =
-            tpl.add_partition_offset(&self.topic, self.partition, Offset::Offset(position))
-        {
-            tracing::error!(error = %e, "cannot build the offset list");
+        let Some(tpl) = self.offsets(position) else {
             return false;
-        }
-        match self.consumer.commit(&tpl, mode) {
+        };
+        match self.consumer.commit(&tpl, CommitMode::Async) {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(topic = %self.topic, partition = self.partition, position, error = %e,
                     "offset commit failed; a later commit or the next owner covers it");
                 false
             }
+        }
+    }
+
+    /// Commits `position` and waits for the broker's answer, on a blocking thread (the
+    /// at-most-once strategy commits before the handler runs). The lock is not held while
+    /// waiting: the broker itself refuses a commit from a member whose generation is over.
+    async fn commit_sync(&self, position: i64) -> Result<(), String> {
+        if !self.owned() {
+            return Err("partition no longer owned".to_owned());
+        }
+        let Some(tpl) = self.offsets(position) else {
+            return Err("bad offset list".to_owned());
+        };
+        let consumer = self.consumer.clone();
+        match tokio::task::spawn_blocking(move || consumer.commit(&tpl, CommitMode::Sync)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e.to_string()),
         }
     }
 }
@@ -411,12 +439,25 @@ async fn partition_task<S: InboxStore>(
         }
         let mut committed = None;
         if before {
-            if let Some(position) = tracker.resolve(d.offset) {
-                // At most once: the offset goes out before the handler runs, synchronously.
-                if committer.commit(position, CommitMode::Sync) {
-                    committed = Some(position);
+            // At most once: the offset is committed before the handler runs; a message whose
+            // commit cannot be made is left to the partition's next owner, unprocessed.
+            let Some(position) = tracker.resolve(d.offset) else {
+                continue;
+            };
+            let mut wait = Duration::from_millis(100);
+            loop {
+                match committer.commit_sync(position).await {
+                    Ok(()) => break,
+                    Err(error) if committer.owned() && !*stop.borrow() => {
+                        tracing::warn!(topic = %committer.topic, partition = committer.partition, %error,
+                            "commit before processing failed; retrying");
+                        tokio::time::sleep(wait).await;
+                        wait = (wait * 2).min(Duration::from_secs(5));
+                    }
+                    Err(_) => return,
                 }
             }
+            committed = Some(position);
         }
         let outcome = inbox.process(&d, &stop).await;
         if outcome == Outcome::Abandoned {
@@ -432,7 +473,7 @@ async fn partition_task<S: InboxStore>(
                 tracker.hold(d.offset)
             };
             if let Some(position) = position {
-                if committer.commit(position, CommitMode::Async) {
+                if committer.commit_async(position) {
                     committed = Some(position);
                 }
             }
@@ -445,9 +486,10 @@ async fn partition_task<S: InboxStore>(
             });
         }
     }
-    // Make the last position durable before the group hears we left.
+    // Re-queue the last position: closing the consumer waits for queued commits before it
+    // leaves the group.
     if let Some(position) = tracker.position() {
-        committer.commit(position, CommitMode::Sync);
+        committer.commit_async(position);
     }
 }
 
