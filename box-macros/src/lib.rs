@@ -1,16 +1,101 @@
-//! Procedural macros of txbox. Use them through the `txbox` crate.
+//! Procedural macros of txbox: `#[inbox_handler]` and `#[derive(OutboxEvent)]`.
+//!
+//! Use them through the `txbox` crate (`use txbox::prelude::*;`), which documents them with
+//! examples that compile; generated code names only `::txbox::__private`.
+//!
+//! Each macro is a module working on `proc_macro2` (parse -> check -> expand) so that it can be
+//! unit-tested; this file only holds the entry points and their documentation.
+
+mod ctxt;
+mod inbox_handler;
+mod kv;
+mod names;
+mod outbox_event;
 
 use proc_macro::TokenStream;
 
-/// Placeholder: see the txbox documentation.
+/// Reference for `#[inbox_handler(event = "...", group = "...")]`.
+///
+/// # Keys
+///
+/// | key     | value                                                                         |
+/// |---------|-------------------------------------------------------------------------------|
+/// | `event` | the event type handled; must equal the parameter type's `OutboxEvent::EVENT_TYPE` |
+/// | `group` | the consumer group the handler belongs to                                     |
+///
+/// Both are required string literals of ASCII letters, digits, `.`, `_` and `-` (at most 249
+/// bytes).
+///
+/// # Signature
+///
+/// ```text
+/// async fn name(event: E, tx: &mut PgTx<'_>) -> Result<(), Er>
+/// async fn name(event: E, tx: &mut PgTx<'_>, meta: &MessageMeta) -> Result<(), Er>
+/// ```
+///
+/// - `E` implements `OutboxEvent` (`#[derive(OutboxEvent)]`), taken by value;
+/// - the transaction is the one txbox opens for the message, which also holds the inbox row:
+///   the handler's writes commit or roll back with it;
+/// - `Er` converts into `HandlerError`: `HandlerError` itself, `anyhow::Error`, any
+///   `std::error::Error + Send + Sync + 'static`, `Box<dyn Error + Send + Sync>`, `String`;
+///   type aliases of such a `Result` work too;
+/// - no `self`, no generic parameters (`<T>` or `impl Trait`): the runtime decodes each message
+///   into one concrete type.
+///
+/// # What is generated
+///
+/// The function is emitted unchanged, so it stays callable (tests call handlers directly).
+/// Next to it, in `const _: () = { .. };`, an erased wrapper that decodes the payload, downcasts
+/// the transaction and calls the function, and one `inventory::submit!` of a
+/// `HandlerRegistration` naming the function (`module::path::name`), its file and the line of
+/// its name. Every handler linked into the binary is found at start-up; two handlers for one
+/// (event, group) are a start-up error naming both.
+///
+/// # Compile-time checks
+///
+/// Attribute and signature mistakes are reported by the macro on the offending tokens, all at
+/// once, with the function kept as written (so no follow-on errors). Type requirements are
+/// reported by rustc on the type you wrote: an event type that is not an `OutboxEvent`, a
+/// transaction type txbox does not hand out, an error type that does not convert, and an
+/// `event = "..."` that disagrees with the type's declared event type (a const-evaluation error
+/// naming both strings).
 #[proc_macro_attribute]
-pub fn inbox_handler(_attr: TokenStream, item: TokenStream) -> TokenStream {
-    item
+pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    inbox_handler::expand(args.into(), item.into()).into()
 }
 
-/// Placeholder: see the txbox documentation.
+/// Reference for `#[derive(OutboxEvent)]` and its `#[outbox(...)]` attribute.
+///
+/// # Keys
+///
+/// | key              | value                                                          | required |
+/// |------------------|----------------------------------------------------------------|----------|
+/// | `event_type`     | the CloudEvents `ce_type`, e.g. `"OrderCreated"`               | yes      |
+/// | `topic`          | the topic the relay publishes to, e.g. `"orders"`              | yes      |
+/// | `key`            | a field; its `ToString` is the message key (same key, same order) | no    |
+/// | `aggregate_type` | e.g. `"Order"`                                                 | no       |
+/// | `aggregate_id`   | a field; its `ToString` is the aggregate id (default: the key) | no       |
+///
+/// String values use ASCII letters, digits, `.`, `_` and `-` (at most 249 bytes). Fields are
+/// named bare (`key = order_id`), by their Rust name: serde renames change the JSON, not this.
+///
+/// # Supported types
+///
+/// - a struct with named fields: the payload is its serde JSON;
+/// - a unit struct (`struct CacheFlushed;`): an event without payload (JSON `null`) and without
+///   key.
+///
+/// Rejected, each with an error saying what to write instead: enums (an event is one type with
+/// one `event_type`: derive on one struct per event type), tuple structs (a key must name a
+/// field), unions (serde cannot encode them) and generic types (one event type has one payload
+/// shape). The type must also implement serde's `Serialize` and `Deserialize`.
+///
+/// # What is generated
+///
+/// `impl txbox::OutboxEvent for T` in `const _: () = { .. };`. After an error, a placeholder
+/// impl with an empty event type is emitted next to the error, so handlers and producers
+/// naming the type add no follow-on errors.
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
-pub fn derive_outbox_event(item: TokenStream) -> TokenStream {
-    let _ = item;
-    TokenStream::new()
+pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
+    outbox_event::derive(input.into()).into()
 }

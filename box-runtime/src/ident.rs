@@ -98,13 +98,25 @@ mod tests {
 
     #[test]
     fn accepts_plain_identifiers_and_quotes_them() {
-        let t = TableName::new(Some(Ident::new("app").unwrap()), Ident::new("txbox_inbox").unwrap());
+        let t = TableName::new(
+            Some(Ident::new("app").unwrap()),
+            Ident::new("txbox_inbox").unwrap(),
+        );
         assert_eq!(t.to_string(), "\"app\".\"txbox_inbox\"");
     }
 
     #[test]
     fn rejects_everything_that_could_inject() {
-        for bad in ["", "1abc", "a-b", "a\"b", "a;drop table x", "a b", "ä", &"x".repeat(64)] {
+        for bad in [
+            "",
+            "1abc",
+            "a-b",
+            "a\"b",
+            "a;drop table x",
+            "a b",
+            "ä",
+            &"x".repeat(64),
+        ] {
             assert!(Ident::new(bad).is_err(), "{bad:?} should be rejected");
         }
     }

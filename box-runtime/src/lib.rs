@@ -22,8 +22,10 @@ pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 pub mod __private {
     pub use crate::event::OutboxEvent;
     pub use crate::handler::{
-        invoke, tx_type_id, HandlerFuture, HandlerRegistration, HandlerTx, IntoHandlerError,
-        MessageMeta,
+        check_event_type, decode, downcast_tx, fail, into_future, invoke, meta_param,
+        registrations, tx_type_id, DispatchTable, HandlerFuture, HandlerOutput,
+        HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
+        ProbeFallback, RegistryError,
     };
     pub use inventory;
 }
