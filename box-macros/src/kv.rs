@@ -7,18 +7,22 @@ use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 
 use crate::ctxt::Ctxt;
 
-/// One `key = value` pair, kept with its tokens for error spans.
+/// One `key = value` pair, kept with its tokens for error spans. `value` is `None` when the key
+/// was written without one (already reported).
 pub(crate) struct KeyValue {
     pub(crate) key: Ident,
-    pub(crate) value: Expr,
+    pub(crate) value: Option<Expr>,
+}
+
+/// The pairs of a list, and whether the whole list parsed (when it did not, the error is
+/// reported and "missing key" errors would only repeat it).
+pub(crate) struct KvList {
+    pub(crate) pairs: Vec<KeyValue>,
+    pub(crate) complete: bool,
 }
 
 /// Parses `key = value, ...`. Syntax errors go to `cx`; what parsed before the error is returned.
-pub(crate) fn parse_list(
-    cx: &Ctxt,
-    tokens: proc_macro2::TokenStream,
-    example: &str,
-) -> Vec<KeyValue> {
+pub(crate) fn parse_list(cx: &Ctxt, tokens: proc_macro2::TokenStream, example: &str) -> KvList {
     let mut out = Vec::new();
     let parser = |input: ParseStream| -> syn::Result<()> {
         while !input.is_empty() {
@@ -31,16 +35,26 @@ pub(crate) fn parse_list(
             }
             let key = input.call(Ident::parse_any)?;
             if !input.peek(Token![=]) {
-                return Err(syn::Error::new(
+                let error = syn::Error::new(
                     key.span(),
                     format!("expected `{key} = ...`: give `{key}` a value, e.g. `{example}`"),
-                ));
+                );
+                if !(input.is_empty() || input.peek(Token![,])) {
+                    return Err(error);
+                }
+                // `key,`: report it and go on with the rest of the list.
+                cx.syn_error(error);
+                out.push(KeyValue { key, value: None });
+            } else {
+                input.parse::<Token![=]>()?;
+                let value: Expr = input.parse().map_err(|_| {
+                    syn::Error::new(input.span(), format!("expected a value after `{key} =`"))
+                })?;
+                out.push(KeyValue {
+                    key,
+                    value: Some(value),
+                });
             }
-            input.parse::<Token![=]>()?;
-            let value: Expr = input.parse().map_err(|_| {
-                syn::Error::new(input.span(), format!("expected a value after `{key} =`"))
-            })?;
-            out.push(KeyValue { key, value });
             if input.is_empty() {
                 break;
             }
@@ -50,15 +64,22 @@ pub(crate) fn parse_list(
         }
         Ok(())
     };
-    if let Err(error) = parser.parse2(tokens) {
-        cx.syn_error(error);
+    let complete = match parser.parse2(tokens) {
+        Ok(()) => true,
+        Err(error) => {
+            cx.syn_error(error);
+            false
+        }
+    };
+    KvList {
+        pairs: out,
+        complete,
     }
-    out
 }
 
 /// The value as a string literal, or an error on it that shows the expected form.
 pub(crate) fn lit_str(cx: &Ctxt, kv: &KeyValue, example: &str) -> Option<LitStr> {
-    match &kv.value {
+    match kv.value.as_ref()? {
         Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
         }) => Some(lit.clone()),
@@ -77,7 +98,7 @@ pub(crate) fn lit_str(cx: &Ctxt, kv: &KeyValue, example: &str) -> Option<LitStr>
 
 /// The value as a field name (a bare identifier), or an error on it that shows the expected form.
 pub(crate) fn field_ident(cx: &Ctxt, kv: &KeyValue) -> Option<Ident> {
-    match &kv.value {
+    match kv.value.as_ref()? {
         Expr::Path(ExprPath {
             path,
             qself: None,

@@ -136,6 +136,9 @@ pub trait IntoHandlerError {
     fn into_handler_error(self) -> HandlerError;
 }
 
+// `do_not_recommend`: when the conversion is missing, rustc reports `IntoHandlerError` (with the
+// note above) instead of the `std::error::Error` bound behind this impl.
+#[diagnostic::do_not_recommend]
 impl<E: Into<Box<dyn StdError + Send + Sync + 'static>>> IntoHandlerError for E {
     fn into_handler_error(self) -> HandlerError {
         match self.into().downcast::<Kinded>() {
@@ -555,24 +558,31 @@ impl<E: OutboxEvent> Probe<E> {
 }
 
 impl<T: HandlerTx + ?Sized> Probe<T> {
-    /// See [`tx_type_id`].
-    pub fn tx_type_id() -> TypeId {
-        TypeId::of::<T::Static>()
+    /// See [`downcast_tx`].
+    pub fn downcast_tx(tx: &mut (dyn Any + Send)) -> Result<&mut T::Static, HandlerError> {
+        downcast_tx::<T>(tx)
     }
 }
 
-/// The defaults of [`Probe`] for types that miss the bound (the build fails on that elsewhere).
+/// The defaults of [`Probe`] for types that miss the bound (the build fails on that elsewhere,
+/// once: these keep the rest of the generated code free of follow-on errors).
 #[doc(hidden)]
 pub trait ProbeFallback {
     /// No event type known.
     const EVENT_TYPE: Option<&'static str> = None;
-    /// A placeholder.
-    fn tx_type_id() -> TypeId {
-        TypeId::of::<()>()
+    /// The probed type.
+    type Target: ?Sized;
+    /// Never succeeds.
+    fn downcast_tx(_tx: &mut (dyn Any + Send)) -> Result<&mut Self::Target, HandlerError> {
+        Err(HandlerError::permanent(
+            "not a transaction type txbox can hand to a handler",
+        ))
     }
 }
 
-impl<T: ?Sized> ProbeFallback for Probe<T> {}
+impl<T: ?Sized> ProbeFallback for Probe<T> {
+    type Target = T;
+}
 
 /// Fails the build (in const evaluation) when `#[inbox_handler(event = "...")]` disagrees with
 /// the event type declared by the handler's parameter type. The message names both strings.
@@ -597,7 +607,7 @@ pub const fn check_event_type(declared: &str, actual: Option<&str>, type_name: &
         actual,
         "\": write `event = \"",
         actual,
-        "\"`, or take the type whose `#[outbox(event_type = \"",
+        "\"`, or take an event type declared with `#[outbox(event_type = \"",
         declared,
         "\")]`",
     ];

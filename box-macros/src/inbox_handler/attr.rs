@@ -29,7 +29,8 @@ impl HandlerAttr {
         let mut event = None;
         let mut group = None;
         let mut seen: Vec<&str> = Vec::new();
-        for pair in kv::parse_list(cx, tokens, "event = \"OrderCreated\"") {
+        let list = kv::parse_list(cx, tokens, "event = \"OrderCreated\"");
+        for pair in list.pairs {
             let key = pair.key.to_string();
             let (slot, example) = match key.as_str() {
                 EVENT => (&mut event, "OrderCreated"),
@@ -64,7 +65,7 @@ impl HandlerAttr {
             .filter(|k| !seen.contains(k))
             .map(|k| format!("`{k}`"))
             .collect();
-        if !missing.is_empty() {
+        if list.complete && !missing.is_empty() {
             cx.error_at(
                 Span::call_site(),
                 format!(

@@ -2,9 +2,12 @@
 //! `const _: () = { .. };`, an erased wrapper, the checks and one `inventory::submit!`.
 //!
 //! Type requirements are the bounds of small runtime functions called with the user's types as
-//! turbofish arguments (`decode::<Event>`, `downcast_tx::<Tx>`, ...), so rustc reports an unmet
-//! bound on the type the user wrote, with the `#[diagnostic::on_unimplemented]` text of the
-//! runtime trait. Each bound is required exactly once, so each mistake is reported once.
+//! turbofish arguments (`decode::<Event>`, `tx_type_id::<Tx>`, `meta_param::<Meta>`,
+//! `into_future::<_, Output>`), so rustc reports an unmet bound on the type the user wrote, with
+//! the `#[diagnostic::on_unimplemented]` text of the runtime trait. Each bound is required once;
+//! where the expansion needs more from a type that may fail its check (the transaction's
+//! `'static` form, the declared event type) it asks `Probe`, whose fallback for types missing
+//! the bound keeps the rest of the expansion free of follow-on errors.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
@@ -31,12 +34,18 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     let name_str = name.unraw().to_string();
     let private = quote!(::txbox::__private);
 
-    let decode = quote_spanned! {event_ty.span()=> #private::decode::<#event_ty> };
-    let downcast = quote_spanned! {tx_ty.span()=> #private::downcast_tx::<#tx_ty> };
-    let into_future = quote_spanned! {output.span()=> #private::into_future::<_, #output> };
+    // Inside `quote_spanned!`, paths are written out rather than interpolated from `private`:
+    // interpolated tokens keep their own (call-site) span, which would widen the error span to
+    // the whole attribute.
+    let decode = quote_spanned! {event_ty.span()=> ::txbox::__private::decode::<#event_ty> };
+    let downcast =
+        quote_spanned! {tx_ty.span()=> ::txbox::__private::Probe::<#tx_ty>::downcast_tx };
+    let into_future =
+        quote_spanned! {output.span()=> ::txbox::__private::into_future::<_, #output> };
     let (meta_let, meta_arg) = match handler.param_referent(2) {
         Some(meta_ty) => {
-            let meta_param = quote_spanned! {meta_ty.span()=> #private::meta_param::<#meta_ty> };
+            let meta_param =
+                quote_spanned! {meta_ty.span()=> ::txbox::__private::meta_param::<#meta_ty> };
             (
                 quote! { let __txbox_meta = #meta_param(__txbox_meta); },
                 quote! { , __txbox_meta },
@@ -45,12 +54,13 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
         None => (quote! { let _ = __txbox_meta; }, TokenStream::new()),
     };
     let check_event_type = quote_spanned! {event.span()=>
-        #private::check_event_type(
+        ::txbox::__private::check_event_type(
             #event,
-            #private::Probe::<#event_ty>::EVENT_TYPE,
+            ::txbox::__private::Probe::<#event_ty>::EVENT_TYPE,
             ::core::stringify!(#event_ty),
         )
     };
+    let tx_type_id = quote_spanned! {tx_ty.span()=> ::txbox::__private::tx_type_id::<#tx_ty>() };
     let location = quote_spanned! {name.span()=>
         ::core::concat!(::core::module_path!(), "::", #name_str),
         ::core::file!(),
@@ -82,7 +92,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             }
 
             fn __txbox_tx_type() -> ::core::any::TypeId {
-                #private::Probe::<#tx_ty>::tx_type_id()
+                #tx_type_id
             }
 
             const _: () = #check_event_type;

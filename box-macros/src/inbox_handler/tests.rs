@@ -249,7 +249,7 @@ fn expansion_registers_through_the_facade_only() {
         ":: txbox :: __private :: inventory :: submit !",
         ":: txbox :: __private :: HandlerRegistration :: new",
         ":: txbox :: __private :: decode :: < OrderCreated >",
-        ":: txbox :: __private :: downcast_tx :: < PgTx < '_ > >",
+        ":: txbox :: __private :: tx_type_id :: < PgTx < '_ > >",
         ":: txbox :: __private :: into_future :: < _ , Result < () , HandlerError > >",
         ":: txbox :: __private :: check_event_type",
         ":: core :: line ! ()",

@@ -23,8 +23,8 @@ pub(crate) enum Shape {
     Unit,
     /// `struct S(A, ..);`: the parenthesised fields.
     Tuple(TokenStream),
-    /// `enum E { .. }`: the `enum` keyword.
-    Enum(TokenStream),
+    /// `enum E { .. }`: the `enum` keyword, and the variant names.
+    Enum(TokenStream, Vec<Ident>),
     /// `union U { .. }`: the `union` keyword.
     Union(TokenStream),
 }
@@ -39,7 +39,10 @@ impl Input {
                 Fields::Unit => Shape::Unit,
                 Fields::Unnamed(unnamed) => Shape::Tuple(unnamed.to_token_stream()),
             },
-            Data::Enum(data) => Shape::Enum(data.enum_token.to_token_stream()),
+            Data::Enum(data) => Shape::Enum(
+                data.enum_token.to_token_stream(),
+                data.variants.iter().map(|v| v.ident.clone()).collect(),
+            ),
             Data::Union(data) => Shape::Union(data.union_token.to_token_stream()),
         };
         Input {

@@ -36,6 +36,8 @@ pub(crate) struct Attrs {
     pub(crate) aggregate_id: Option<Ident>,
     /// Every known key written, even with a rejected value (so it is not also "missing").
     pub(crate) seen: Vec<&'static str>,
+    /// An attribute did not parse (reported): which keys are missing is then unknown.
+    pub(crate) broken: bool,
 }
 
 impl Attrs {
@@ -50,10 +52,13 @@ impl Attrs {
                 syn::Meta::List(list) => list,
                 other => {
                     cx.error_spanned_by(other, format!("expected a list of keys: `{EXAMPLE}`"));
+                    out.broken = true;
                     continue;
                 }
             };
-            for pair in kv::parse_list(cx, list.tokens.clone(), "event_type = \"OrderCreated\"") {
+            let list = kv::parse_list(cx, list.tokens.clone(), "event_type = \"OrderCreated\"");
+            out.broken |= !list.complete;
+            for pair in list.pairs {
                 out.take(cx, pair);
             }
         }

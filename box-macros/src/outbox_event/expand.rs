@@ -49,11 +49,11 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
     }
 }
 
-/// `Some(self.field.to_string())`, spanned to the field name in the attribute, so that a field
+/// `Some(key_string(&self.field))`, spanned to the field name in the attribute, so that a field
 /// whose type has no `Display` is reported there.
 fn field_to_string(field: &Ident) -> TokenStream {
     quote_spanned! {field.span()=>
-        ::core::option::Option::Some(::std::string::ToString::to_string(&self.#field))
+        ::core::option::Option::Some(::txbox::__private::key_string(&self.#field))
     }
 }
 

@@ -159,7 +159,7 @@ fn expansion_implements_the_trait_through_the_facade() {
         "impl :: txbox :: __private :: OutboxEvent for OrderCreated",
         "const EVENT_TYPE : & 'static str = \"OrderCreated\"",
         "const TOPIC : & 'static str = \"orders\"",
-        ":: std :: string :: ToString :: to_string (& self . order_id)",
+        ":: txbox :: __private :: key_string (& self . order_id)",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in {out}");
     }

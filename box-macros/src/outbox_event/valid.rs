@@ -28,14 +28,22 @@ fn check_shape(cx: &Ctxt, input: &Input) {
                  write `struct {ident} {{ name: Type, .. }}` instead of a tuple struct"
             ),
         ),
-        Shape::Enum(token) => cx.error_spanned_by(
-            token,
-            format!(
-                "`#[derive(OutboxEvent)]` cannot be used on an enum: an event is one struct with \
-                 one `event_type`; derive it on one struct per event type and handle each with \
-                 its own `#[inbox_handler]` (e.g. `struct {ident}Created {{ .. }}`)"
-            ),
-        ),
+        Shape::Enum(token, variants) => {
+            let example = match variants.as_slice() {
+                [] => String::new(),
+                [first, ..] => {
+                    format!(", e.g. `struct {first} {{ .. }}` with its own `#[outbox(...)]`")
+                }
+            };
+            cx.error_spanned_by(
+                token,
+                format!(
+                    "`#[derive(OutboxEvent)]` cannot be used on an enum: an event is one struct \
+                     with one `event_type`; declare one struct per event type instead of the \
+                     variants of `{ident}`{example}"
+                ),
+            )
+        }
         Shape::Union(token) => cx.error_spanned_by(
             token,
             "`#[derive(OutboxEvent)]` cannot be used on a union: an event is serialized with \
@@ -75,7 +83,7 @@ fn check_required(cx: &Ctxt, input: &Input) {
     .into_iter()
     .filter_map(|(key, missing)| (missing && !attrs.seen.contains(&key)).then_some(key))
     .collect();
-    if missing.is_empty() {
+    if missing.is_empty() || attrs.broken {
         return;
     }
     let list: Vec<String> = missing.iter().map(|k| format!("`{k}`")).collect();
@@ -136,6 +144,6 @@ fn check_fields(cx: &Ctxt, input: &Input, key: &str, field: Option<&Ident>) {
             format!("`{ident}` is a unit struct and has no fields; remove `{key} = {field}`"),
         ),
         // The shape error says what to do.
-        Shape::Tuple(_) | Shape::Enum(_) | Shape::Union(_) => {}
+        Shape::Tuple(_) | Shape::Enum(..) | Shape::Union(_) => {}
     }
 }
