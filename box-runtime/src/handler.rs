@@ -201,6 +201,27 @@ pub struct MessageMeta {
 }
 
 impl MessageMeta {
+    /// Metadata for calling a handler directly (in tests): the given group, event id and event
+    /// type; no source, key or headers; empty topic, partition 0, offset 0; attempt 1.
+    pub fn new(
+        group: impl Into<String>,
+        event_id: impl Into<String>,
+        event_type: impl Into<String>,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            event_id: event_id.into(),
+            source: None,
+            event_type: event_type.into(),
+            topic: String::new(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            headers: Vec::new(),
+            attempt: 1,
+        }
+    }
+
     /// The first header with this name, as bytes.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
