@@ -6,8 +6,11 @@
 
 #![warn(missing_docs)]
 
-pub use box_macros::{inbox_handler, OutboxEvent};
-pub use box_runtime::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta, PgTx};
+#[doc = include_str!("docs/inbox_handler.md")]
+pub use box_macros::inbox_handler;
+#[doc = include_str!("docs/outbox_event.md")]
+pub use box_macros::OutboxEvent;
+pub use box_runtime::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta, OutboxEvent, PgTx};
 
 #[doc(hidden)]
 pub use box_runtime::__private;
