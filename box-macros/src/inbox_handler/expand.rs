@@ -40,8 +40,9 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     let decode = quote_spanned! {event_ty.span()=> ::txbox::__private::decode::<#event_ty> };
     let downcast =
         quote_spanned! {tx_ty.span()=> ::txbox::__private::Probe::<#tx_ty>::downcast_tx };
-    let into_future =
-        quote_spanned! {output.span()=> ::txbox::__private::into_future::<_, #output> };
+    // `_` (the future) carries the function name's span, so a future that is not `Send` is
+    // reported on the name; the output type keeps its own span for the `HandlerOutput` check.
+    let into_future = quote_spanned! {name.span()=> ::txbox::__private::into_future::<_, #output> };
     let (meta_let, meta_arg) = match handler.param_referent(2) {
         Some(meta_ty) => {
             let meta_param =
