@@ -145,11 +145,16 @@ pub(crate) fn field_ident(cx: &Ctxt, kv: &KeyValue) -> Option<Ident> {
 /// Reports a second occurrence of a key. Returns whether `slot` was still empty.
 pub(crate) fn first_time<T>(cx: &Ctxt, slot: &Option<T>, key: &Ident) -> bool {
     if slot.is_some() {
-        cx.error_spanned_by(key, format!("`{key}` is given twice; keep one"));
+        duplicate(cx, key);
         false
     } else {
         true
     }
+}
+
+/// Reports `key` as given twice, on its second occurrence.
+pub(crate) fn duplicate(cx: &Ctxt, key: &Ident) {
+    cx.error_spanned_by(key, format!("`{key}` is given twice; keep one"));
 }
 
 /// `expected one of: `a`, `b``, for unknown-key messages.

@@ -46,11 +46,14 @@ impl HandlerAttr {
                     continue;
                 }
             };
-            if seen.contains(&key.as_str()) {
-                kv::first_time(cx, &Some(()), &pair.key);
+            let Some(known) = KEYS.iter().find(|k| **k == key) else {
+                continue;
+            };
+            if seen.contains(known) {
+                kv::duplicate(cx, &pair.key);
                 continue;
             }
-            seen.push(if key == EVENT { EVENT } else { GROUP });
+            seen.push(known);
             let Some(lit) = kv::lit_str(cx, &pair, &format!("\"{example}\"")) else {
                 continue;
             };
