@@ -6,12 +6,15 @@
 
 #![warn(missing_docs)]
 
-pub use box_macros::{inbox_handler, OutboxEvent};
+#[doc = include_str!("docs/inbox_handler.md")]
+pub use box_macros::inbox_handler;
+#[doc = include_str!("docs/outbox_event.md")]
+pub use box_macros::OutboxEvent;
 pub use box_runtime::{
     config, consumer, engine, handler, ident, names, shutdown_signal, store, transport,
     AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
-    IntoHandlerError, KafkaConfig, MessageMeta, OnExhausted, Outcome, PgStore, PgTx, Report,
-    RetryPolicy, Source, Tables, UnknownEvent,
+    IntoHandlerError, KafkaConfig, MessageMeta, OnExhausted, OutboxEvent, Outcome, PgStore, PgTx,
+    Report, RetryPolicy, Source, Tables, UnknownEvent,
 };
 
 #[doc(hidden)]

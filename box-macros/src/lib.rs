@@ -1,150 +1,101 @@
-//! Procedural macros of txbox. Use them through the `txbox` crate.
+//! Procedural macros of txbox: `#[inbox_handler]` and `#[derive(OutboxEvent)]`.
 //!
-//! (Interim minimal expansion; the full parser/validator lands separately.)
+//! Use them through the `txbox` crate (`use txbox::prelude::*;`), which documents them with
+//! examples that compile; generated code names only `::txbox::__private`.
+//!
+//! Each macro is a module working on `proc_macro2` (parse -> check -> expand) so that it can be
+//! unit-tested; this file only holds the entry points and their documentation.
+
+mod ctxt;
+mod inbox_handler;
+mod kv;
+mod names;
+mod outbox_event;
 
 use proc_macro::TokenStream;
-use proc_macro2::TokenStream as TokenStream2;
-use quote::{format_ident, quote};
-use syn::parse::Parser;
-use syn::punctuated::Punctuated;
-use syn::{parse_macro_input, DeriveInput, Expr, ExprLit, FnArg, ItemFn, Lit, Meta, Token, Type};
 
-fn lit_str(expr: &Expr) -> Option<String> {
-    match expr {
-        Expr::Lit(ExprLit {
-            lit: Lit::Str(s), ..
-        }) => Some(s.value()),
-        _ => None,
-    }
-}
-
-/// Registers an `async fn` as the inbox handler of an event type in a consumer group.
+/// Reference for `#[inbox_handler(event = "...", group = "...")]`.
+///
+/// # Keys
+///
+/// | key     | value                                                                         |
+/// |---------|-------------------------------------------------------------------------------|
+/// | `event` | the event type handled; must equal the parameter type's `OutboxEvent::EVENT_TYPE` |
+/// | `group` | the consumer group the handler belongs to                                     |
+///
+/// Both are required string literals of ASCII letters, digits, `.`, `_` and `-` (at most 249
+/// bytes).
+///
+/// # Signature
+///
+/// ```text
+/// async fn name(event: E, tx: &mut PgTx<'_>) -> Result<(), Er>
+/// async fn name(event: E, tx: &mut PgTx<'_>, meta: &MessageMeta) -> Result<(), Er>
+/// ```
+///
+/// - `E` implements `OutboxEvent` (`#[derive(OutboxEvent)]`), taken by value;
+/// - the transaction is the one txbox opens for the message, which also holds the inbox row:
+///   the handler's writes commit or roll back with it;
+/// - `Er` converts into `HandlerError`: `HandlerError` itself, `anyhow::Error`, any
+///   `std::error::Error + Send + Sync + 'static`, `Box<dyn Error + Send + Sync>`, `String`;
+///   type aliases of such a `Result` work too;
+/// - no `self`, no generic parameters (`<T>` or `impl Trait`): the runtime decodes each message
+///   into one concrete type.
+///
+/// # What is generated
+///
+/// The function is emitted unchanged, so it stays callable (tests call handlers directly).
+/// Next to it, in `const _: () = { .. };`, an erased wrapper that decodes the payload, downcasts
+/// the transaction and calls the function, and one `inventory::submit!` of a
+/// `HandlerRegistration` naming the function (`module::path::name`), its file and the line of
+/// its name. Every handler linked into the binary is found at start-up; two handlers for one
+/// (event, group) are a start-up error naming both.
+///
+/// # Compile-time checks
+///
+/// Attribute and signature mistakes are reported by the macro on the offending tokens, all at
+/// once, with the function kept as written (so no follow-on errors). Type requirements are
+/// reported by rustc on the type you wrote: an event type that is not an `OutboxEvent`, a
+/// transaction type txbox does not hand out, an error type that does not convert, and an
+/// `event = "..."` that disagrees with the type's declared event type (a const-evaluation error
+/// naming both strings).
 #[proc_macro_attribute]
-pub fn inbox_handler(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let args = match Punctuated::<Meta, Token![,]>::parse_terminated.parse(attr) {
-        Ok(a) => a,
-        Err(e) => return e.to_compile_error().into(),
-    };
-    let mut event = None;
-    let mut group = None;
-    for m in &args {
-        if let Meta::NameValue(nv) = m {
-            if nv.path.is_ident("event") {
-                event = lit_str(&nv.value);
-            } else if nv.path.is_ident("group") {
-                group = lit_str(&nv.value);
-            }
-        }
-    }
-    let func = parse_macro_input!(item as ItemFn);
-    let (Some(event), Some(group)) = (event, group) else {
-        return syn::Error::new_spanned(
-            &func.sig.ident,
-            "expected `event = \"...\"` and `group = \"...\"`",
-        )
-        .to_compile_error()
-        .into();
-    };
-    expand_handler(&func, &event, &group).into()
+pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    inbox_handler::expand(args.into(), item.into()).into()
 }
 
-fn expand_handler(func: &ItemFn, event: &str, group: &str) -> TokenStream2 {
-    let name = &func.sig.ident;
-    let params: Vec<&FnArg> = func.sig.inputs.iter().collect();
-    let typed = |i: usize| -> Option<&Type> {
-        match params.get(i) {
-            Some(FnArg::Typed(p)) => Some(&p.ty),
-            _ => None,
-        }
-    };
-    let event_ty = typed(0).cloned();
-    let tx_ty = match typed(1) {
-        Some(Type::Reference(r)) => Some((*r.elem).clone()),
-        _ => None,
-    };
-    let (Some(event_ty), Some(tx_ty)) = (event_ty, tx_ty) else {
-        return syn::Error::new_spanned(&func.sig, "expected `(event: E, tx: &mut PgTx<'_>)`")
-            .to_compile_error();
-    };
-    let call = if params.len() == 3 {
-        quote!(#name(event, tx, meta))
-    } else {
-        quote!(#name(event, tx))
-    };
-    let invoke = format_ident!("__txbox_invoke_{}", name);
-    let tx_type = format_ident!("__txbox_tx_type_{}", name);
-    quote! {
-        #func
-        #[allow(non_snake_case)]
-        fn #invoke<'a>(
-            payload: &'a [u8],
-            tx: &'a mut (dyn ::core::any::Any + ::core::marker::Send),
-            meta: &'a ::txbox::__private::MessageMeta,
-        ) -> ::txbox::__private::HandlerFuture<'a> {
-            ::txbox::__private::invoke::<#event_ty, _, _, _, _>(payload, tx, meta, |event, tx, meta| {
-                let _ = &meta;
-                #call
-            })
-        }
-        #[allow(non_snake_case)]
-        fn #tx_type() -> ::core::any::TypeId {
-            ::txbox::__private::tx_type_id::<#tx_ty>()
-        }
-        ::txbox::__private::inventory::submit! {
-            ::txbox::__private::HandlerRegistration::new(
-                #event, #group, ::core::concat!(::core::module_path!(), "::", ::core::stringify!(#name)),
-                ::core::file!(), ::core::line!(), #tx_type, #invoke,
-            )
-        }
-    }
-}
-
-/// Implements `OutboxEvent` from `#[outbox(event_type = "...", topic = "...", key = field)]`.
+/// Reference for `#[derive(OutboxEvent)]` and its `#[outbox(...)]` attribute.
+///
+/// # Keys
+///
+/// | key              | value                                                          | required |
+/// |------------------|----------------------------------------------------------------|----------|
+/// | `event_type`     | the CloudEvents `ce_type`, e.g. `"OrderCreated"`               | yes      |
+/// | `topic`          | the topic the relay publishes to, e.g. `"orders"`              | yes      |
+/// | `key`            | a field; its `ToString` is the message key (same key, same order) | no    |
+/// | `aggregate_type` | e.g. `"Order"`                                                 | no       |
+/// | `aggregate_id`   | a field; its `ToString` is the aggregate id (default: the key) | no       |
+///
+/// String values use ASCII letters, digits, `.`, `_` and `-` (at most 249 bytes). Fields are
+/// named bare (`key = order_id`), by their Rust name: serde renames change the JSON, not this.
+///
+/// # Supported types
+///
+/// - a struct with named fields: the payload is its serde JSON;
+/// - a unit struct (`struct CacheFlushed;`): an event without payload (JSON `null`) and without
+///   key.
+///
+/// Rejected, each with an error saying what to write instead: enums (an event is one type with
+/// one `event_type`: derive on one struct per event type), tuple structs (a key must name a
+/// field), unions (serde cannot encode them) and generic types (one event type has one payload
+/// shape). The type must also implement serde's `Serialize` and `Deserialize`.
+///
+/// # What is generated
+///
+/// `impl txbox::OutboxEvent for T` in `const _: () = { .. };`. After an error, a placeholder
+/// impl with an empty event type is emitted next to the error, so handlers and producers
+/// naming the type add no follow-on errors.
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
-pub fn derive_outbox_event(item: TokenStream) -> TokenStream {
-    let input = parse_macro_input!(item as DeriveInput);
-    let mut event_type = None;
-    let mut topic = None;
-    let mut key = None;
-    for attr in &input.attrs {
-        if !attr.path().is_ident("outbox") {
-            continue;
-        }
-        let r = attr.parse_nested_meta(|m| {
-            if m.path.is_ident("event_type") {
-                event_type = Some(m.value()?.parse::<syn::LitStr>()?.value());
-            } else if m.path.is_ident("topic") {
-                topic = Some(m.value()?.parse::<syn::LitStr>()?.value());
-            } else if m.path.is_ident("key") {
-                key = Some(m.value()?.parse::<syn::Ident>()?);
-            }
-            Ok(())
-        });
-        if let Err(e) = r {
-            return e.to_compile_error().into();
-        }
-    }
-    let name = &input.ident;
-    let (Some(event_type), Some(topic)) = (event_type, topic) else {
-        return syn::Error::new_spanned(
-            name,
-            "expected `#[outbox(event_type = \"...\", topic = \"...\")]`",
-        )
-        .to_compile_error()
-        .into();
-    };
-    let key = match key {
-        Some(k) => {
-            quote!(::core::option::Option::Some(::std::string::ToString::to_string(&self.#k)))
-        }
-        None => quote!(::core::option::Option::None),
-    };
-    quote! {
-        impl ::txbox::__private::OutboxEvent for #name {
-            const EVENT_TYPE: &'static str = #event_type;
-            const TOPIC: &'static str = #topic;
-            fn key(&self) -> ::core::option::Option<::std::string::String> { #key }
-        }
-    }
-    .into()
+pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
+    outbox_event::derive(input.into()).into()
 }

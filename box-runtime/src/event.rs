@@ -39,3 +39,30 @@ pub trait OutboxEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
         self.key()
     }
 }
+
+/// A field named by `key = field` or `aggregate_id = field` in `#[outbox(...)]`: its `Display`
+/// text is the key.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an event key",
+    label = "the type of this field has no `Display`",
+    note = "`key = field` and `aggregate_id = field` use the field's `Display` text: name a field \
+            whose type implements `std::fmt::Display` (e.g. `Uuid`, `u64`, `String`), or add one"
+)]
+pub trait KeyField {
+    /// The key text.
+    fn key_string(&self) -> String;
+}
+
+// `do_not_recommend`: report `KeyField` with the note above, not the `Display` bound.
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display + ?Sized> KeyField for T {
+    fn key_string(&self) -> String {
+        self.to_string()
+    }
+}
+
+/// The key text of a field. Called by the code `#[derive(OutboxEvent)]` generates.
+#[doc(hidden)]
+pub fn key_string<K: KeyField + ?Sized>(field: &K) -> String {
+    field.key_string()
+}

@@ -136,6 +136,9 @@ pub trait IntoHandlerError {
     fn into_handler_error(self) -> HandlerError;
 }
 
+// `do_not_recommend`: when the conversion is missing, rustc reports `IntoHandlerError` (with the
+// note above) instead of the `std::error::Error` bound behind this impl.
+#[diagnostic::do_not_recommend]
 impl<E: Into<Box<dyn StdError + Send + Sync + 'static>>> IntoHandlerError for E {
     fn into_handler_error(self) -> HandlerError {
         match self.into().downcast::<Kinded>() {
@@ -198,6 +201,27 @@ pub struct MessageMeta {
 }
 
 impl MessageMeta {
+    /// Metadata for calling a handler directly (in tests): the given group, event id and event
+    /// type; no source, key or headers; empty topic, partition 0, offset 0; attempt 1.
+    pub fn new(
+        group: impl Into<String>,
+        event_id: impl Into<String>,
+        event_type: impl Into<String>,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            event_id: event_id.into(),
+            source: None,
+            event_type: event_type.into(),
+            topic: String::new(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            headers: Vec::new(),
+            attempt: 1,
+        }
+    }
+
     /// The first header with this name, as bytes.
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers
@@ -450,4 +474,199 @@ where
 #[doc(hidden)]
 pub fn tx_type_id<T: HandlerTx + ?Sized>() -> TypeId {
     TypeId::of::<T::Static>()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Used by the code `#[inbox_handler]` generates. Each bound sits on its own function, called with
+// the user's type as a turbofish argument, so that rustc reports an unmet bound on that type.
+// ---------------------------------------------------------------------------------------------
+
+/// Decodes a payload into the handler's event type. The `E: OutboxEvent` bound is the check on
+/// the handler's first parameter.
+#[doc(hidden)]
+pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
+    serde_json::from_slice::<E>(payload).map_err(|error| {
+        HandlerError::bad_message(format!(
+            "payload does not decode into `{}` (event type `{}`): {error}",
+            std::any::type_name::<E>(),
+            E::EVENT_TYPE
+        ))
+    })
+}
+
+/// Downcasts the store's transaction to the one the handler takes. The `T: HandlerTx` bound is
+/// the check on the handler's second parameter (`tx: &mut T`).
+#[doc(hidden)]
+pub fn downcast_tx<T: HandlerTx + ?Sized>(
+    tx: &mut (dyn Any + Send),
+) -> Result<&mut T::Static, HandlerError> {
+    tx.downcast_mut::<T::Static>().ok_or_else(|| {
+        HandlerError::permanent(format!(
+            "handler takes `{}`, which is not the transaction type of this consumer's store",
+            std::any::type_name::<T::Static>()
+        ))
+    })
+}
+
+/// The metadata as the type the handler's third parameter names. The bound is the check.
+#[doc(hidden)]
+pub fn meta_param<M: MetaParam + ?Sized>(meta: &MessageMeta) -> &M {
+    M::from_meta(meta)
+}
+
+/// Boxes a handler's future, converting its error. The `O: HandlerOutput` bound is the check on
+/// the handler's return type.
+#[doc(hidden)]
+pub fn into_future<'a, Fut, O>(fut: Fut) -> HandlerFuture<'a>
+where
+    Fut: Future<Output = O> + Send + 'a,
+    O: HandlerOutput,
+{
+    Box::pin(async move { fut.await.into_handler_result() })
+}
+
+/// A handler future that fails at once (undecodable payload, wrong transaction type).
+#[doc(hidden)]
+pub fn fail<'a>(error: HandlerError) -> HandlerFuture<'a> {
+    Box::pin(std::future::ready(Err(error)))
+}
+
+/// What an inbox handler may return: `Result<(), E>` where `E` converts into [`HandlerError`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a return type an inbox handler can have",
+    label = "expected `Result<(), E>` here",
+    note = "an inbox handler returns `Result<(), HandlerError>`, `anyhow::Result<()>`, or \
+            `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static`"
+)]
+pub trait HandlerOutput {
+    /// The outcome as the runtime sees it.
+    fn into_handler_result(self) -> Result<(), HandlerError>;
+}
+
+impl<E: IntoHandlerError> HandlerOutput for Result<(), E> {
+    fn into_handler_result(self) -> Result<(), HandlerError> {
+        self.map_err(IntoHandlerError::into_handler_error)
+    }
+}
+
+/// The type of a handler's optional third parameter: only [`MessageMeta`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the message metadata",
+    label = "expected `MessageMeta` here",
+    note = "the optional third parameter of an inbox handler is the message metadata: write \
+            `meta: &txbox::MessageMeta`"
+)]
+pub trait MetaParam {
+    /// The metadata, as this type.
+    fn from_meta(meta: &MessageMeta) -> &Self;
+}
+
+impl MetaParam for MessageMeta {
+    fn from_meta(meta: &MessageMeta) -> &Self {
+        meta
+    }
+}
+
+/// Reads facts about a type that may not implement the traits involved, without a second error:
+/// the inherent items apply when the bound holds, else [`ProbeFallback`]'s defaults do. Generated
+/// code uses it where the type has already been checked elsewhere.
+#[doc(hidden)]
+pub struct Probe<T: ?Sized>(std::marker::PhantomData<T>);
+
+impl<E: OutboxEvent> Probe<E> {
+    /// The declared event type.
+    pub const EVENT_TYPE: Option<&'static str> = Some(E::EVENT_TYPE);
+}
+
+impl<T: HandlerTx + ?Sized> Probe<T> {
+    /// See [`downcast_tx`].
+    pub fn downcast_tx(tx: &mut (dyn Any + Send)) -> Result<&mut T::Static, HandlerError> {
+        downcast_tx::<T>(tx)
+    }
+}
+
+/// The defaults of [`Probe`] for types that miss the bound (the build fails on that elsewhere,
+/// once: these keep the rest of the generated code free of follow-on errors).
+#[doc(hidden)]
+pub trait ProbeFallback {
+    /// No event type known.
+    const EVENT_TYPE: Option<&'static str> = None;
+    /// The probed type.
+    type Target: ?Sized;
+    /// Never succeeds.
+    fn downcast_tx(_tx: &mut (dyn Any + Send)) -> Result<&mut Self::Target, HandlerError> {
+        Err(HandlerError::permanent(
+            "not a transaction type txbox can hand to a handler",
+        ))
+    }
+}
+
+impl<T: ?Sized> ProbeFallback for Probe<T> {
+    type Target = T;
+}
+
+/// Fails the build (in const evaluation) when `#[inbox_handler(event = "...")]` disagrees with
+/// the event type declared by the handler's parameter type. The message names both strings.
+#[doc(hidden)]
+pub const fn check_event_type(declared: &str, actual: Option<&str>, type_name: &str) {
+    let actual = match actual {
+        // An empty event type is the derive's placeholder after its own error: nothing to add.
+        Some(actual) if !actual.is_empty() => actual,
+        _ => return,
+    };
+    if str_eq(declared, actual) {
+        return;
+    }
+    let mut buf = [0u8; 1024];
+    let mut len = 0;
+    let parts = [
+        "`event = \"",
+        declared,
+        "\"` does not match the event type of `",
+        type_name,
+        "`, which is \"",
+        actual,
+        "\": write `event = \"",
+        actual,
+        "\"`, or take an event type declared with `#[outbox(event_type = \"",
+        declared,
+        "\")]`",
+    ];
+    let mut part = 0;
+    while part < parts.len() {
+        let bytes = parts[part].as_bytes();
+        let mut i = 0;
+        while i < bytes.len() && len < buf.len() {
+            buf[len] = bytes[i];
+            len += 1;
+            i += 1;
+        }
+        part += 1;
+    }
+    let (message, _) = buf.split_at(len);
+    match std::str::from_utf8(message) {
+        Ok(message) => panic!("{}", message),
+        Err(error) => {
+            let (valid, _) = message.split_at(error.valid_up_to());
+            match std::str::from_utf8(valid) {
+                Ok(message) => panic!("{}", message),
+                Err(_) => panic!("`event = \"...\"` does not match the parameter's event type"),
+            }
+        }
+    }
+}
+
+const fn str_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
 }

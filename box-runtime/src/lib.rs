@@ -32,10 +32,12 @@ pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 /// What generated code reaches; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::OutboxEvent;
+    pub use crate::event::{key_string, KeyField, OutboxEvent};
     pub use crate::handler::{
-        invoke, tx_type_id, HandlerFuture, HandlerRegistration, HandlerTx, IntoHandlerError,
-        MessageMeta,
+        check_event_type, decode, downcast_tx, fail, into_future, invoke, meta_param,
+        registrations, tx_type_id, DispatchTable, HandlerFuture, HandlerOutput,
+        HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
+        ProbeFallback, RegistryError,
     };
     pub use inventory;
 }

@@ -1,0 +1,266 @@
+//! Unit tests of the parser, the checks and the expansion, on `proc_macro2` tokens.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use super::{ast, attr, valid};
+use crate::ctxt::Ctxt;
+
+/// The messages `#[inbox_handler(args)]` on `item` reports, in order.
+fn errors(args: TokenStream, item: TokenStream) -> Vec<String> {
+    let cx = Ctxt::new();
+    let _ = attr::HandlerAttr::from_tokens(&cx, args);
+    if let Some(handler) = ast::Handler::from_tokens(&cx, item) {
+        valid::check(&cx, &handler);
+    }
+    match cx.check() {
+        Ok(()) => Vec::new(),
+        Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+fn good_args() -> TokenStream {
+    quote!(event = "OrderCreated", group = "billing")
+}
+
+fn good_fn() -> TokenStream {
+    quote! {
+        async fn create_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    }
+}
+
+fn single_error(args: TokenStream, item: TokenStream) -> String {
+    let errors = errors(args, item);
+    assert_eq!(errors.len(), 1, "expected one error, got {errors:#?}");
+    errors.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn accepts_a_well_formed_handler() {
+    assert_eq!(errors(good_args(), good_fn()), Vec::<String>::new());
+}
+
+#[test]
+fn accepts_the_metadata_parameter() {
+    let item = quote! {
+        async fn h(e: E, tx: &mut PgTx<'_>, meta: &MessageMeta) -> anyhow::Result<()> { Ok(()) }
+    };
+    assert_eq!(errors(good_args(), item), Vec::<String>::new());
+}
+
+#[test]
+fn reads_event_and_group() {
+    let cx = Ctxt::new();
+    let attr = attr::HandlerAttr::from_tokens(&cx, good_args());
+    assert!(cx.check().is_ok());
+    assert_eq!(
+        attr.event.map(|l| l.value()).as_deref(),
+        Some("OrderCreated")
+    );
+    assert_eq!(attr.group.map(|l| l.value()).as_deref(), Some("billing"));
+}
+
+#[test]
+fn missing_keys_are_named() {
+    let message = single_error(quote!(group = "billing"), good_fn());
+    assert!(message.starts_with("missing `event`"), "{message}");
+    let message = single_error(quote!(), good_fn());
+    assert!(
+        message.starts_with("missing `event` and `group`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn unknown_key_lists_the_valid_keys() {
+    let message = single_error(quote!(event = "A", group = "b", topic = "t"), good_fn());
+    assert_eq!(
+        message,
+        "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`"
+    );
+}
+
+#[test]
+fn duplicate_key_is_reported_once() {
+    let message = single_error(quote!(event = "A", group = "b", group = "c"), good_fn());
+    assert_eq!(message, "`group` is given twice; keep one");
+}
+
+#[test]
+fn wrong_value_kind_shows_the_expected_form() {
+    let message = single_error(quote!(event = "A", group = 3), good_fn());
+    assert_eq!(
+        message,
+        "expected a string literal for `group`, e.g. `group = \"billing\"`"
+    );
+}
+
+#[test]
+fn names_are_validated() {
+    let message = single_error(quote!(event = "A", group = ""), good_fn());
+    assert!(message.starts_with("`group` is empty"), "{message}");
+    let message = single_error(quote!(event = "Order Created", group = "b"), good_fn());
+    assert!(message.contains("contains a space"), "{message}");
+    assert!(
+        message.contains("ASCII letters, digits, `.`, `_` and `-`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn signature_mistakes() {
+    let cases = [
+        (
+            quote!(
+                fn h(e: E, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+                    Ok(())
+                }
+            ),
+            "an inbox handler must be an `async fn`",
+        ),
+        (
+            quote!(
+                async fn h(&self, e: E, tx: &mut PgTx<'_>) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "an inbox handler cannot take `self`",
+        ),
+        (
+            quote!(
+                async fn h<T>(e: T, tx: &mut PgTx<'_>) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "an inbox handler cannot be generic",
+        ),
+        (
+            quote!(
+                async fn h() -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "an inbox handler takes the event",
+        ),
+        (
+            quote!(
+                async fn h(e: E) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "missing the transaction",
+        ),
+        (
+            quote!(
+                async fn h(e: E, tx: &mut T, m: &M, x: u8) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "too many parameters",
+        ),
+        (
+            quote!(
+                async fn h(e: &E, tx: &mut PgTx<'_>) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "the event is passed by value: write `event: E` without `&`",
+        ),
+        (
+            quote!(
+                async fn h(e: E, tx: PgTx<'_>) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "the transaction is passed by mutable reference",
+        ),
+        (
+            quote!(
+                async fn h(e: E, tx: &mut T, m: MessageMeta) -> Result<(), X> {
+                    Ok(())
+                }
+            ),
+            "the metadata is passed by shared reference",
+        ),
+        (
+            quote!(
+                async fn h(e: E, tx: &mut T) {}
+            ),
+            "an inbox handler returns `Result<(), E>`",
+        ),
+        (
+            quote!(
+                async fn h(e: E, tx: &mut T) -> () {}
+            ),
+            "an inbox handler returns `Result<(), E>`, not `()`",
+        ),
+        (
+            quote!(
+                struct S;
+            ),
+            "`#[inbox_handler]` goes on an `async fn`, not on a struct",
+        ),
+    ];
+    for (item, expected) in cases {
+        let message = single_error(good_args(), item.clone());
+        assert!(
+            message.starts_with(expected),
+            "{item}\n  gave: {message}\n  want: {expected}"
+        );
+    }
+}
+
+#[test]
+fn every_mistake_is_reported_in_one_pass() {
+    let errors = errors(
+        quote!(event = "", group = "b", retries = 3),
+        quote!(
+            fn h(e: E, tx: &mut PgTx<'_>) -> Result<(), X> {
+                Ok(())
+            }
+        ),
+    );
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+}
+
+#[test]
+fn an_error_keeps_the_item_and_generates_no_registration() {
+    let item = quote!(
+        fn create_invoice(e: E, tx: &mut T) -> Result<(), X> {
+            Ok(())
+        }
+    );
+    let out = super::expand(good_args(), item.clone()).to_string();
+    assert!(out.starts_with(&item.to_string()), "{out}");
+    assert!(out.contains("compile_error"), "{out}");
+    assert!(!out.contains("submit"), "{out}");
+}
+
+#[test]
+fn expansion_registers_through_the_facade_only() {
+    let out = super::expand(good_args(), good_fn()).to_string();
+    assert!(
+        out.starts_with(&good_fn().to_string()),
+        "the function is kept as written: {out}"
+    );
+    for expected in [
+        ":: txbox :: __private :: inventory :: submit !",
+        ":: txbox :: __private :: HandlerRegistration :: new",
+        ":: txbox :: __private :: decode :: < OrderCreated >",
+        ":: txbox :: __private :: tx_type_id :: < PgTx < '_ > >",
+        ":: txbox :: __private :: into_future :: < _ , Result < () , HandlerError > >",
+        ":: txbox :: __private :: check_event_type",
+        ":: core :: line ! ()",
+        "\"create_invoice\"",
+        "const _ : () =",
+    ] {
+        assert!(out.contains(expected), "missing `{expected}` in {out}");
+    }
+    assert!(!out.contains(" inventory :: submit") || out.contains("__private :: inventory"));
+    assert!(
+        !out.contains("sqlx") && !out.contains("serde_json"),
+        "{out}"
+    );
+}

@@ -1,0 +1,183 @@
+//! Unit tests of the parser, the checks and the expansion, on `proc_macro2` tokens.
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use super::{ast, valid};
+use crate::ctxt::Ctxt;
+
+fn errors(input: TokenStream) -> Vec<String> {
+    let input: syn::DeriveInput = syn::parse2(input).expect("valid Rust");
+    let cx = Ctxt::new();
+    let ast = ast::Input::from_syn(&cx, &input);
+    valid::check(&cx, &ast);
+    match cx.check() {
+        Ok(()) => Vec::new(),
+        Err(error) => error.into_iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+fn single_error(input: TokenStream) -> String {
+    let errors = errors(input);
+    assert_eq!(errors.len(), 1, "expected one error, got {errors:#?}");
+    errors.into_iter().next().unwrap_or_default()
+}
+
+#[test]
+fn accepts_every_key() {
+    let input = quote! {
+        #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id,
+                 aggregate_type = "Order", aggregate_id = order_id)]
+        struct OrderCreated { order_id: u64 }
+    };
+    assert_eq!(errors(input), Vec::<String>::new());
+}
+
+#[test]
+fn accepts_a_unit_struct_without_key() {
+    let input = quote!(
+        #[outbox(event_type = "Ping", topic = "ops")]
+        struct Ping;
+    );
+    assert_eq!(errors(input), Vec::<String>::new());
+}
+
+#[test]
+fn key_naming_no_field_lists_the_fields() {
+    let message = single_error(quote! {
+        #[outbox(event_type = "A", topic = "t", key = order)]
+        struct A { order_id: u64, total: i64 }
+    });
+    assert_eq!(
+        message,
+        "`key = order` names no field; expected one of the fields of `A`: `order_id`, `total`"
+    );
+}
+
+#[test]
+fn unknown_key_lists_the_valid_keys() {
+    let message = single_error(quote! {
+        #[outbox(event_type = "A", topic = "t", partition = x)]
+        struct A { x: u64 }
+    });
+    assert_eq!(
+        message,
+        "unknown key `partition` in `#[outbox(...)]`; expected one of: `event_type`, `topic`, \
+         `key`, `aggregate_type`, `aggregate_id`"
+    );
+}
+
+#[test]
+fn missing_and_rejected_keys_are_not_reported_twice() {
+    let message = single_error(quote!(
+        #[outbox(topic = "t")]
+        struct A {
+            x: u64,
+        }
+    ));
+    assert!(
+        message.starts_with("missing `event_type` in `#[outbox(...)]`"),
+        "{message}"
+    );
+    // A rejected value is one error, not also "missing".
+    let message = single_error(quote!(
+        #[outbox(event_type = A, topic = "t")]
+        struct A {
+            x: u64,
+        }
+    ));
+    assert!(
+        message.starts_with("expected a string literal for `event_type`"),
+        "{message}"
+    );
+}
+
+#[test]
+fn shapes_without_a_meaning_are_rejected() {
+    for (input, expected) in [
+        (
+            quote!(
+                #[outbox(event_type = "A", topic = "t")]
+                enum A {
+                    B,
+                }
+            ),
+            "`#[derive(OutboxEvent)]` cannot be used on an enum",
+        ),
+        (
+            quote!(#[outbox(event_type = "A", topic = "t")] union A { b: u8 }),
+            "`#[derive(OutboxEvent)]` cannot be used on a union",
+        ),
+        (
+            quote!(
+                #[outbox(event_type = "A", topic = "t")]
+                struct A(u64);
+            ),
+            "`#[derive(OutboxEvent)]` needs named fields",
+        ),
+        (
+            quote!(
+                #[outbox(event_type = "A", topic = "t")]
+                struct A<T> {
+                    x: T,
+                }
+            ),
+            "`#[derive(OutboxEvent)]` does not support generic parameters",
+        ),
+        (
+            quote!(
+                struct A {
+                    x: u64,
+                }
+            ),
+            "`#[derive(OutboxEvent)]` needs an `#[outbox(...)]`",
+        ),
+    ] {
+        let message = single_error(input.clone());
+        assert!(message.starts_with(expected), "{input}\n  gave: {message}");
+    }
+}
+
+#[test]
+fn every_mistake_is_reported_in_one_pass() {
+    let errors = errors(quote! {
+        #[outbox(event_type = "", topic = "t", key = id, retries = 3)]
+        struct A { order_id: u64 }
+    });
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+}
+
+#[test]
+fn expansion_implements_the_trait_through_the_facade() {
+    let out = super::derive(quote! {
+        #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+        struct OrderCreated { order_id: u64 }
+    })
+    .to_string();
+    for expected in [
+        "const _ : () =",
+        "impl :: txbox :: __private :: OutboxEvent for OrderCreated",
+        "const EVENT_TYPE : & 'static str = \"OrderCreated\"",
+        "const TOPIC : & 'static str = \"orders\"",
+        ":: txbox :: __private :: key_string (& self . order_id)",
+    ] {
+        assert!(out.contains(expected), "missing `{expected}` in {out}");
+    }
+}
+
+#[test]
+fn an_error_emits_a_placeholder_impl_so_uses_of_the_type_stay_quiet() {
+    let out = super::derive(quote! {
+        #[outbox(event_type = "A", topic = "t", key = nope)]
+        struct A { x: u64 }
+    })
+    .to_string();
+    assert!(out.contains("compile_error"), "{out}");
+    assert!(
+        out.contains("const EVENT_TYPE : & 'static str = \"\""),
+        "{out}"
+    );
+    // No placeholder where it could not compile.
+    let out = super::derive(quote!(#[outbox(event_type = "A", topic = "t")] union A { x: u8 }));
+    assert!(!out.to_string().contains("impl"), "{out}");
+}

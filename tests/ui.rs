@@ -1,0 +1,11 @@
+//! Compile-time checks of `#[inbox_handler]` and `#[derive(OutboxEvent)]` (trybuild).
+//!
+//! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --test ui` and read the diff.
+
+#[test]
+fn ui() {
+    let t = trybuild::TestCases::new();
+    t.pass("tests/ui/pass/*.rs");
+    t.compile_fail("tests/ui/inbox_handler/*.rs");
+    t.compile_fail("tests/ui/outbox_event/*.rs");
+}

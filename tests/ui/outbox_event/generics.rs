@@ -1,0 +1,10 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders")]
+pub struct OrderCreated<T> {
+    pub order_id: T,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order)]
+pub struct OrderCreated {
+    pub order_id: u64,
+    pub total_cents: i64,
+}
+
+fn main() {}

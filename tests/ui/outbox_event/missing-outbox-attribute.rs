@@ -1,0 +1,9 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+pub struct OrderCreated {
+    pub order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,8 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders")]
+pub struct OrderCreated(pub u64, pub i64);
+
+fn main() {}

@@ -1,0 +1,9 @@
+use txbox::OutboxEvent;
+
+#[derive(Debug, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+pub struct OrderCreated {
+    pub order_id: u64,
+}
+
+fn main() {}
