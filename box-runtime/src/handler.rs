@@ -432,43 +432,6 @@ impl DispatchTable {
     }
 }
 
-/// Runs a typed handler behind the erased [`InvokeFn`] signature. Called by generated code.
-#[doc(hidden)]
-pub fn invoke<'a, E, T, F, Fut, Er>(
-    payload: &'a [u8],
-    tx: &'a mut (dyn Any + Send),
-    meta: &'a MessageMeta,
-    handler: F,
-) -> HandlerFuture<'a>
-where
-    E: OutboxEvent,
-    T: Any + Send,
-    F: FnOnce(E, &'a mut T, &'a MessageMeta) -> Fut,
-    Fut: Future<Output = Result<(), Er>> + Send + 'a,
-    Er: IntoHandlerError,
-{
-    let event = match serde_json::from_slice::<E>(payload) {
-        Ok(event) => event,
-        Err(error) => {
-            let reason = format!(
-                "payload does not decode into `{}` (event type `{}`): {error}",
-                std::any::type_name::<E>(),
-                E::EVENT_TYPE
-            );
-            return Box::pin(std::future::ready(Err(HandlerError::bad_message(reason))));
-        }
-    };
-    let Some(tx) = tx.downcast_mut::<T>() else {
-        let reason = format!(
-            "handler takes `{}`, which is not the transaction type of this consumer's store",
-            std::any::type_name::<T>()
-        );
-        return Box::pin(std::future::ready(Err(HandlerError::permanent(reason))));
-    };
-    let fut = handler(event, tx, meta);
-    Box::pin(async move { fut.await.map_err(IntoHandlerError::into_handler_error) })
-}
-
 /// The `TypeId` of the store transaction behind a handler's transaction parameter. Called by
 /// generated code.
 #[doc(hidden)]

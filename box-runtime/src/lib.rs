@@ -34,7 +34,7 @@ pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 pub mod __private {
     pub use crate::event::{key_string, KeyField, OutboxEvent};
     pub use crate::handler::{
-        check_event_type, decode, downcast_tx, fail, into_future, invoke, meta_param,
+        check_event_type, decode, downcast_tx, fail, into_future, meta_param,
         registrations, tx_type_id, DispatchTable, HandlerFuture, HandlerOutput,
         HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
         ProbeFallback, RegistryError,
