@@ -17,6 +17,9 @@ pub use box_runtime::{
     Report, RetryPolicy, Source, Tables, UnknownEvent,
 };
 
+#[cfg(feature = "sqlite")]
+pub use box_runtime::{SqliteStore, SqliteTx};
+
 #[doc(hidden)]
 pub use box_runtime::__private;
 

@@ -1,6 +1,6 @@
-//! The inbox guarantees, against a real PostgreSQL and a real Kafka-protocol broker (Tansu).
-//!
-//! Each test has its own broker process, topic and schema, so they run in parallel.
+//! The inbox contract, against a real Kafka-protocol broker (Tansu, one process per test) and
+//! both stores: every test body is generic over [`Kit`] and runs as `postgres::<name>` and
+//! `sqlite::<name>`. Each test has its own broker, topic and database, so they run in parallel.
 
 mod support;
 
@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use support::{send, Broker, Msg, Running, TestDb};
+use support::kit::Kit;
+use support::{send, Broker, Msg, Running};
 use txbox::prelude::*;
 use txbox::{AckStrategy, Consumer, OnExhausted, Outcome, RetryPolicy, UnknownEvent};
 use uuid::Uuid;
@@ -20,57 +21,49 @@ pub struct OrderCreated {
     pub total_cents: i64,
 }
 
-async fn insert_invoice(event: &OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
-        .bind(event.order_id)
-        .bind(event.total_cents)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
+contract_tests!(
+    seed_003_acknowledgement_strategies_table,
+    duplicate_delivery_runs_handler_once,
+    one_event_two_groups_each_handler_runs_once,
+    racing_consumers_apply_one_event_once_and_keep_going,
+    failed_message_is_not_skipped_by_a_later_success,
+    rebalance_mid_stream_applies_each_event_once,
+);
 
-/// Inserts the invoice, then fails on the handler's first run: the seed article's scenario.
-async fn insert_then_fail_first_run(
-    event: &OrderCreated,
-    tx: &mut PgTx<'_>,
-    runs: &AtomicU32,
-) -> Result<(), HandlerError> {
-    insert_invoice(event, tx).await?;
-    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-        return Err(HandlerError::transient(
-            "simulated failure after the invoice was written",
-        ));
-    }
-    Ok(())
+/// Per-store counters: `[postgres, sqlite]`.
+type Counter = [AtomicU32; 2];
+
+const fn counter() -> Counter {
+    [AtomicU32::new(0), AtomicU32::new(0)]
 }
 
 // ---------------------------------------------------------------------------------------------
-// a. Seed 003's table: four acknowledgement strategies, a handler that writes and then fails.
+// a. Seed 003's table: four acknowledgement strategies, a handler that writes an invoice and
+// then fails on its first run.
 
-static RUNS_AT_MOST_ONCE: AtomicU32 = AtomicU32::new(0);
-static RUNS_ON_PERSIST: AtomicU32 = AtomicU32::new(0);
-static RUNS_ON_SUCCESS: AtomicU32 = AtomicU32::new(0);
-static RUNS_EXACTLY_ONCE: AtomicU32 = AtomicU32::new(0);
+static RUNS_AT_MOST_ONCE: Counter = counter();
+static RUNS_ON_PERSIST: Counter = counter();
+static RUNS_ON_SUCCESS: Counter = counter();
+static RUNS_EXACTLY_ONCE: Counter = counter();
 
-#[inbox_handler(event = "OrderCreated", group = "seed-at-most-once")]
-async fn seed_at_most_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_AT_MOST_ONCE).await
+macro_rules! insert_then_fail_first_run {
+    ($group:tt, $runs:ident) => {
+        handlers!($group, |event, tx, meta, store| {
+            insert_invoice!(event, tx)?;
+            if $runs[store].fetch_add(1, Ordering::SeqCst) == 0 {
+                return Err(HandlerError::transient(
+                    "simulated failure after the invoice was written",
+                ));
+            }
+            Ok(())
+        });
+    };
 }
 
-#[inbox_handler(event = "OrderCreated", group = "seed-on-persist")]
-async fn seed_on_persist(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_ON_PERSIST).await
-}
-
-#[inbox_handler(event = "OrderCreated", group = "seed-on-success")]
-async fn seed_on_success(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_ON_SUCCESS).await
-}
-
-#[inbox_handler(event = "OrderCreated", group = "seed-exactly-once")]
-async fn seed_exactly_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_EXACTLY_ONCE).await
-}
+insert_then_fail_first_run!("seed-at-most-once", RUNS_AT_MOST_ONCE);
+insert_then_fail_first_run!("seed-on-persist", RUNS_ON_PERSIST);
+insert_then_fail_first_run!("seed-on-success", RUNS_ON_SUCCESS);
+insert_then_fail_first_run!("seed-exactly-once", RUNS_EXACTLY_ONCE);
 
 #[derive(Debug, PartialEq, Eq)]
 struct SeedRow {
@@ -81,14 +74,13 @@ struct SeedRow {
     invoices: i64,
 }
 
-async fn seed_scenario(
+async fn seed_scenario<K: Kit>(
     broker: &Broker,
     strategy: AckStrategy,
     group: &'static str,
-    runs: &AtomicU32,
+    runs: &Counter,
 ) -> SeedRow {
-    let db = TestDb::new("seed").await;
-    let store = db.migrated_store().await;
+    let kit = K::new("seed").await;
     let topic = support::unique(group);
     broker.create_topic(&topic, 1).await;
     let producer = support::producer(&broker.brokers);
@@ -99,15 +91,15 @@ async fn seed_scenario(
     )
     .await;
 
-    // First consumer: the handler writes, then fails; the consumer stops.
-    let builder = |store| {
-        Consumer::builder(group, store, support::kafka(&broker.brokers, &topic))
+    let builder = || {
+        Consumer::builder(group, kit.store(), support::kafka(&broker.brokers, &topic))
             .ack(strategy)
             .retry(RetryPolicy::no_retries())
             .on_exhausted(OnExhausted::LeaveUncommitted)
             .unknown_event(UnknownEvent::Skip)
     };
-    let mut first = Running::start(builder(store.clone()));
+    // First consumer: the handler writes, then fails; the consumer stops.
+    let mut first = Running::start(builder());
     let report = first.take(1).await.remove(0);
     first.stop().await;
     let processed = matches!(report.outcome, Outcome::Processed { .. });
@@ -118,7 +110,7 @@ async fn seed_scenario(
     let mut sentinel = Msg::order("sentinel", Uuid::new_v4(), 0);
     sentinel.event_type = Some("Sentinel".into());
     send(&producer, &topic, sentinel).await;
-    let mut second = Running::start(builder(store));
+    let mut second = Running::start(builder());
     let mut second_received = false;
     loop {
         let r = second.take(1).await.remove(0);
@@ -132,15 +124,14 @@ async fn seed_scenario(
         processed,
         committed,
         second_received,
-        handler_runs: runs.load(Ordering::SeqCst),
-        invoices: db.invoices().await,
+        handler_runs: runs[K::INDEX].load(Ordering::SeqCst),
+        invoices: kit.invoices().await,
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn seed_003_acknowledgement_strategies_table() {
+async fn seed_003_acknowledgement_strategies_table<K: Kit>() {
     let broker = Broker::start();
-    let cases: [(&str, AckStrategy, &'static str, &'static AtomicU32); 4] = [
+    let cases: [(&str, AckStrategy, &'static str, &'static Counter); 4] = [
         (
             "AT_MOST_ONCE",
             AckStrategy::AtMostOnce,
@@ -168,9 +159,15 @@ async fn seed_003_acknowledgement_strategies_table() {
     ];
     let mut rows = Vec::new();
     for (name, strategy, group, runs) in cases {
-        rows.push((name, seed_scenario(&broker, strategy, group, runs).await));
+        rows.push((
+            name,
+            seed_scenario::<K>(&broker, strategy, group, runs).await,
+        ));
     }
-    println!("\nseed 003, a handler that writes an invoice and then fails on its first run:");
+    println!(
+        "\nseed 003 on {}, a handler that writes an invoice and then fails on its first run:",
+        K::NAME
+    );
     for (name, r) in &rows {
         println!(
             "{name:<34} first: processed={} committed={} second consumer: {} handler ran={} invoices={}",
@@ -212,7 +209,7 @@ async fn seed_003_acknowledgement_strategies_table() {
         },
     ];
     for ((name, got), want) in rows.iter().zip(expected) {
-        assert_eq!(*got, want, "{name}");
+        assert_eq!(*got, want, "{name} on {}", K::NAME);
     }
 }
 
@@ -227,18 +224,17 @@ fn py(b: bool) -> &'static str {
 // ---------------------------------------------------------------------------------------------
 // b. The same message twice: the handler runs once.
 
-static RUNS_DUPLICATE: AtomicU32 = AtomicU32::new(0);
+static RUNS_DUPLICATE: Counter = counter();
 
-#[inbox_handler(event = "OrderCreated", group = "duplicate")]
-async fn duplicate_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    RUNS_DUPLICATE.fetch_add(1, Ordering::SeqCst);
-    insert_invoice(&event, tx).await
-}
+handlers!("duplicate", |event, tx, meta, store| {
+    RUNS_DUPLICATE[store].fetch_add(1, Ordering::SeqCst);
+    insert_invoice!(event, tx)?;
+    Ok(())
+});
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_delivery_runs_handler_once() {
+async fn duplicate_delivery_runs_handler_once<K: Kit>() {
     let broker = Broker::start();
-    let db = TestDb::new("dup").await;
+    let kit = K::new("dup").await;
     let topic = support::unique("dup");
     broker.create_topic(&topic, 1).await;
     let producer = support::producer(&broker.brokers);
@@ -248,7 +244,7 @@ async fn duplicate_delivery_runs_handler_once() {
 
     let mut consumer = Running::start(Consumer::builder(
         "duplicate",
-        db.migrated_store().await,
+        kit.store(),
         support::kafka(&broker.brokers, &topic),
     ));
     let reports = consumer.take(2).await;
@@ -256,8 +252,10 @@ async fn duplicate_delivery_runs_handler_once() {
     consumer.stop().await;
 
     println!(
-        "delivery 1: {:?}\ndelivery 2: {:?}",
-        reports[0].outcome, reports[1].outcome
+        "{}: delivery 1: {:?}\ndelivery 2: {:?}",
+        K::NAME,
+        reports[0].outcome,
+        reports[1].outcome
     );
     assert!(
         matches!(reports[0].outcome, Outcome::Processed { attempt: 1 }),
@@ -270,33 +268,29 @@ async fn duplicate_delivery_runs_handler_once() {
         "the duplicate's offset is committed"
     );
     assert_eq!(committed, Some(2));
-    assert_eq!(RUNS_DUPLICATE.load(Ordering::SeqCst), 1);
-    assert_eq!(db.invoices().await, 1);
+    assert_eq!(RUNS_DUPLICATE[K::INDEX].load(Ordering::SeqCst), 1);
+    assert_eq!(kit.invoices().await, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
 // c. One event id, two groups: each group's handler runs once.
 
-static RUNS_GROUP_A: AtomicU32 = AtomicU32::new(0);
-static RUNS_GROUP_B: AtomicU32 = AtomicU32::new(0);
+static RUNS_GROUP_A: Counter = counter();
+static RUNS_GROUP_B: Counter = counter();
 
-#[inbox_handler(event = "OrderCreated", group = "two-groups-a")]
-async fn group_a(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    RUNS_GROUP_A.fetch_add(1, Ordering::SeqCst);
-    insert_invoice(&event, tx).await
-}
+handlers!("two-groups-a", |event, tx, meta, store| {
+    RUNS_GROUP_A[store].fetch_add(1, Ordering::SeqCst);
+    insert_invoice!(event, tx)
+});
 
-#[inbox_handler(event = "OrderCreated", group = "two-groups-b")]
-async fn group_b(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    RUNS_GROUP_B.fetch_add(1, Ordering::SeqCst);
-    insert_invoice(&event, tx).await
-}
+handlers!("two-groups-b", |event, tx, meta, store| {
+    RUNS_GROUP_B[store].fetch_add(1, Ordering::SeqCst);
+    insert_invoice!(event, tx)
+});
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_event_two_groups_each_handler_runs_once() {
+async fn one_event_two_groups_each_handler_runs_once<K: Kit>() {
     let broker = Broker::start();
-    let db = TestDb::new("groups").await;
-    let store = db.migrated_store().await;
+    let kit = K::new("groups").await;
     let topic = support::unique("groups");
     broker.create_topic(&topic, 1).await;
     let producer = support::producer(&broker.brokers);
@@ -306,12 +300,12 @@ async fn one_event_two_groups_each_handler_runs_once() {
 
     let mut a = Running::start(Consumer::builder(
         "two-groups-a",
-        store.clone(),
+        kit.store(),
         support::kafka(&broker.brokers, &topic),
     ));
     let mut b = Running::start(Consumer::builder(
         "two-groups-b",
-        store,
+        kit.store(),
         support::kafka(&broker.brokers, &topic),
     ));
     let (ra, rb) = (a.take(2).await, b.take(2).await);
@@ -324,11 +318,11 @@ async fn one_event_two_groups_each_handler_runs_once() {
         );
         assert_eq!(reports[1].outcome, Outcome::Duplicate);
     }
-    assert_eq!(RUNS_GROUP_A.load(Ordering::SeqCst), 1);
-    assert_eq!(RUNS_GROUP_B.load(Ordering::SeqCst), 1);
-    assert_eq!(db.invoices().await, 2, "one invoice per group");
+    assert_eq!(RUNS_GROUP_A[K::INDEX].load(Ordering::SeqCst), 1);
+    assert_eq!(RUNS_GROUP_B[K::INDEX].load(Ordering::SeqCst), 1);
+    assert_eq!(kit.invoices().await, 2, "one invoice per group");
     assert_eq!(
-        db.count(&format!("SELECT count(*) FROM {}", db.tables.inbox))
+        kit.count(&format!("SELECT count(*) FROM {}", kit.tables().inbox))
             .await,
         2
     );
@@ -338,27 +332,24 @@ async fn one_event_two_groups_each_handler_runs_once() {
 // d. Racing: one event id in flight in two consumers at once (each reads both partitions, the
 // handler is slow), so four transactions try to claim it concurrently.
 
-static RUNS_RACE: AtomicU32 = AtomicU32::new(0);
+static RUNS_RACE: Counter = counter();
 
-#[inbox_handler(event = "OrderCreated", group = "race")]
-async fn race_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    RUNS_RACE.fetch_add(1, Ordering::SeqCst);
-    insert_invoice(&event, tx).await?;
+handlers!("race", |event, tx, meta, store| {
+    RUNS_RACE[store].fetch_add(1, Ordering::SeqCst);
+    insert_invoice!(event, tx)?;
     tokio::time::sleep(Duration::from_millis(400)).await;
     Ok(())
-}
+});
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racing_consumers_apply_one_event_once_and_keep_going() {
+async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
     let broker = Broker::start();
-    let db = TestDb::new("race").await;
-    let store = db.migrated_store().await;
+    let kit = K::new("race").await;
     let topic = support::unique("race");
     broker.create_topic(&topic, 2).await;
     let consumer = |kafka_group: &str| {
         Running::start(Consumer::builder(
             "race",
-            store.clone(),
+            kit.store(),
             support::kafka(&broker.brokers, &topic).group_id(kafka_group),
         ))
     };
@@ -390,12 +381,12 @@ async fn racing_consumers_apply_one_event_once_and_keep_going() {
             (1, 3),
             "round {round}: {outcomes:#?}"
         );
-        assert_eq!(db.invoices().await, round + 1);
+        assert_eq!(kit.invoices().await, round + 1);
     }
     a.stop().await;
     b.stop().await;
     assert_eq!(
-        RUNS_RACE.load(Ordering::SeqCst),
+        RUNS_RACE[K::INDEX].load(Ordering::SeqCst),
         2,
         "each event's handler committed once and ran once"
     );
@@ -405,22 +396,19 @@ async fn racing_consumers_apply_one_event_once_and_keep_going() {
 // e. Message N fails, N+1 succeeds: the committed offset stays at N; after a restart N is
 // delivered again and processed; nothing is skipped.
 
-static FAILED_ONCE: AtomicU32 = AtomicU32::new(0);
+static FAILED_ONCE: Counter = counter();
 
-#[inbox_handler(event = "OrderCreated", group = "failure-order")]
-async fn failure_order_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_invoice(&event, tx).await?;
-    if event.total_cents == 13 && FAILED_ONCE.fetch_add(1, Ordering::SeqCst) == 0 {
+handlers!("failure-order", |event, tx, meta, store| {
+    insert_invoice!(event, tx)?;
+    if event.total_cents == 13 && FAILED_ONCE[store].fetch_add(1, Ordering::SeqCst) == 0 {
         return Err(HandlerError::transient("unlucky order, first time"));
     }
     Ok(())
-}
+});
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_message_is_not_skipped_by_a_later_success() {
+async fn failed_message_is_not_skipped_by_a_later_success<K: Kit>() {
     let broker = Broker::start();
-    let db = TestDb::new("order").await;
-    let store = db.migrated_store().await;
+    let kit = K::new("order").await;
     let topic = support::unique("order");
     broker.create_topic(&topic, 1).await;
     let producer = support::producer(&broker.brokers);
@@ -436,17 +424,17 @@ async fn failed_message_is_not_skipped_by_a_later_success() {
         Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 14),
     )
     .await;
-    let builder = |store| {
+    let builder = || {
         Consumer::builder(
             "failure-order",
-            store,
+            kit.store(),
             support::kafka(&broker.brokers, &topic),
         )
         .retry(RetryPolicy::no_retries())
         .on_exhausted(OnExhausted::LeaveUncommitted)
     };
 
-    let mut first = Running::start(builder(store.clone()));
+    let mut first = Running::start(builder());
     let reports = first.take(2).await;
     first.stop().await;
     assert!(
@@ -468,9 +456,9 @@ async fn failed_message_is_not_skipped_by_a_later_success() {
         support::committed(&broker.brokers, "failure-order", &topic, 0).unwrap_or(0),
         0
     );
-    assert_eq!(db.invoices().await, 1);
+    assert_eq!(kit.invoices().await, 1);
 
-    let mut second = Running::start(builder(store));
+    let mut second = Running::start(builder());
     let reports = second.take(2).await;
     let committed = support::wait_committed(&broker.brokers, "failure-order", &topic, 0, 2).await;
     second.stop().await;
@@ -481,7 +469,7 @@ async fn failed_message_is_not_skipped_by_a_later_success() {
     );
     assert_eq!(reports[1].outcome, Outcome::Duplicate);
     assert_eq!(committed, Some(2));
-    assert_eq!(db.invoices().await, 2, "each order invoiced once");
+    assert_eq!(kit.invoices().await, 2, "each order invoiced once");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -489,21 +477,18 @@ async fn failed_message_is_not_skipped_by_a_later_success() {
 // first leaves mid-stream; every event is applied once and every partition is committed to its
 // end by whoever owns it last.
 
-#[inbox_handler(event = "OrderCreated", group = "rebalance")]
-async fn rebalance_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_invoice(&event, tx).await?;
+handlers!("rebalance", |event, tx, meta, store| {
+    insert_invoice!(event, tx)?;
     tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(())
-}
+});
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn rebalance_mid_stream_applies_each_event_once() {
+async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     use txbox::transport::in_process::{InProcessKafka, CONSUMER_SETTINGS};
     let kafka = InProcessKafka::start().expect("in-process kafka");
     let topic = "rebalance";
     kafka.create_topic(topic, 4).expect("topic");
-    let db = TestDb::new("rebalance").await;
-    let store = db.migrated_store().await;
+    let kit = K::new("rebalance").await;
     let producer = support::producer(kafka.brokers());
     let total = 400;
     for i in 0..total {
@@ -520,17 +505,13 @@ async fn rebalance_mid_stream_applies_each_event_once() {
             |c, (k, v)| c.set(*k, *v),
         )
     };
-    let mut a = Running::start(Consumer::builder("rebalance", store.clone(), config()));
+    let mut a = Running::start(Consumer::builder("rebalance", kit.store(), config()));
     a.take(50).await;
-    let b = Running::start(Consumer::builder("rebalance", store.clone(), config()));
+    let b = Running::start(Consumer::builder("rebalance", kit.store(), config()));
     a.take(50).await;
     let mut a_reports = a.stop().await;
-    let processed_sql = format!(
-        "SELECT count(*) FROM {} WHERE processed_at IS NOT NULL",
-        db.tables.inbox
-    );
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while db.count(&processed_sql).await < total && std::time::Instant::now() < deadline {
+    while kit.processed().await < total && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut positions = Vec::new();
@@ -543,16 +524,10 @@ async fn rebalance_mid_stream_applies_each_event_once() {
     while let Ok(r) = a_reports.try_recv().or_else(|_| b_reports.try_recv()) {
         duplicates += usize::from(r.outcome == Outcome::Duplicate);
     }
-    println!(
-        "rebalance: {duplicates} duplicate deliveries after handovers; committed {positions:?}"
-    );
+    println!("rebalance on {}: {duplicates} duplicate deliveries after handovers; committed {positions:?}", K::NAME);
+    assert_eq!(kit.processed().await, total, "every event processed");
     assert_eq!(
-        db.count(&processed_sql).await,
-        total,
-        "every event processed"
-    );
-    assert_eq!(
-        db.invoices().await,
+        kit.invoices().await,
         total,
         "no event applied twice across the handovers"
     );

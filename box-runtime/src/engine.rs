@@ -189,7 +189,7 @@ enum Prepared<'d> {
 impl<S: InboxStore> Inbox<S> {
     /// The inbox of `group` on `store`, with the handlers linked into the binary.
     pub fn new(store: S, group: &str, config: InboxConfig) -> Result<Self, SetupError> {
-        let handlers = DispatchTable::for_group(group)?;
+        let handlers = DispatchTable::for_store::<S::Tx>(group, S::NAME)?;
         Self::with_handlers(store, handlers, config)
     }
 

@@ -369,6 +369,26 @@ impl DispatchTable {
         Self::from_registrations(group, registrations())
     }
 
+    /// Builds the table of `group` for a store whose transaction type is `T`: the handlers of
+    /// the group that take that transaction. A group may have handlers for several stores (the
+    /// same event handled on PostgreSQL and on SQLite); only a group with handlers for other
+    /// stores alone is an error.
+    pub fn for_store<T: Any>(group: &str, store: &'static str) -> Result<Self, RegistryError> {
+        let wanted = TypeId::of::<T>();
+        match Self::from_registrations(group, registrations().filter(|r| (r.tx_type)() == wanted)) {
+            Err(RegistryError::Empty { .. }) => match registrations().find(|r| r.group == group) {
+                Some(other) => Err(RegistryError::WrongStore {
+                    handler: other.location(),
+                    store,
+                }),
+                None => Err(RegistryError::Empty {
+                    group: group.to_owned(),
+                }),
+            },
+            other => other,
+        }
+    }
+
     /// Builds the table of `group` from the given registrations.
     pub fn from_registrations<'r>(
         group: &str,

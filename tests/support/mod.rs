@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod kit;
+
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

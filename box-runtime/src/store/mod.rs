@@ -7,6 +7,11 @@ use std::future::Future;
 use crate::transport::Delivery;
 
 pub mod postgres;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
+mod tables;
+
+pub use tables::Tables;
 
 /// The identity of a message in a consumer group's inbox.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -96,6 +101,19 @@ pub fn classify(error: sqlx::Error) -> StoreError {
         | sqlx::Error::Protocol(_) => StoreError::Unavailable(error),
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            // SQLite reports numeric (extended) result codes: the low byte is the primary code.
+            if let Ok(sqlite) = code.parse::<i32>() {
+                return match sqlite & 0xff {
+                    // SQLITE_BUSY, SQLITE_LOCKED: another writer holds the database.
+                    5 | 6 => StoreError::Conflict {
+                        code,
+                        source: error,
+                    },
+                    // SQLITE_IOERR, SQLITE_CANTOPEN, SQLITE_FULL: the file is unusable now.
+                    10 | 13 | 14 => StoreError::Unavailable(error),
+                    _ => StoreError::Other(error),
+                };
+            }
             match code.as_str() {
                 // serialization_failure, deadlock_detected
                 "40001" | "40P01" => StoreError::Conflict {

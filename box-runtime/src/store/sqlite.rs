@@ -8,8 +8,7 @@
 use sqlx::sqlite::SqlitePool;
 use sqlx::{Row, Sqlite};
 
-use super::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
-use crate::postgres_tables::Tables;
+use super::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables};
 use crate::transport::Delivery;
 
 /// What went wrong setting up a SQLite store.
@@ -205,7 +204,13 @@ impl Statements {
 fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
     let list: Vec<(&str, Option<String>)> = headers
         .iter()
-        .map(|(n, v)| (n.as_str(), v.as_ref().map(|b| b.iter().map(|x| format!("{x:02x}")).collect())))
+        .map(|(n, v)| {
+            (
+                n.as_str(),
+                v.as_ref()
+                    .map(|b| b.iter().map(|x| format!("{x:02x}")).collect()),
+            )
+        })
         .collect();
     serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned())
 }
@@ -222,6 +227,10 @@ fn decode_headers(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
             (n, bytes)
         })
         .collect()
+}
+
+impl crate::handler::HandlerTx for sqlx::Transaction<'_, Sqlite> {
+    type Static = sqlx::Transaction<'static, Sqlite>;
 }
 
 /// The SQLite store.
@@ -311,7 +320,9 @@ impl InboxStore for SqliteStore {
             .bind(&key.event_id)
             .fetch_optional(&mut **tx)
             .await?;
-        Ok(Claim::New { attempts: attempts.unwrap_or(0).max(0) as u32 })
+        Ok(Claim::New {
+            attempts: attempts.unwrap_or(0).max(0) as u32,
+        })
     }
 
     async fn mark_processed<'a>(
@@ -337,7 +348,11 @@ impl InboxStore for SqliteStore {
         Ok(())
     }
 
-    async fn record_failure<'a>(&'a self, key: &'a InboxKey, error: &'a str) -> Result<u32, StoreError> {
+    async fn record_failure<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        error: &'a str,
+    ) -> Result<u32, StoreError> {
         let attempts: i64 = sqlx::query_scalar(&self.sql.record_failure)
             .bind(&key.group)
             .bind(&key.source)
@@ -353,7 +368,12 @@ impl InboxStore for SqliteStore {
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
             .bind(letter.group)
-            .bind(letter.key.map(|k| k.source.as_str()).filter(|s| !s.is_empty()))
+            .bind(
+                letter
+                    .key
+                    .map(|k| k.source.as_str())
+                    .filter(|s| !s.is_empty()),
+            )
             .bind(letter.key.map(|k| k.event_id.as_str()))
             .bind(letter.event_type)
             .bind(&d.topic)
@@ -378,7 +398,11 @@ impl InboxStore for SqliteStore {
         Ok(id)
     }
 
-    async fn load_dead_letter<'a>(&'a self, group: &'a str, id: i64) -> Result<Option<StoredDeadLetter>, StoreError> {
+    async fn load_dead_letter<'a>(
+        &'a self,
+        group: &'a str,
+        id: i64,
+    ) -> Result<Option<StoredDeadLetter>, StoreError> {
         let Some(row) = sqlx::query(&self.sql.load_dead_letter)
             .bind(group)
             .bind(id)
@@ -410,7 +434,10 @@ impl InboxStore for SqliteStore {
     }
 
     async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.mark_replayed).bind(id).execute(&self.pool).await?;
+        sqlx::query(&self.sql.mark_replayed)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 }

@@ -1,0 +1,223 @@
+//! The stores the contract suite runs against: one generic test body, instantiated for
+//! PostgreSQL (a schema per test) and SQLite (a database file per test).
+
+use std::future::Future;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use txbox::store::InboxStore;
+
+use super::TestDb;
+
+/// A store with its business tables (`invoices`), fresh for one test.
+pub trait Kit: Sized + Send + Sync + 'static {
+    /// The store.
+    type Store: InboxStore + Clone;
+    /// Index of the store, for per-store counters in handlers: 0 PostgreSQL, 1 SQLite.
+    const INDEX: usize;
+    /// For messages.
+    const NAME: &'static str;
+
+    /// A fresh, migrated database for test `name`.
+    fn new(name: &str) -> impl Future<Output = Self>;
+    /// The store.
+    fn store(&self) -> Self::Store;
+    /// txbox's table names.
+    fn tables(&self) -> &txbox::Tables;
+    /// `SELECT count(*) ...` or any query returning one integer.
+    fn count(&self, sql: &str) -> impl Future<Output = i64>;
+
+    /// Invoice rows.
+    fn invoices(&self) -> impl Future<Output = i64> {
+        self.count("SELECT count(*) FROM invoices")
+    }
+
+    /// Inbox rows marked processed.
+    fn processed(&self) -> impl Future<Output = i64> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE processed_at IS NOT NULL",
+            self.tables().inbox
+        );
+        async move { self.count(&sql).await }
+    }
+
+    /// Dead letters.
+    fn dead_letters(&self) -> impl Future<Output = i64> {
+        let sql = format!("SELECT count(*) FROM {}", self.tables().dead_letters);
+        async move { self.count(&sql).await }
+    }
+}
+
+/// PostgreSQL: a schema of its own.
+pub struct PgKit {
+    pub db: TestDb,
+    store: txbox::PgStore,
+}
+
+impl Kit for PgKit {
+    type Store = txbox::PgStore;
+    const INDEX: usize = 0;
+    const NAME: &'static str = "postgres";
+
+    async fn new(name: &str) -> Self {
+        let db = TestDb::new(name).await;
+        let store = db.migrated_store().await;
+        Self { db, store }
+    }
+
+    fn store(&self) -> txbox::PgStore {
+        self.store.clone()
+    }
+
+    fn tables(&self) -> &txbox::Tables {
+        &self.db.tables
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.db.count(sql).await
+    }
+}
+
+/// SQLite: a database file of its own, in WAL mode.
+pub struct SqliteKit {
+    _dir: TempDir,
+    pool: sqlx::SqlitePool,
+    store: txbox::SqliteStore,
+}
+
+/// A directory removed on drop.
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("txbox-{name}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Kit for SqliteKit {
+    type Store = txbox::SqliteStore;
+    const INDEX: usize = 1;
+    const NAME: &'static str = "sqlite";
+
+    async fn new(name: &str) -> Self {
+        let dir = TempDir::new(name);
+        let options = SqliteConnectOptions::new()
+            .filename(dir.0.join("txbox.db"))
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(30));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .expect("open SQLite");
+        sqlx::raw_sql(
+            "CREATE TABLE invoices (id integer PRIMARY KEY AUTOINCREMENT, order_id blob NOT NULL, \
+             total_cents integer NOT NULL, created_at text NOT NULL DEFAULT CURRENT_TIMESTAMP)",
+        )
+        .execute(&pool)
+        .await
+        .expect("create invoices");
+        let store = txbox::SqliteStore::new(pool.clone());
+        store.migrate().await.expect("migrate SQLite");
+        Self {
+            _dir: dir,
+            pool,
+            store,
+        }
+    }
+
+    fn store(&self) -> txbox::SqliteStore {
+        self.store.clone()
+    }
+
+    fn tables(&self) -> &txbox::Tables {
+        self.store.tables()
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&self.pool)
+            .await
+            .expect(sql)
+    }
+}
+
+/// Runs each named generic test body `async fn name<K: Kit>()` against both stores:
+/// `postgres::name` and `sqlite::name`.
+#[macro_export]
+macro_rules! contract_tests {
+    ($($name:ident),* $(,)?) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<$crate::support::kit::PgKit>().await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<$crate::support::kit::SqliteKit>().await
+                }
+            )*
+        }
+    };
+}
+
+/// Declares one `#[inbox_handler]` per store for an `OrderCreated` handler body. The body sees
+/// the event, the transaction, the metadata and `store` (the kit index, for per-store counters).
+#[macro_export]
+macro_rules! handlers {
+    ($group:tt, |$event:ident, $tx:ident, $meta:ident, $store:ident| $body:block) => {
+        const _: () = {
+            use txbox::prelude::*;
+
+            #[inbox_handler(event = "OrderCreated", group = $group)]
+            async fn on_postgres(
+                $event: OrderCreated,
+                $tx: &mut PgTx<'_>,
+                $meta: &MessageMeta,
+            ) -> Result<(), HandlerError> {
+                let $store: usize = 0;
+                let _ = (&$meta, $store);
+                $body
+            }
+
+            #[inbox_handler(event = "OrderCreated", group = $group)]
+            async fn on_sqlite(
+                $event: OrderCreated,
+                $tx: &mut txbox::SqliteTx<'_>,
+                $meta: &MessageMeta,
+            ) -> Result<(), HandlerError> {
+                let $store: usize = 1;
+                let _ = (&$meta, $store);
+                $body
+            }
+        };
+    };
+}
+
+/// Inserts the event's invoice through the handler's transaction (same SQL on both stores).
+#[macro_export]
+macro_rules! insert_invoice {
+    ($event:expr, $tx:expr) => {
+        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+            .bind($event.order_id)
+            .bind($event.total_cents)
+            .execute(&mut **$tx)
+            .await
+            .map(|_| ())
+            .map_err(txbox::HandlerError::from)
+    };
+}
