@@ -28,6 +28,7 @@ contract_tests!(
     racing_consumers_apply_one_event_once_and_keep_going,
     failed_message_is_not_skipped_by_a_later_success,
     rebalance_mid_stream_applies_each_event_once,
+    retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones,
 );
 
 /// Per-store counters: `[postgres, sqlite]`.
@@ -533,4 +534,80 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     );
     let committed: i64 = positions.iter().map(|p| p.unwrap_or(0)).sum();
     assert_eq!(committed, total, "every partition committed to its end");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention: processed rows older than the window go, in batches; recent and unprocessed rows
+// stay; rows received long ago and never processed are counted as stuck.
+
+handlers!("retention", |event, tx, meta, store| {
+    insert_invoice!(event, tx)?;
+    Ok(())
+});
+
+async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K: Kit>() {
+    use txbox::store::{Claim, InboxKey, InboxStore};
+    use txbox::transport::Delivery;
+    let kit = K::new("retention").await;
+    let store = kit.store();
+    for (i, id) in ["old-1", "old-2", "old-3", "new-1", "new-2", "stuck"]
+        .iter()
+        .enumerate()
+    {
+        let key = InboxKey {
+            group: "retention".into(),
+            source: String::new(),
+            event_id: (*id).into(),
+        };
+        let d = Delivery {
+            topic: "t".into(),
+            partition: 0,
+            offset: i as i64,
+            key: None,
+            payload: Some(b"{}".to_vec()),
+            headers: Vec::new(),
+        };
+        let mut tx = store.begin().await.unwrap();
+        assert_eq!(
+            store
+                .claim(&mut tx, &key, "OrderCreated", &d)
+                .await
+                .unwrap(),
+            Claim::New { attempts: 0 }
+        );
+        if *id != "stuck" {
+            store.mark_processed(&mut tx, &key, false).await.unwrap();
+        }
+        store.commit(tx).await.unwrap();
+    }
+    let inbox = kit.tables().inbox.clone();
+    kit.exec(&format!(
+        "UPDATE {inbox} SET processed_at = {} WHERE event_id LIKE 'old-%'",
+        K::days_ago(8)
+    ))
+    .await;
+    kit.exec(&format!(
+        "UPDATE {inbox} SET received_at = {} WHERE event_id = 'stuck'",
+        K::days_ago(1)
+    ))
+    .await;
+
+    let engine = txbox::engine::Inbox::new(store, "retention", Default::default()).unwrap();
+    assert_eq!(engine.stuck(Duration::from_secs(3600)).await.unwrap(), 1);
+    assert_eq!(
+        engine.stuck(Duration::from_secs(3 * 86400)).await.unwrap(),
+        0
+    );
+    let deleted = engine
+        .purge_processed(txbox::engine::DEFAULT_RETENTION, 2)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 3, "the three rows processed 8 days ago");
+    let left = kit
+        .count(&format!(
+            "SELECT count(*) FROM {inbox} WHERE event_id NOT LIKE 'old-%'"
+        ))
+        .await;
+    assert_eq!(left, 3, "recent and unprocessed rows stay");
+    assert_eq!(kit.count(&format!("SELECT count(*) FROM {inbox}")).await, 3);
 }

@@ -512,6 +512,32 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
+    /// Deletes inbox rows processed more than `older_than` ago (default retention: 7 days,
+    /// [`DEFAULT_RETENTION`]), in batches of `batch` rows so that no statement holds many locks;
+    /// returns how many were deleted. A deleted row no longer protects against a redelivery of
+    /// its event, so keep the window longer than any redelivery can be late.
+    pub async fn purge_processed(
+        &self,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        let batch = batch.max(1);
+        let mut total = 0;
+        loop {
+            let n = self.store.delete_processed(older_than, batch).await?;
+            total += n;
+            if n < u64::from(batch) {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Inbox rows received more than `older_than` ago and still not processed: a health metric
+    /// (only the two-phase mode leaves such rows by design).
+    pub async fn stuck(&self, older_than: Duration) -> Result<i64, StoreError> {
+        self.store.count_stuck(older_than).await
+    }
+
     /// Runs a dead letter of this group through the normal inbox path again (the handler, in
     /// its transaction with the inbox row). Marks it replayed when it was processed, or when
     /// the event turns out to be processed already.
@@ -660,6 +686,9 @@ impl Backoff {
         sleep_unless_shutdown(wait, shutdown).await
     }
 }
+
+/// How long processed inbox rows are kept by default: 7 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Shared handle on an inbox, for transports.
 pub type SharedInbox<S> = Arc<Inbox<S>>;

@@ -25,6 +25,10 @@ pub trait Kit: Sized + Send + Sync + 'static {
     fn tables(&self) -> &txbox::Tables;
     /// `SELECT count(*) ...` or any query returning one integer.
     fn count(&self, sql: &str) -> impl Future<Output = i64>;
+    /// Runs a statement.
+    fn exec(&self, sql: &str) -> impl Future<Output = ()>;
+    /// A SQL expression for the time `days` ago, in the store's timestamp type.
+    fn days_ago(days: u32) -> String;
 
     /// Invoice rows.
     fn invoices(&self) -> impl Future<Output = i64> {
@@ -74,6 +78,14 @@ impl Kit for PgKit {
 
     async fn count(&self, sql: &str) -> i64 {
         self.db.count(sql).await
+    }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql).execute(&self.db.pool).await.expect(sql);
+    }
+
+    fn days_ago(days: u32) -> String {
+        format!("now() - interval '{days} days'")
     }
 }
 
@@ -148,6 +160,14 @@ impl Kit for SqliteKit {
             .fetch_one(&self.pool)
             .await
             .expect(sql)
+    }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sql).execute(&self.pool).await.expect(sql);
+    }
+
+    fn days_ago(days: u32) -> String {
+        format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{days} days')")
     }
 }
 

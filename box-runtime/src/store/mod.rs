@@ -211,6 +211,19 @@ pub trait InboxStore: Send + Sync + 'static {
 
     /// Records that a dead letter was replayed successfully.
     fn mark_replayed(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send + '_;
+
+    /// Deletes at most `limit` inbox rows processed more than `older_than` ago; returns how many.
+    fn delete_processed(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
+
+    /// Counts inbox rows received more than `older_than` ago and still not processed.
+    fn count_stuck(
+        &self,
+        older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + '_;
 }
 
 /// A dead letter as stored: the raw message and what went wrong.

@@ -152,6 +152,8 @@ struct Statements {
     dead_letter: String,
     load_dead_letter: String,
     mark_replayed: String,
+    delete_processed: String,
+    count_stuck: String,
 }
 
 impl Statements {
@@ -202,6 +204,16 @@ impl Statements {
                 t.dead_letters
             ),
             mark_replayed: format!("UPDATE {} SET replayed_at = now() WHERE id = $1", t.dead_letters),
+            delete_processed: format!(
+                "DELETE FROM {inbox} WHERE ctid IN (SELECT ctid FROM {inbox} \
+                 WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2)",
+                inbox = t.inbox
+            ),
+            count_stuck: format!(
+                "SELECT count(*) FROM {} WHERE processed_at IS NULL \
+                 AND received_at < now() - make_interval(secs => $1)",
+                t.inbox
+            ),
         }
     }
 }
@@ -412,5 +424,25 @@ impl InboxStore for PgStore {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn delete_processed(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(&self.sql.delete_processed)
+            .bind(older_than.as_secs_f64())
+            .bind(i64::from(limit))
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(&self.sql.count_stuck)
+            .bind(older_than.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?)
     }
 }
