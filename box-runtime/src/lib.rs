@@ -13,6 +13,8 @@ pub mod event;
 pub mod handler;
 pub mod ident;
 pub mod names;
+pub mod outbox;
+pub mod relay;
 pub mod store;
 pub mod transport;
 mod util;
