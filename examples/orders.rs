@@ -39,7 +39,10 @@ fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
 }
 
 /// Creates one order and its event in one transaction.
-async fn create_order(pool: &sqlx::PgPool, total_cents: i64) -> Result<Uuid, Box<dyn std::error::Error>> {
+async fn create_order(
+    pool: &sqlx::PgPool,
+    total_cents: i64,
+) -> Result<Uuid, Box<dyn std::error::Error>> {
     let order_id = Uuid::new_v4();
     let mut tx = pool.begin().await?;
     sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")

@@ -159,7 +159,10 @@ fn start_relay(pool: &PgPool, tables: &txbox::Tables, config: &RelayConfig) -> R
     }
 }
 
-async fn published(reports: &mut mpsc::UnboundedReceiver<RelayReport>, n: usize) -> Vec<(Uuid, SystemTime)> {
+async fn published(
+    reports: &mut mpsc::UnboundedReceiver<RelayReport>,
+    n: usize,
+) -> Vec<(Uuid, SystemTime)> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
         match tokio::time::timeout(Duration::from_secs(60), reports.recv()).await {
@@ -187,21 +190,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let suffix = &Uuid::new_v4().simple().to_string()[..8];
     let schema = format!("txbox_bench_{suffix}");
     let topic = "txbox-bench"; // the topic of `OrderCreated` above
-    let admin_pool = PgPoolOptions::new().max_connections(1).connect(&database_url).await?;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\"")).execute(&admin_pool).await?;
+    let admin_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&database_url)
+        .await?;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&admin_pool)
+        .await?;
     let options: PgConnectOptions = database_url.parse()?;
     let pool = PgPoolOptions::new()
         .max_connections(8)
         .connect_with(options.options([("search_path", schema.as_str())]))
         .await?;
     let tables = txbox::Tables::with_schema(&schema)?;
-    txbox::PgStore::with_tables(pool.clone(), tables.clone()).migrate().await?;
+    txbox::PgStore::with_tables(pool.clone(), tables.clone())
+        .migrate()
+        .await?;
     let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", &brokers)
         .create()?;
     for r in admin
         .create_topics(
-            [&NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1))],
+            [&NewTopic::new(
+                topic,
+                PARTITIONS,
+                TopicReplication::Fixed(1),
+            )],
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
         )
         .await?
@@ -222,7 +236,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Warm-up: metadata and connections.
-    raw_send(&producer, topic, &event()).await?.map_err(|(e, _)| e)?;
+    raw_send(&producer, topic, &event())
+        .await?
+        .map_err(|(e, _)| e)?;
 
     // 1. Latency, raw rdkafka baseline: send at `rate`, latency = ack - send.
     let mut raw_latency_paced = Vec::with_capacity(latency_events);
@@ -297,8 +313,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     relay.handle.await?;
 
     println!("\ncommit-to-broker latency (paced at {rate}/s):");
-    println!("{}", summary("  raw rdkafka produce (baseline)", raw_latency_paced));
-    println!("{}", summary("  outbox + relay (NOTIFY, 1 s poll)", relay_latency));
+    println!(
+        "{}",
+        summary("  raw rdkafka produce (baseline)", raw_latency_paced)
+    );
+    println!(
+        "{}",
+        summary("  outbox + relay (NOTIFY, 1 s poll)", relay_latency)
+    );
     println!("\nthroughput ({events} events):");
     println!(
         "  raw rdkafka produce (baseline)     {:>9.0} events/s ({:.2} s)",

@@ -9,8 +9,7 @@
 pub use box_macros::{inbox_handler, OutboxEvent};
 pub use box_runtime::{
     config, consumer, engine, handler, ident, names, outbox, relay, shutdown_signal, store,
-    transport,
-    AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
+    transport, AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
     IntoHandlerError, KafkaConfig, MessageMeta, OnExhausted, Outcome, PgStore, PgTx, Report,
     RetryPolicy, Source, Tables, UnknownEvent,
 };

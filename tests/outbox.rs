@@ -112,30 +112,81 @@ async fn enqueue_commits_and_rolls_back_with_the_business_transaction() {
         serde_json::Value,
         serde_json::Value,
     );
-    let row: Row =
-        sqlx::query_as(
-            "SELECT type, topic, message_key, aggregateid, payload, headers \
+    let row: Row = sqlx::query_as(
+        "SELECT type, topic, message_key, aggregateid, payload, headers \
              FROM txbox_outbox WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .expect("row");
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .expect("row");
     assert_eq!(row.0, "OrderCreated");
     assert_eq!(row.1, "orders");
     assert_eq!(row.2.as_deref(), Some(order_id.to_string().as_str()));
     assert_eq!(row.3.as_deref(), Some(order_id.to_string().as_str()));
     assert_eq!(row.4["total_cents"], 1200);
     assert_eq!(row.5["traceparent"], TRACEPARENT);
-    let order: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM txbox_outbox WHERE published_at IS NULL ORDER BY seq",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .expect("order");
+    let order: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NULL ORDER BY seq")
+            .fetch_all(&db.pool)
+            .await
+            .expect("order");
     assert_eq!(order, [vec![id], ids].concat(), "seq follows enqueue order");
 }
 
+/// Per-key order is commit order because an enqueue holds its key until commit: a second
+/// transaction enqueueing for the same key waits, one for another key does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_key_enqueues_are_serialised_until_commit_other_keys_are_not() {
+    let db = TestDb::new("keylock").await;
+    db.migrated_store().await;
+    let (k, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let event = |order_id| OrderCreated {
+        order_id,
+        total_cents: 1,
+    };
+    let mut first = db.pool.begin().await.expect("begin");
+    let first_id = outbox::enqueue(&mut first, &event(k))
+        .await
+        .expect("enqueue");
+
+    // Another key: no wait.
+    let mut unrelated = db.pool.begin().await.expect("begin");
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        outbox::enqueue(&mut unrelated, &event(other)),
+    )
+    .await
+    .expect("a different key does not wait")
+    .expect("enqueue");
+    unrelated.commit().await.expect("commit");
+
+    // The same key: waits for the first transaction to end.
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut tx = pool.begin().await.expect("begin");
+        let id = outbox::enqueue(&mut tx, &event(k)).await.expect("enqueue");
+        tx.commit().await.expect("commit");
+        id
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !second.is_finished(),
+        "a second enqueue for the same key must wait for the first transaction"
+    );
+    first.commit().await.expect("commit");
+    let second_id = tokio::time::timeout(Duration::from_secs(5), second)
+        .await
+        .expect("the second enqueue proceeds after the commit")
+        .expect("task");
+    let order: Vec<Uuid> =
+        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE message_key = $1 ORDER BY seq")
+            .bind(k.to_string())
+            .fetch_all(&db.pool)
+            .await
+            .expect("rows");
+    assert_eq!(order, [first_id, second_id], "seq order = commit order");
+}
 
 async fn enqueue_order(db: &TestDb, order_id: Uuid, total_cents: i64) -> Uuid {
     let mut tx = db.pool.begin().await.expect("begin");
@@ -322,7 +373,10 @@ async fn three_relays_publish_10000_events_over_50_keys_in_per_key_commit_order(
         acked += mine;
     }
     println!("rows published per relay: {per_relay:?}");
-    assert_eq!(acked, EVENTS, "every row published exactly once (no relay crashed)");
+    assert_eq!(
+        acked, EVENTS,
+        "every row published exactly once (no relay crashed)"
+    );
 
     let mut messages = read_topic(
         &broker.brokers,
@@ -341,7 +395,11 @@ async fn three_relays_publish_10000_events_over_50_keys_in_per_key_commit_order(
             continue;
         }
         let key = m.payload["key"].as_str().expect("key").to_owned();
-        assert_eq!(m.key.as_deref(), Some(key.as_str()), "Kafka key = event key");
+        assert_eq!(
+            m.key.as_deref(),
+            Some(key.as_str()),
+            "Kafka key = event key"
+        );
         let seq = m.payload["seq"].as_i64().expect("seq");
         if let Some(prev) = last.insert(key.clone(), seq) {
             assert!(
@@ -355,7 +413,10 @@ async fn three_relays_publish_10000_events_over_50_keys_in_per_key_commit_order(
     assert_eq!(seen, enqueued, "every enqueued event arrived");
     let totals: i64 = last.values().sum::<i64>();
     let counters: i64 = db.count("SELECT sum(n)::bigint FROM key_seq").await;
-    assert_eq!(totals, counters, "each key's last event carries its final count");
+    assert_eq!(
+        totals, counters,
+        "each key's last event carries its final count"
+    );
     assert_eq!(counters as usize, EVENTS);
 }
 
@@ -531,13 +592,17 @@ async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one
     .await;
 
     let mut consumer = Running::start(
-        Consumer::builder("outbox-chain", store, support::kafka(&broker.brokers, "orders"))
-            .retry(RetryPolicy {
-                max_attempts: 3,
-                initial_backoff: Duration::from_millis(50),
-                ..RetryPolicy::default()
-            })
-            .unknown_event(UnknownEvent::Skip),
+        Consumer::builder(
+            "outbox-chain",
+            store,
+            support::kafka(&broker.brokers, "orders"),
+        )
+        .retry(RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(50),
+            ..RetryPolicy::default()
+        })
+        .unknown_event(UnknownEvent::Skip),
     );
     let report = consumer.take(1).await.remove(0);
     consumer.stop().await;
@@ -610,7 +675,12 @@ async fn relay_killed_between_publish_and_mark_publishes_again_and_inbox_applies
 
     let exe = std::env::current_exe().expect("test binary");
     let mut child = tokio::process::Command::new(exe)
-        .args(["relay_child_process", "--exact", "--nocapture", "--test-threads=1"])
+        .args([
+            "relay_child_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, &db.schema)
         .env("KAFKA_BROKERS", &broker.brokers)
         .env("DATABASE_URL", support::database_url())

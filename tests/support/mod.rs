@@ -446,7 +446,10 @@ impl RunningRelay {
             match tokio::time::timeout_at(deadline, self.reports.recv()).await {
                 Ok(Some(txbox::relay::RelayReport::Published { id, .. })) => ids.push(id),
                 Ok(Some(_)) => {}
-                _ => panic!("expected {n} rows published within {within:?}, got {}", ids.len()),
+                _ => panic!(
+                    "expected {n} rows published within {within:?}, got {}",
+                    ids.len()
+                ),
             }
         }
         ids

@@ -231,7 +231,12 @@ pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
 
 /// The advisory lock id that serialises enqueues of one `(topic, key)` on a table.
 pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
-    fnv1a64(&[b"txbox-enqueue", scope.as_bytes(), topic.as_bytes(), key.as_bytes()])
+    fnv1a64(&[
+        b"txbox-enqueue",
+        scope.as_bytes(),
+        topic.as_bytes(),
+        key.as_bytes(),
+    ])
 }
 
 /// The NOTIFY channel of an outbox table: its unqualified name, so an enqueue through the
@@ -443,6 +448,9 @@ mod tests {
             enqueue_lock_id("t", "ab", "c"),
             enqueue_lock_id("t", "a", "bc")
         );
-        assert_eq!(enqueue_lock_id("t", "a", "b"), enqueue_lock_id("t", "a", "b"));
+        assert_eq!(
+            enqueue_lock_id("t", "a", "b"),
+            enqueue_lock_id("t", "a", "b")
+        );
     }
 }

@@ -269,7 +269,9 @@ impl RelayBuilder {
 
     /// Sets a librdkafka producer setting (applied after the relay's own).
     pub fn producer_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.config.producer_settings.push((key.into(), value.into()));
+        self.config
+            .producer_settings
+            .push((key.into(), value.into()));
         self
     }
 
@@ -418,10 +420,7 @@ impl<S: RelayStore> Relay<S> {
     }
 
     async fn publish_locked(&self, locked: &[KeyRef]) -> Result<CycleStats, StoreError> {
-        let rows = self
-            .store
-            .pending(locked, self.config.batch_size)
-            .await?;
+        let rows = self.store.pending(locked, self.config.batch_size).await?;
         // Per key, publish the prefix up to the first row that is backing off.
         let mut blocked = std::collections::HashSet::new();
         let mut in_flight = Vec::with_capacity(rows.len());

@@ -92,8 +92,10 @@ pub trait RelayStore: Send + Sync + 'static {
 
     /// The keys of up to `limit` oldest publishable rows (committed, unpublished, not parked,
     /// not backing off), oldest first, without duplicates.
-    fn candidates(&self, limit: usize)
-        -> impl Future<Output = Result<Vec<KeyRef>, StoreError>> + Send;
+    fn candidates(
+        &self,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<KeyRef>, StoreError>> + Send;
 
     /// Tries to take the exclusive relay lock of each key without waiting; returns the keys
     /// now held by this relay.
@@ -299,11 +301,12 @@ impl RelayStore for PgRelayStore {
         let ids: Vec<i64> = by_id.keys().copied().collect();
         let mut guard = self.lock_connection().await?;
         let conn = guard.as_mut().expect("connected above");
-        let got: Result<Vec<i64>, sqlx::Error> =
-            sqlx::query_scalar("SELECT k FROM unnest($1::int8[]) AS k WHERE pg_try_advisory_lock(k)")
-                .bind(&ids)
-                .fetch_all(&mut *conn)
-                .await;
+        let got: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(
+            "SELECT k FROM unnest($1::int8[]) AS k WHERE pg_try_advisory_lock(k)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await;
         let got = match got {
             Ok(got) => got,
             Err(e) => {
@@ -356,18 +359,17 @@ impl RelayStore for PgRelayStore {
         rows.into_iter()
             .map(|row| {
                 let headers: String = row.try_get("headers")?;
-                let headers = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(
-                    &headers,
-                )
-                .map(|m| {
-                    m.into_iter()
-                        .filter_map(|(k, v)| match v {
-                            serde_json::Value::String(s) => Some((k, s)),
-                            _ => None,
+                let headers =
+                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&headers)
+                        .map(|m| {
+                            m.into_iter()
+                                .filter_map(|(k, v)| match v {
+                                    serde_json::Value::String(s) => Some((k, s)),
+                                    _ => None,
+                                })
+                                .collect()
                         })
-                        .collect()
-                })
-                .unwrap_or_default();
+                        .unwrap_or_default();
                 Ok(PendingRow {
                     id: row.try_get("id")?,
                     seq: row.try_get("seq")?,
