@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS {outbox} (
 CREATE INDEX IF NOT EXISTS {pending} ON {outbox} (seq)
     WHERE published_at IS NULL AND parked_at IS NULL;
 CREATE INDEX IF NOT EXISTS {pending_key} ON {outbox} (topic, message_key, seq)
-    WHERE published_at IS NULL AND parked_at IS NULL;
+    WHERE published_at IS NULL;
 CREATE INDEX IF NOT EXISTS {published} ON {outbox} (published_at)
     WHERE published_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS {parked} ON {outbox} (parked_at)

@@ -111,7 +111,7 @@ pub trait RelayStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Up to `limit` unpublished, unparked rows of `keys`, in `seq` order, read after the keys
-    /// were locked.
+    /// were locked. (Per key, the rows returned are a prefix of its pending rows.)
     fn pending<'a>(
         &'a self,
         keys: &'a [KeyRef],
@@ -174,14 +174,25 @@ impl PgRelayStore {
                  WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at <= now() \
                  ORDER BY seq LIMIT $1"
             ),
+            // One index probe per key. The predicates are chosen so that only
+            // `pending_key_idx` (`WHERE published_at IS NULL`) matches the per-key branch and
+            // only the primary key the keyless one: before the table has statistics, the
+            // planner would otherwise walk `pending_idx` in `seq` order and filter the whole
+            // backlog for every key. Parked and published rows are dropped in Rust.
             pending: format!(
-                "SELECT id, seq, topic, message_key, type, payload::text AS payload, \
-                   headers::text AS headers, attempts, next_attempt_at > now() AS waiting \
-                 FROM {t} \
-                 WHERE published_at IS NULL AND parked_at IS NULL \
-                   AND ((topic, message_key) IN (SELECT * FROM unnest($1::text[], $2::text[])) \
-                        OR id = ANY($3)) \
-                 ORDER BY seq LIMIT $4"
+                "SELECT * FROM ( \
+                   SELECT o.* FROM unnest($1::text[], $2::text[]) AS k(topic, message_key) \
+                   CROSS JOIN LATERAL ( \
+                     SELECT {cols} FROM {t} \
+                     WHERE published_at IS NULL \
+                       AND topic = k.topic AND message_key = k.message_key \
+                     ORDER BY seq LIMIT $4) AS o \
+                   UNION ALL \
+                   SELECT {cols} FROM {t} WHERE id = ANY($3) \
+                 ) AS pending ORDER BY seq LIMIT $4",
+                cols = "id, seq, topic, message_key, type, payload::text AS payload, \
+                        headers::text AS headers, attempts, next_attempt_at > now() AS waiting, \
+                        published_at IS NULL AND parked_at IS NULL AS pending"
             ),
             mark_published: format!(
                 "UPDATE {t} SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
@@ -356,7 +367,18 @@ impl RelayStore for PgRelayStore {
             .bind(limit as i64)
             .fetch_all(&self.pool)
             .await?;
-        rows.into_iter()
+        let mut pending = Vec::with_capacity(rows.len());
+        for row in rows {
+            if !row.try_get::<bool, _>("pending")? {
+                continue; // parked, or published meanwhile
+            }
+            if pending.len() == limit {
+                break;
+            }
+            pending.push(row);
+        }
+        pending
+            .into_iter()
             .map(|row| {
                 let headers: String = row.try_get("headers")?;
                 let headers =
