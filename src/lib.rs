@@ -11,8 +11,8 @@ pub use box_macros::inbox_handler;
 #[doc = include_str!("docs/outbox_event.md")]
 pub use box_macros::OutboxEvent;
 pub use box_runtime::{
-    config, consumer, engine, handler, ident, names, shutdown_signal, store, transport,
-    AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
+    config, consumer, engine, handler, ident, names, outbox, relay, shutdown_signal, store,
+    transport, AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
     IntoHandlerError, KafkaConfig, MessageMeta, OnExhausted, OutboxEvent, Outcome, PgStore, PgTx,
     Report, RetryPolicy, Source, Tables, UnknownEvent,
 };

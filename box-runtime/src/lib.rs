@@ -14,6 +14,8 @@ mod failpoint;
 pub mod handler;
 pub mod ident;
 pub mod names;
+pub mod outbox;
+pub mod relay;
 pub mod store;
 pub mod transport;
 mod util;

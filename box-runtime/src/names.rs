@@ -27,3 +27,8 @@ pub const HEADER_CONTENT_TYPE: &str = "content-type";
 pub const CONTENT_TYPE_JSON: &str = "application/json";
 /// W3C trace context header.
 pub const HEADER_TRACEPARENT: &str = "traceparent";
+
+/// `ce_source` the relay writes unless configured (name your service instead).
+pub const DEFAULT_SOURCE: &str = "txbox";
+/// Environment variable arming failpoints (crate feature `failpoints` only).
+pub const FAILPOINTS_ENV: &str = "TXBOX_FAILPOINTS";

@@ -104,6 +104,21 @@ impl TestDb {
         n
     }
 
+    /// The schema of another process's `TestDb` (a child process of a crash test).
+    pub async fn attach(schema: &str) -> Self {
+        let options: PgConnectOptions = database_url().parse().expect("DATABASE_URL");
+        let pool = PgPoolOptions::new()
+            .max_connections(10)
+            .connect_with(options.options([("search_path", schema)]))
+            .await
+            .expect("connect to PostgreSQL");
+        Self {
+            pool,
+            schema: schema.to_owned(),
+            tables: txbox::Tables::with_schema(schema).expect("valid schema name"),
+        }
+    }
+
     pub fn store(&self) -> txbox::PgStore {
         txbox::PgStore::with_tables(self.pool.clone(), self.tables.clone())
     }
@@ -424,4 +439,159 @@ pub fn unique(prefix: &str) -> String {
         "{prefix}-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Outbox and relay fixtures.
+
+/// A relay on the test's schema, set up for Tansu (no idempotent producer), no retention purge.
+pub fn relay_builder(db: &TestDb, brokers: &str) -> txbox::relay::RelayBuilder {
+    txbox::relay::Relay::builder(db.pool.clone(), brokers)
+        .tables(db.tables.clone())
+        .source("txbox-tests")
+        .idempotence(false)
+        .retention(None)
+}
+
+/// A relay running in a task, with its reports and a graceful stop.
+pub struct RunningRelay {
+    pub reports: mpsc::UnboundedReceiver<txbox::relay::RelayReport>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl RunningRelay {
+    pub fn start(builder: txbox::relay::RelayBuilder) -> Self {
+        let (tx, reports) = mpsc::unbounded_channel();
+        let relay = builder.reports(tx).build().expect("build relay");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            relay
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("relay run");
+        });
+        Self {
+            reports,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// Waits until `n` rows were reported published; panics after `within`.
+    pub async fn published(&mut self, n: usize, within: Duration) -> Vec<uuid::Uuid> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut ids = Vec::with_capacity(n);
+        while ids.len() < n {
+            match tokio::time::timeout_at(deadline, self.reports.recv()).await {
+                Ok(Some(txbox::relay::RelayReport::Published { id, .. })) => ids.push(id),
+                Ok(Some(_)) => {}
+                _ => panic!(
+                    "expected {n} rows published within {within:?}, got {}",
+                    ids.len()
+                ),
+            }
+        }
+        ids
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(60), &mut self.handle)
+            .await
+            .expect("relay stops within 60 s")
+            .expect("relay task");
+    }
+}
+
+/// A message read back from a topic.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    pub payload: serde_json::Value,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads `topic` (all `partitions`, from the beginning, no consumer group) until `n` messages
+/// arrived; panics if they do not within `within`. Counts messages, never watermarks (Tansu's
+/// are wrong).
+pub async fn read_topic(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    n: usize,
+    within: Duration,
+) -> Vec<Received> {
+    use rdkafka::message::{Headers, Message};
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .set("topic.metadata.refresh.interval.ms", "1000")
+            .create()
+            .expect("reader");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning)
+                .expect("offset");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let deadline = Instant::now() + within;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            assert!(
+                Instant::now() < deadline,
+                "expected {n} messages on {topic} within {within:?}, got {}",
+                out.len()
+            );
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(m)) => {
+                    let headers = m
+                        .headers()
+                        .map(|hs| {
+                            hs.iter()
+                                .map(|h| {
+                                    (
+                                        h.key.to_owned(),
+                                        String::from_utf8_lossy(h.value.unwrap_or_default())
+                                            .into_owned(),
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    out.push(Received {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                        payload: serde_json::from_slice(m.payload().unwrap_or_default())
+                            .expect("JSON payload"),
+                        headers,
+                    });
+                }
+                Some(Err(e)) => eprintln!("reader: {e}"),
+                None => {}
+            }
+        }
+        out
+    })
+    .await
+    .expect("reader task")
 }

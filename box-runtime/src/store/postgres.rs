@@ -79,12 +79,20 @@ CREATE INDEX IF NOT EXISTS {dead_group} ON {dead} (consumer_group, dead_lettered
 
 /// The migrations txbox ships, in order.
 pub fn migrations() -> &'static [Migration] {
-    static ALL: &[Migration] = &[Migration {
-        component: "inbox",
-        version: 1,
-        description: "inbox, attempts and dead-letter tables",
-        sql: inbox_v1,
-    }];
+    static ALL: &[Migration] = &[
+        Migration {
+            component: "inbox",
+            version: 1,
+            description: "inbox, attempts and dead-letter tables",
+            sql: inbox_v1,
+        },
+        Migration {
+            component: "outbox",
+            version: 1,
+            description: "outbox table",
+            sql: crate::outbox::migration::outbox_v1,
+        },
+    ];
     ALL
 }
 

@@ -1,0 +1,456 @@
+//! The outbox: events written in the caller's transaction, published later by the
+//! [relay](crate::relay).
+//!
+//! ```no_run
+//! # use serde::{Deserialize, Serialize};
+//! # #[derive(Serialize, Deserialize)]
+//! # struct OrderCreated { order_id: String, total_cents: i64 }
+//! # impl box_runtime::OutboxEvent for OrderCreated {
+//! #     const EVENT_TYPE: &'static str = "OrderCreated";
+//! #     const TOPIC: &'static str = "orders";
+//! #     fn key(&self) -> Option<String> { Some(self.order_id.clone()) }
+//! # }
+//! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! let mut tx = pool.begin().await?;
+//! sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
+//!     .bind("o-1").bind(1200_i64).execute(&mut *tx).await?;
+//! box_runtime::outbox::enqueue(&mut tx, &OrderCreated { order_id: "o-1".into(), total_cents: 1200 })
+//!     .await?;
+//! tx.commit().await?; // the order and its event commit (or roll back) together
+//! # Ok(()) }
+//! ```
+//!
+//! # What `enqueue` does
+//!
+//! One statement in the caller's transaction, nothing else (no broker call):
+//!
+//! 1. takes a transaction-level advisory lock on the event's `(topic, key)`
+//!    (`pg_advisory_xact_lock`, released at commit or rollback; events without a key take none);
+//! 2. inserts the row; its `seq` comes from a sequence *after* the lock is held;
+//! 3. queues a `NOTIFY` on the table's channel (delivered by PostgreSQL only if the transaction
+//!    commits), which wakes the relays.
+//!
+//! Step 1 is what makes per-key order well defined across transactions: two transactions that
+//! enqueue for the same key are serialised from the enqueue to their commit, so the one that
+//! takes its `seq` first also commits first (or rolls back, leaving no row). Hence, per key,
+//! **`seq` order is commit order**, and once a row of a key is visible no row of that key with
+//! a smaller `seq` can still appear. The relay publishes each key's rows in `seq` order (see
+//! [`crate::relay`]). The cost: transactions enqueueing for the same key wait for each other
+//! between their enqueue and their commit; different keys never wait. A transaction that
+//! enqueues for several keys locks them in one order (sorted lock ids) inside one call; across
+//! separate calls, lock order is yours, and PostgreSQL resolves a deadlock by aborting one
+//! transaction (SQLSTATE 40P01, [`StoreError::Conflict`], retryable).
+//!
+//! # The row
+//!
+//! Column names follow the Debezium outbox event router where they can, so the same table can
+//! be published by CDC instead of the relay:
+//!
+//! | column           | type          | meaning                                                   |
+//! |------------------|---------------|-----------------------------------------------------------|
+//! | `id`             | `uuid`        | UUID v7 (time-ordered); becomes `ce_id` (Debezium: `id`)   |
+//! | `aggregatetype`  | `text`, null  | `#[outbox(aggregate_type = ...)]` (Debezium: `aggregatetype`) |
+//! | `aggregateid`    | `text`, null  | aggregate id, defaults to the key (Debezium: `aggregateid`) |
+//! | `type`           | `text`        | event type, becomes `ce_type` (Debezium: `type`)          |
+//! | `payload`        | `jsonb`       | the event's JSON (Debezium: `payload`)                    |
+//! | `topic`          | `text`        | destination topic (Debezium routes by `aggregatetype`)    |
+//! | `message_key`    | `text`, null  | Kafka key (Debezium keys by `aggregateid` by default)     |
+//! | `headers`        | `jsonb`       | extra headers, e.g. `traceparent`                         |
+//! | `seq`            | `bigint`      | per-key publication order (see above)                     |
+//! | `created_at`     | `timestamptz` | enqueue time                                              |
+//! | `published_at`   | `timestamptz` | set by the relay; `NULL` = not yet published              |
+//! | `attempts`       | `integer`     | failed publication attempts                               |
+//! | `last_error`     | `text`, null  | the last publication error                                |
+//! | `next_attempt_at`| `timestamptz` | backoff: the relay leaves the key alone until then        |
+//! | `parked_at`      | `timestamptz` | set when the row was given up on (see the relay)          |
+//!
+//! # Trace context
+//!
+//! `traceparent` is captured at enqueue time from a task-local scope, [`with_traceparent`]: run
+//! the code that enqueues inside it (a tracing layer or an HTTP middleware usually has the W3C
+//! `traceparent` of the current span at hand). txbox does not depend on any tracing backend.
+//! An invalid value is ignored (never stored).
+
+use std::collections::BTreeSet;
+use std::future::Future;
+
+use serde_json::{Map, Value};
+use sqlx::{PgConnection, Postgres};
+use uuid::Uuid;
+
+use crate::event::OutboxEvent;
+use crate::names;
+use crate::store::Tables;
+use crate::store::StoreError;
+
+pub mod migration;
+pub mod retention;
+
+pub use retention::{purge_published, Retention};
+
+/// What went wrong while enqueueing an event.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnqueueError {
+    /// The event could not be serialised to JSON.
+    #[error("cannot serialise event `{event_type}` for topic `{topic}` to JSON: {source}")]
+    Serialize {
+        /// Event type.
+        event_type: &'static str,
+        /// Topic.
+        topic: &'static str,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The insert failed.
+    #[error("cannot insert event into the outbox table {table}: {source}")]
+    Store {
+        /// The outbox table.
+        table: String,
+        /// The database error.
+        #[source]
+        source: StoreError,
+    },
+}
+
+tokio::task_local! {
+    static TRACEPARENT: String;
+}
+
+/// Runs `fut` with `traceparent` as the trace context that [`enqueue`] stores with each event.
+///
+/// `traceparent` is a W3C trace context header value
+/// (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`); an invalid value is ignored.
+pub async fn with_traceparent<F: Future>(traceparent: impl Into<String>, fut: F) -> F::Output {
+    TRACEPARENT.scope(traceparent.into(), fut).await
+}
+
+/// The trace context set by [`with_traceparent`] for the current task, if valid.
+pub fn current_traceparent() -> Option<String> {
+    TRACEPARENT
+        .try_with(|tp| tp.clone())
+        .ok()
+        .filter(|tp| is_valid_traceparent(tp))
+}
+
+/// Whether `value` is a W3C `traceparent` of version `00` with non-zero ids.
+pub fn is_valid_traceparent(value: &str) -> bool {
+    let parts: Vec<&str> = value.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && parts[1].bytes().any(|b| b != b'0')
+        && hex(parts[2], 16)
+        && parts[2].bytes().any(|b| b != b'0')
+        && hex(parts[3], 2)
+}
+
+/// The outbox on a given table; [`enqueue`] and [`enqueue_all`] use the default table name
+/// (resolved through the connection's `search_path`).
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    table: String,
+    channel: String,
+    lock_scope: String,
+    insert_one: String,
+    insert_many: String,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new(&Tables::default())
+    }
+}
+
+/// An event ready to insert: everything the row holds that the caller decides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRow {
+    /// The event id (UUID v7).
+    pub id: Uuid,
+    /// Event type.
+    pub event_type: String,
+    /// Topic.
+    pub topic: String,
+    /// Kafka key.
+    pub key: Option<String>,
+    /// Aggregate type.
+    pub aggregate_type: Option<String>,
+    /// Aggregate id.
+    pub aggregate_id: Option<String>,
+    /// JSON payload.
+    pub payload: Value,
+    /// Extra headers (`traceparent`, ...).
+    pub headers: Map<String, Value>,
+}
+
+impl NewRow {
+    /// The row for `event`, with a new UUID v7 and the current task's trace context.
+    pub fn from_event<E: OutboxEvent>(event: &E) -> Result<Self, EnqueueError> {
+        let payload = serde_json::to_value(event).map_err(|source| EnqueueError::Serialize {
+            event_type: E::EVENT_TYPE,
+            topic: E::TOPIC,
+            source,
+        })?;
+        let mut headers = Map::new();
+        if let Some(tp) = current_traceparent() {
+            headers.insert(names::HEADER_TRACEPARENT.to_owned(), Value::String(tp));
+        }
+        Ok(Self {
+            id: Uuid::now_v7(),
+            event_type: E::EVENT_TYPE.to_owned(),
+            topic: E::TOPIC.to_owned(),
+            key: event.key(),
+            aggregate_type: E::AGGREGATE_TYPE.map(str::to_owned),
+            aggregate_id: event.aggregate_id(),
+            payload,
+            headers,
+        })
+    }
+}
+
+/// FNV-1a, 64 bits: a stable hash for advisory lock ids (the same in every process and version).
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // a separator that cannot occur in UTF-8, so ("ab", "c") and ("a", "bc") differ
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// The advisory lock id that serialises enqueues of one `(topic, key)` on a table.
+pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
+    fnv1a64(&[
+        b"txbox-enqueue",
+        scope.as_bytes(),
+        topic.as_bytes(),
+        key.as_bytes(),
+    ])
+}
+
+/// The NOTIFY channel of an outbox table: its unqualified name, so an enqueue through the
+/// `search_path` and a relay configured with a schema-qualified name meet on one channel.
+pub fn notify_channel(tables: &Tables) -> String {
+    tables.outbox.name().as_str().to_owned()
+}
+
+impl Outbox {
+    /// The outbox on `tables.outbox`.
+    pub fn new(tables: &Tables) -> Self {
+        let table = tables.outbox.to_string();
+        let insert = |source: &str| {
+            format!(
+                "WITH l AS (SELECT {lock}), n AS (SELECT pg_notify($1, '')) \
+                 INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
+                 SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, r.payload, r.headers \
+                 FROM l, n, {source}",
+                lock = if source.starts_with("unnest") {
+                    "count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k"
+                } else {
+                    "pg_advisory_xact_lock($2)"
+                },
+            )
+        };
+        Self {
+            channel: notify_channel(tables),
+            lock_scope: tables.outbox.name().as_str().to_owned(),
+            insert_one: insert(
+                "(SELECT $3::uuid AS id, $4::text AS aggregatetype, $5::text AS aggregateid, \
+                 $6::text AS type, $7::text AS topic, $8::text AS message_key, \
+                 $9::jsonb AS payload, $10::jsonb AS headers) AS r",
+            ),
+            // WITH ORDINALITY keeps the caller's order, so `seq` (the column default, evaluated
+            // per row as the rows come) follows it.
+            insert_many: insert(
+                "unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
+                 $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
+                 AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord)",
+            ),
+            table,
+        }
+    }
+
+    fn store_error(&self, e: sqlx::Error) -> EnqueueError {
+        EnqueueError::Store {
+            table: self.table.clone(),
+            source: e.into(),
+        }
+    }
+
+    /// Inserts `event` in the transaction (or connection) `conn`; returns the event id.
+    pub async fn enqueue<E: OutboxEvent>(
+        &self,
+        conn: &mut PgConnection,
+        event: &E,
+    ) -> Result<Uuid, EnqueueError> {
+        self.insert_row(conn, NewRow::from_event(event)?).await
+    }
+
+    /// Inserts a prepared row (see [`NewRow`]); returns its id.
+    pub async fn insert_row(
+        &self,
+        conn: &mut PgConnection,
+        row: NewRow,
+    ) -> Result<Uuid, EnqueueError> {
+        let lock = row
+            .key
+            .as_deref()
+            .map(|k| enqueue_lock_id(&self.lock_scope, &row.topic, k));
+        sqlx::query::<Postgres>(&self.insert_one)
+            .bind(&self.channel)
+            .bind(lock)
+            .bind(row.id)
+            .bind(&row.aggregate_type)
+            .bind(&row.aggregate_id)
+            .bind(&row.event_type)
+            .bind(&row.topic)
+            .bind(&row.key)
+            .bind(&row.payload)
+            .bind(Value::Object(row.headers))
+            .execute(conn)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        Ok(row.id)
+    }
+
+    /// Inserts several events in the given order (events of one key are published in this
+    /// order); returns their ids.
+    pub async fn enqueue_all<'e, E: OutboxEvent>(
+        &self,
+        conn: &mut PgConnection,
+        events: impl IntoIterator<Item = &'e E>,
+    ) -> Result<Vec<Uuid>, EnqueueError> {
+        let rows = events
+            .into_iter()
+            .map(NewRow::from_event)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.insert_rows(conn, rows).await
+    }
+
+    /// Inserts prepared rows in the given order; returns their ids.
+    pub async fn insert_rows(
+        &self,
+        conn: &mut PgConnection,
+        rows: Vec<NewRow>,
+    ) -> Result<Vec<Uuid>, EnqueueError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Sorted and deduplicated, so two transactions never take the same locks in opposite
+        // orders within one call.
+        let locks: Vec<i64> = rows
+            .iter()
+            .filter_map(|r| {
+                r.key
+                    .as_deref()
+                    .map(|k| enqueue_lock_id(&self.lock_scope, &r.topic, k))
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut agg_types = Vec::with_capacity(rows.len());
+        let mut agg_ids = Vec::with_capacity(rows.len());
+        let mut types = Vec::with_capacity(rows.len());
+        let mut topics = Vec::with_capacity(rows.len());
+        let mut keys = Vec::with_capacity(rows.len());
+        let mut payloads = Vec::with_capacity(rows.len());
+        let mut headers = Vec::with_capacity(rows.len());
+        for r in rows {
+            ids.push(r.id);
+            agg_types.push(r.aggregate_type);
+            agg_ids.push(r.aggregate_id);
+            types.push(r.event_type);
+            topics.push(r.topic);
+            keys.push(r.key);
+            payloads.push(r.payload);
+            headers.push(Value::Object(r.headers));
+        }
+        sqlx::query::<Postgres>(&self.insert_many)
+            .bind(&self.channel)
+            .bind(&locks)
+            .bind(&ids)
+            .bind(&agg_types)
+            .bind(&agg_ids)
+            .bind(&types)
+            .bind(&topics)
+            .bind(&keys)
+            .bind(&payloads)
+            .bind(&headers)
+            .execute(conn)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        Ok(ids)
+    }
+}
+
+fn default_outbox() -> &'static Outbox {
+    static DEFAULT: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(Outbox::default)
+}
+
+/// Inserts `event` into the outbox (default table name, through the `search_path`) in the
+/// caller's transaction; returns the event id (`ce_id`). Nothing is published until the
+/// transaction commits and a relay picks the row up.
+///
+/// `tx` is a `&mut sqlx::Transaction<'_, Postgres>` (or any `&mut PgConnection`), e.g. the
+/// `tx: &mut PgTx<'_>` an inbox handler receives, so handlers can chain events.
+pub async fn enqueue<E: OutboxEvent>(
+    tx: &mut PgConnection,
+    event: &E,
+) -> Result<Uuid, EnqueueError> {
+    default_outbox().enqueue(tx, event).await
+}
+
+/// Inserts several events of one type in the caller's transaction, in order; see [`enqueue`].
+pub async fn enqueue_all<'e, E: OutboxEvent>(
+    tx: &mut PgConnection,
+    events: impl IntoIterator<Item = &'e E>,
+) -> Result<Vec<Uuid>, EnqueueError> {
+    default_outbox().enqueue_all(tx, events).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traceparent_validation() {
+        assert!(is_valid_traceparent(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        ));
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+        ] {
+            assert!(!is_valid_traceparent(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn lock_ids_separate_parts() {
+        assert_ne!(
+            enqueue_lock_id("t", "ab", "c"),
+            enqueue_lock_id("t", "a", "bc")
+        );
+        assert_eq!(
+            enqueue_lock_id("t", "a", "b"),
+            enqueue_lock_id("t", "a", "b")
+        );
+    }
+}

@@ -1,0 +1,55 @@
+//! The outbox relay as a process: publishes committed outbox rows to Kafka, in per-key commit
+//! order, until SIGTERM. Run as many as you like against one database.
+//!
+//! ```text
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
+//!     cargo run --example relay -- [--source orders-service] [--poll-ms 1000] [--no-idempotence]
+//! ```
+//!
+//! `--no-idempotence` turns the idempotent producer off (Tansu rejects it). The relay applies
+//! txbox's migrations on start, so it also works before any producer ran.
+
+use std::time::Duration;
+
+use sqlx::postgres::PgPoolOptions;
+
+fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .cloned()
+            .ok_or_else(|| format!("{name} needs a value")),
+        None => Ok(default.to_owned()),
+    }
+}
+
+fn env(name: &str, example: &str) -> Result<String, String> {
+    std::env::var(name).map_err(|_| format!("set {name} (e.g. {example})"))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt().with_target(false).init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let source = flag(&args, "--source", "orders-service")?;
+    let poll_ms: u64 = flag(&args, "--poll-ms", "1000")?.parse()?;
+    let idempotence = !args.iter().any(|a| a == "--no-idempotence");
+    let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
+    let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
+
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&database_url)
+        .await?;
+    txbox::PgStore::new(pool.clone()).migrate().await?;
+    tracing::info!(%brokers, %source, idempotence, poll_ms, "relay started");
+    txbox::relay::Relay::builder(pool, brokers)
+        .source(source)
+        .idempotence(idempotence)
+        .poll_interval(Duration::from_millis(poll_ms))
+        .build()?
+        .run_until_signal()
+        .await?;
+    tracing::info!("relay stopped");
+    Ok(())
+}
