@@ -5,164 +5,13 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
+use support::child::ChildProcess as ChildConsumer;
 use support::{send, Broker, Msg, TestDb};
 use uuid::Uuid;
-
-/// Builds the child programs once (with failpoints) and returns the path of one.
-fn example(name: &str) -> PathBuf {
-    static BUILT: OnceLock<()> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let status = Command::new(cargo)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args([
-                "build",
-                "--quiet",
-                "--features",
-                "failpoints",
-                "--example",
-                "billing",
-                "--example",
-                "soak_consumer",
-            ])
-            .status()
-            .expect("run cargo build for the child programs");
-        assert!(
-            status.success(),
-            "building the examples with --features failpoints failed"
-        );
-    });
-    // target/<profile>/deps/crash-<hash> -> target/<profile>/examples/<name>
-    let exe = std::env::current_exe().expect("test binary path");
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir")
-        .join("examples")
-        .join(name);
-    assert!(path.exists(), "{} was not built", path.display());
-    path
-}
-
-/// A child consumer process; its stdout and stderr lines are collected.
-struct ChildConsumer {
-    child: Child,
-    lines: Arc<Mutex<Vec<String>>>,
-    events: mpsc::Receiver<String>,
-}
-
-impl ChildConsumer {
-    fn start(
-        program: &str,
-        db: &TestDb,
-        brokers: &str,
-        topic: &str,
-        failpoint: Option<&str>,
-    ) -> Self {
-        let mut cmd = Command::new(example(program));
-        cmd.args(["--topic", topic])
-            .env("DATABASE_URL", db.url())
-            .env("KAFKA_BROKERS", brokers)
-            .env("NO_COLOR", "1")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        match failpoint {
-            Some(fp) => cmd.env("TXBOX_FAILPOINT", fp),
-            None => cmd.env_remove("TXBOX_FAILPOINT"),
-        };
-        let mut child = cmd.spawn().expect("spawn child consumer");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let (tx, events) = mpsc::channel();
-        let stdout = child.stdout.take().expect("stdout");
-        let stderr = child.stderr.take().expect("stderr");
-        for stream in [
-            Box::new(stdout) as Box<dyn std::io::Read + Send>,
-            Box::new(stderr),
-        ] {
-            let (lines, tx) = (lines.clone(), tx.clone());
-            std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    let _ = tx.send(line.clone());
-                    lines.lock().unwrap().push(line);
-                }
-            });
-        }
-        Self {
-            child,
-            lines,
-            events,
-        }
-    }
-
-    /// Waits for a line containing `needle`.
-    fn wait_for(&self, needle: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
-                Ok(line) if line.contains(needle) => return,
-                Ok(_) => {}
-                Err(_) => panic!(
-                    "the child never printed {needle:?} within {within:?} (built without the `failpoints` \
-                     feature? run scripts/test); its output:\n{}",
-                    self.lines.lock().unwrap().join("\n")
-                ),
-            }
-        }
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        self.lines
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-
-    /// SIGKILL: no cleanup, no commit, no leaving the group.
-    fn kill9(&mut self) {
-        self.child.kill().expect("SIGKILL");
-        self.child.wait().expect("reap");
-    }
-
-    /// SIGTERM, and the exit status of the graceful shutdown.
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("kill");
-        assert!(status.success());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "child did not stop within 30 s of SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for ChildConsumer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 async fn wait_until(db: &TestDb, sql: &str, target: i64, within: Duration) -> i64 {
     let deadline = Instant::now() + within;
@@ -194,7 +43,13 @@ async fn crash_at(failpoint: &str) {
 
     // The third message reaches the failpoint; the process is killed right there.
     let spec = format!("{failpoint}:3");
-    let mut first = ChildConsumer::start("billing", &db, &broker.brokers, &topic, Some(&spec));
+    let mut first = ChildConsumer::start(
+        "billing",
+        &db,
+        &broker.brokers,
+        &["--topic", &topic],
+        Some(&spec),
+    );
     first.wait_for(
         &format!("txbox failpoint {failpoint} reached"),
         Duration::from_secs(60),
@@ -204,7 +59,8 @@ async fn crash_at(failpoint: &str) {
         .count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL")
         .await;
 
-    let mut second = ChildConsumer::start("billing", &db, &broker.brokers, &topic, None);
+    let mut second =
+        ChildConsumer::start("billing", &db, &broker.brokers, &["--topic", &topic], None);
     let processed = wait_until(
         &db,
         "SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL",
@@ -344,7 +200,13 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
     // Three SIGKILLs at about a quarter, half and three quarters of the way.
     let mut kills = 0;
     for quarter in 1..=3i64 {
-        let mut child = ChildConsumer::start("soak_consumer", &db, &broker.brokers, &topic, None);
+        let mut child = ChildConsumer::start(
+            "soak_consumer",
+            &db,
+            &broker.brokers,
+            &["--topic", &topic],
+            None,
+        );
         let reached = wait_until(
             &db,
             done_sql,
@@ -359,7 +221,13 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
         child.kill9();
         kills += 1;
     }
-    let mut last = ChildConsumer::start("soak_consumer", &db, &broker.brokers, &topic, None);
+    let mut last = ChildConsumer::start(
+        "soak_consumer",
+        &db,
+        &broker.brokers,
+        &["--topic", &topic],
+        None,
+    );
     let done = wait_until(&db, done_sql, unique, Duration::from_secs(600)).await;
     for (partition, end) in end_offsets.iter().enumerate() {
         let committed =

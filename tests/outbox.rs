@@ -1,7 +1,7 @@
 //! The outbox guarantees, against a real PostgreSQL and a real Kafka-protocol broker (Tansu).
 //!
 //! Each test has its own schema, topic and (where it publishes) broker process, so they run in
-//! parallel. The crash test re-runs this test binary as a child relay (`relay_child_process`).
+//! parallel. The crash test runs the relay example as a child process and SIGKILLs it.
 
 mod support;
 
@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use support::child::ChildProcess;
 use support::{read_topic, relay_builder, Broker, Running, RunningRelay, TestDb};
-use tokio::io::AsyncBufReadExt;
 use txbox::outbox::{self, Retention};
 use txbox::prelude::*;
 use txbox::relay::RelayReport;
@@ -629,25 +629,6 @@ async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one
 // ---------------------------------------------------------------------------------------------
 // 7. SIGKILL of a relay process between the broker's acknowledgement and the marking.
 
-const CHILD_ENV: &str = "TXBOX_TEST_RELAY_CHILD_SCHEMA";
-
-/// Not a test of its own: the crash test runs this binary again with this test selected and
-/// `TXBOX_TEST_RELAY_CHILD_SCHEMA` set, to get a real relay process it can SIGKILL.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_child_process() {
-    let Ok(schema) = std::env::var(CHILD_ENV) else {
-        return; // run directly: nothing to do
-    };
-    let brokers = std::env::var("KAFKA_BROKERS").expect("KAFKA_BROKERS");
-    let db = TestDb::attach(&schema).await;
-    relay_builder(&db, &brokers)
-        .build()
-        .expect("relay")
-        .run(std::future::pending())
-        .await
-        .expect("relay run");
-}
-
 static CRASH_INVOICES: AtomicU32 = AtomicU32::new(0);
 
 #[inbox_handler(event = "OrderCreated", group = "outbox-crash-billing")]
@@ -673,36 +654,20 @@ async fn relay_killed_between_publish_and_mark_publishes_again_and_inbox_applies
         ids.push(enqueue_order(&db, Uuid::new_v4(), i as i64).await);
     }
 
-    let exe = std::env::current_exe().expect("test binary");
-    let mut child = tokio::process::Command::new(exe)
-        .args([
-            "relay_child_process",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD_ENV, &db.schema)
-        .env("KAFKA_BROKERS", &broker.brokers)
-        .env("DATABASE_URL", support::database_url())
-        .env(txbox::names::FAILPOINTS_ENV, "relay-after-publish")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn the child relay");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let reached = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.expect("child stdout") {
-            if line.contains("txbox failpoint reached: relay-after-publish") {
-                return true;
-            }
-        }
-        false
-    })
-    .await
-    .expect("the child relay reaches the failpoint within 60 s");
-    assert!(reached, "the child relay exited before the failpoint");
-    child.start_kill().expect("SIGKILL");
-    let status = child.wait().await.expect("wait");
+    // The relay example as a real process, stopped by a failpoint after the broker acknowledged
+    // the batch and before the rows were marked, then killed there.
+    let mut child = ChildProcess::start(
+        "relay",
+        &db,
+        &broker.brokers,
+        &["--no-idempotence", "--poll-ms", "200"],
+        Some("relay_after_publish:1"),
+    );
+    child.wait_for(
+        "txbox failpoint relay_after_publish reached",
+        Duration::from_secs(60),
+    );
+    let status = child.kill9();
     assert_eq!(
         std::os::unix::process::ExitStatusExt::signal(&status),
         Some(9),

@@ -30,5 +30,5 @@ pub const HEADER_TRACEPARENT: &str = "traceparent";
 
 /// `ce_source` the relay writes unless configured (name your service instead).
 pub const DEFAULT_SOURCE: &str = "txbox";
-/// Environment variable arming failpoints (crate feature `failpoints` only).
-pub const FAILPOINTS_ENV: &str = "TXBOX_FAILPOINTS";
+/// Environment variable arming a failpoint, `<name>:<n>` (crate feature `failpoints` only).
+pub const FAILPOINT_ENV: &str = "TXBOX_FAILPOINT";

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod child;
 pub mod kit;
 
 use std::net::{TcpListener, TcpStream};

@@ -80,8 +80,8 @@ use uuid::Uuid;
 
 use crate::event::OutboxEvent;
 use crate::names;
-use crate::store::Tables;
 use crate::store::StoreError;
+use crate::store::Tables;
 
 pub mod migration;
 pub mod retention;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use crate::store::Tables;
 use crate::store::StoreError;
+use crate::store::Tables;
 
 /// How long published rows are kept, and how many are deleted per statement.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

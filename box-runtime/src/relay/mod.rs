@@ -84,10 +84,9 @@ use uuid::Uuid;
 
 use crate::names;
 use crate::outbox::retention::Retention;
-use crate::store::Tables;
 use crate::store::StoreError;
+use crate::store::Tables;
 
-mod failpoint;
 pub mod store;
 
 pub use store::{KeyRef, PendingRow, PgRelayStore, RelayStore};
@@ -459,7 +458,7 @@ impl<S: RelayStore> Relay<S> {
             }
         }
         if !published.is_empty() {
-            failpoint::hit("relay-after-publish");
+            crate::failpoint::hit("relay_after_publish").await;
             self.store.mark_published(&published).await?;
         }
         let failed = failures.len();

@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use crate::outbox::retention::{purge_published, Retention};
 use crate::outbox::{fnv1a64, notify_channel};
-use crate::store::Tables;
 use crate::store::StoreError;
+use crate::store::Tables;
 
 /// The ordering unit: events of one `(topic, key)` are published in `seq` order. An event
 /// without a key is a unit of its own (identified by its id).

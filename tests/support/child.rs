@@ -1,0 +1,160 @@
+//! Child processes for crash tests: the examples, built with the `failpoints` feature, run as
+//! real processes that a test can SIGKILL.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::TestDb;
+
+/// Builds the child programs once (with failpoints) and returns the path of one.
+pub fn example(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let status = Command::new(cargo)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args([
+                "build",
+                "--quiet",
+                "--features",
+                "failpoints",
+                "--example",
+                "billing",
+                "--example",
+                "soak_consumer",
+            ])
+            .status()
+            .expect("run cargo build for the child programs");
+        assert!(
+            status.success(),
+            "building the examples with --features failpoints failed"
+        );
+    });
+    // target/<profile>/deps/crash-<hash> -> target/<profile>/examples/<name>
+    let exe = std::env::current_exe().expect("test binary path");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir")
+        .join("examples")
+        .join(name);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// A child process (a consumer or a relay example); its stdout and stderr lines are collected.
+pub struct ChildProcess {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    events: mpsc::Receiver<String>,
+}
+
+impl ChildProcess {
+    /// Starts example `program` with `args`, on the test's database and broker, with
+    /// `failpoint` (`<name>:<n>`) armed if given.
+    pub fn start(
+        program: &str,
+        db: &TestDb,
+        brokers: &str,
+        args: &[&str],
+        failpoint: Option<&str>,
+    ) -> Self {
+        let mut cmd = Command::new(example(program));
+        cmd.args(args)
+            .env("DATABASE_URL", db.url())
+            .env("KAFKA_BROKERS", brokers)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match failpoint {
+            Some(fp) => cmd.env(txbox::names::FAILPOINT_ENV, fp),
+            None => cmd.env_remove(txbox::names::FAILPOINT_ENV),
+        };
+        let mut child = cmd.spawn().expect("spawn child consumer");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, events) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        for stream in [
+            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+            Box::new(stderr),
+        ] {
+            let (lines, tx) = (lines.clone(), tx.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(line.clone());
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self {
+            child,
+            lines,
+            events,
+        }
+    }
+
+    /// Waits for a line containing `needle`.
+    pub fn wait_for(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.events.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return,
+                Ok(_) => {}
+                Err(_) => panic!(
+                    "the child never printed {needle:?} within {within:?} (built without the `failpoints` \
+                     feature? run scripts/test); its output:\n{}",
+                    self.lines.lock().unwrap().join("\n")
+                ),
+            }
+        }
+    }
+
+    pub fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+
+    /// SIGKILL: no cleanup, no commit, no leaving the group.
+    pub fn kill9(&mut self) -> std::process::ExitStatus {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap")
+    }
+
+    /// SIGTERM, and the exit status of the graceful shutdown.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "child did not stop within 30 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
