@@ -4,6 +4,8 @@
 use std::future::Future;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use txbox::outbox::OutboxTx;
+use txbox::relay::{RelayConfig, RelayStore};
 use txbox::store::InboxStore;
 
 use super::TestDb;
@@ -11,7 +13,11 @@ use super::TestDb;
 /// A store with its business tables (`invoices`), fresh for one test.
 pub trait Kit: Sized + Send + Sync + 'static {
     /// The store.
-    type Store: InboxStore + Clone;
+    type Store: InboxStore<Tx = Self::Tx> + Clone;
+    /// Its transaction.
+    type Tx: OutboxTx + Send + 'static;
+    /// The relay's store on the same database.
+    type RelayStore: RelayStore;
     /// Index of the store, for per-store counters in handlers: 0 PostgreSQL, 1 SQLite.
     const INDEX: usize;
     /// For messages.
@@ -29,6 +35,26 @@ pub trait Kit: Sized + Send + Sync + 'static {
     fn exec(&self, sql: &str) -> impl Future<Output = ()>;
     /// A SQL expression for the time `days` ago, in the store's timestamp type.
     fn days_ago(days: u32) -> String;
+    /// A relay store on this database.
+    fn relay_store(&self) -> Self::RelayStore;
+    /// In `tx`: the next sequence number of `key` (a counter row, so numbers follow commit order).
+    fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> impl Future<Output = i64> + 'a;
+    /// In `tx`: an invoice row.
+    fn insert_invoice<'a>(
+        tx: &'a mut Self::Tx,
+        order: uuid::Uuid,
+        cents: i64,
+    ) -> impl Future<Output = ()> + 'a;
+
+    /// Relay settings for tests: no idempotence (Tansu), quick polls, no purge.
+    fn relay_config(brokers: &str) -> RelayConfig {
+        let mut config = RelayConfig::new(brokers);
+        config.source = "txbox-tests".to_owned();
+        config.idempotence = false;
+        config.poll_interval = std::time::Duration::from_millis(100);
+        config.retention = None;
+        config
+    }
 
     /// Invoice rows.
     fn invoices(&self) -> impl Future<Output = i64> {
@@ -59,12 +85,18 @@ pub struct PgKit {
 
 impl Kit for PgKit {
     type Store = txbox::PgStore;
+    type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
+    type RelayStore = txbox::relay::PgRelayStore;
     const INDEX: usize = 0;
     const NAME: &'static str = "postgres";
 
     async fn new(name: &str) -> Self {
         let db = TestDb::new(name).await;
         let store = db.migrated_store().await;
+        sqlx::raw_sql("CREATE TABLE seq_counters (k text PRIMARY KEY, n bigint NOT NULL)")
+            .execute(&db.pool)
+            .await
+            .expect("create seq_counters");
         Self { db, store }
     }
 
@@ -86,6 +118,30 @@ impl Kit for PgKit {
 
     fn days_ago(days: u32) -> String {
         format!("now() - interval '{days} days'")
+    }
+
+    fn relay_store(&self) -> Self::RelayStore {
+        txbox::relay::PgRelayStore::new(self.db.pool.clone(), self.db.tables.clone())
+    }
+
+    async fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO seq_counters (k, n) VALUES ($1, 1) \
+             ON CONFLICT (k) DO UPDATE SET n = seq_counters.n + 1 RETURNING n",
+        )
+        .bind(key)
+        .fetch_one(&mut **tx)
+        .await
+        .expect("next seq")
+    }
+
+    async fn insert_invoice<'a>(tx: &'a mut Self::Tx, order: uuid::Uuid, cents: i64) {
+        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+            .bind(order)
+            .bind(cents)
+            .execute(&mut **tx)
+            .await
+            .expect("insert invoice");
     }
 }
 
@@ -116,6 +172,8 @@ impl Drop for TempDir {
 
 impl Kit for SqliteKit {
     type Store = txbox::SqliteStore;
+    type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
+    type RelayStore = txbox::relay::SqliteRelayStore;
     const INDEX: usize = 1;
     const NAME: &'static str = "sqlite";
 
@@ -138,6 +196,10 @@ impl Kit for SqliteKit {
         .execute(&pool)
         .await
         .expect("create invoices");
+        sqlx::raw_sql("CREATE TABLE seq_counters (k text PRIMARY KEY, n bigint NOT NULL)")
+            .execute(&pool)
+            .await
+            .expect("create seq_counters");
         let store = txbox::SqliteStore::new(pool.clone());
         store.migrate().await.expect("migrate SQLite");
         Self {
@@ -168,6 +230,30 @@ impl Kit for SqliteKit {
 
     fn days_ago(days: u32) -> String {
         format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-{days} days')")
+    }
+
+    fn relay_store(&self) -> Self::RelayStore {
+        txbox::relay::SqliteRelayStore::new(self.pool.clone(), self.store.tables())
+    }
+
+    async fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO seq_counters (k, n) VALUES ($1, 1) \
+             ON CONFLICT (k) DO UPDATE SET n = seq_counters.n + 1 RETURNING n",
+        )
+        .bind(key)
+        .fetch_one(&mut **tx)
+        .await
+        .expect("next seq")
+    }
+
+    async fn insert_invoice<'a>(tx: &'a mut Self::Tx, order: uuid::Uuid, cents: i64) {
+        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+            .bind(order)
+            .bind(cents)
+            .execute(&mut **tx)
+            .await
+            .expect("insert invoice");
     }
 }
 

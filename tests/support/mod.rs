@@ -463,8 +463,13 @@ pub struct RunningRelay {
 
 impl RunningRelay {
     pub fn start(builder: txbox::relay::RelayBuilder) -> Self {
+        Self::spawn(builder.build().expect("build relay"))
+    }
+
+    /// Runs a relay on any store in a task.
+    pub fn spawn<S: txbox::relay::RelayStore>(relay: txbox::relay::Relay<S>) -> Self {
         let (tx, reports) = mpsc::unbounded_channel();
-        let relay = builder.reports(tx).build().expect("build relay");
+        let relay = relay.reports(tx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(async move {
             relay

@@ -85,6 +85,8 @@ use crate::store::Tables;
 
 pub mod migration;
 pub mod retention;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 pub use retention::{purge_published, Retention};
 
@@ -400,25 +402,90 @@ fn default_outbox() -> &'static Outbox {
     DEFAULT.get_or_init(Outbox::default)
 }
 
-/// Inserts `event` into the outbox (default table name, through the `search_path`) in the
-/// caller's transaction; returns the event id (`ce_id`). Nothing is published until the
-/// transaction commits and a relay picks the row up.
+/// A transaction (or connection) that events can be enqueued through, with the default outbox
+/// table: PostgreSQL's and, with the `sqlite` feature, SQLite's. `&mut PgTx<'_>` (what an inbox
+/// handler receives), `&mut sqlx::Transaction<'_, Postgres>` and `&mut PgConnection` all work.
+#[diagnostic::on_unimplemented(
+    message = "events cannot be enqueued through `{Self}`",
+    note = "pass the transaction of the business write: `&mut tx` where `tx` is a \
+            `sqlx::Transaction` of PostgreSQL or SQLite (or `&mut PgConnection`)"
+)]
+pub trait OutboxTx: Send {
+    /// Inserts the rows in order; returns their ids.
+    fn insert_rows(
+        &mut self,
+        rows: Vec<NewRow>,
+    ) -> impl Future<Output = Result<Vec<Uuid>, EnqueueError>> + Send;
+}
+
+impl OutboxTx for PgConnection {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        if rows.len() == 1 {
+            let row = rows.into_iter().next().expect("one row");
+            return Ok(vec![default_outbox().insert_row(self, row).await?]);
+        }
+        default_outbox().insert_rows(self, rows).await
+    }
+}
+
+impl OutboxTx for sqlx::Transaction<'_, Postgres> {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        OutboxTx::insert_rows(&mut **self, rows).await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+fn default_sqlite_outbox() -> &'static sqlite::SqliteOutbox {
+    static DEFAULT: std::sync::OnceLock<sqlite::SqliteOutbox> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(sqlite::SqliteOutbox::default)
+}
+
+#[cfg(feature = "sqlite")]
+impl OutboxTx for sqlx::SqliteConnection {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        default_sqlite_outbox().insert_rows(self, rows).await
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl OutboxTx for sqlx::Transaction<'_, sqlx::Sqlite> {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        OutboxTx::insert_rows(&mut **self, rows).await
+    }
+}
+
+/// Inserts `event` into the outbox (default table name; on PostgreSQL through the
+/// `search_path`) in the caller's transaction; returns the event id (`ce_id`). Nothing is
+/// published until the transaction commits and a relay picks the row up.
 ///
-/// `tx` is a `&mut sqlx::Transaction<'_, Postgres>` (or any `&mut PgConnection`), e.g. the
+/// `tx` is the transaction of the business write (see [`OutboxTx`]), e.g. the
 /// `tx: &mut PgTx<'_>` an inbox handler receives, so handlers can chain events.
-pub async fn enqueue<E: OutboxEvent>(
-    tx: &mut PgConnection,
-    event: &E,
-) -> Result<Uuid, EnqueueError> {
-    default_outbox().enqueue(tx, event).await
+pub async fn enqueue<T, E>(tx: &mut T, event: &E) -> Result<Uuid, EnqueueError>
+where
+    T: OutboxTx + ?Sized,
+    E: OutboxEvent,
+{
+    let ids = tx.insert_rows(vec![NewRow::from_event(event)?]).await?;
+    Ok(ids[0])
 }
 
 /// Inserts several events of one type in the caller's transaction, in order; see [`enqueue`].
-pub async fn enqueue_all<'e, E: OutboxEvent>(
-    tx: &mut PgConnection,
+pub async fn enqueue_all<'e, T, E>(
+    tx: &mut T,
     events: impl IntoIterator<Item = &'e E>,
-) -> Result<Vec<Uuid>, EnqueueError> {
-    default_outbox().enqueue_all(tx, events).await
+) -> Result<Vec<Uuid>, EnqueueError>
+where
+    T: OutboxTx + ?Sized,
+    E: OutboxEvent,
+{
+    let rows = events
+        .into_iter()
+        .map(NewRow::from_event)
+        .collect::<Result<Vec<_>, _>>()?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    tx.insert_rows(rows).await
 }
 
 #[cfg(test)]

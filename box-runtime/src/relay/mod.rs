@@ -87,8 +87,12 @@ use crate::outbox::retention::Retention;
 use crate::store::StoreError;
 use crate::store::Tables;
 
+#[cfg(feature = "sqlite")]
+pub mod sqlite_store;
 pub mod store;
 
+#[cfg(feature = "sqlite")]
+pub use sqlite_store::SqliteRelayStore;
 pub use store::{KeyRef, PendingRow, PgRelayStore, RelayStore};
 
 /// A relay failure that stops it.
@@ -352,6 +356,12 @@ impl<S: RelayStore> Relay<S> {
             config,
             reports: None,
         })
+    }
+
+    /// Sends a [`RelayReport`] for every row published or failed (for tests and metrics).
+    pub fn reports(mut self, sender: mpsc::UnboundedSender<RelayReport>) -> Self {
+        self.reports = Some(sender);
+        self
     }
 
     /// Publishes until SIGINT or SIGTERM.

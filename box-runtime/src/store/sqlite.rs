@@ -82,12 +82,20 @@ CREATE INDEX IF NOT EXISTS {dead_group} ON {dead} (consumer_group, dead_lettered
     )
 }
 
-static MIGRATIONS: &[Migration] = &[Migration {
-    component: "inbox",
-    version: 1,
-    description: "inbox, attempts and dead-letter tables",
-    sql: inbox_v1,
-}];
+static MIGRATIONS: &[Migration] = &[
+    Migration {
+        component: "inbox",
+        version: 1,
+        description: "inbox, attempts and dead-letter tables",
+        sql: inbox_v1,
+    },
+    Migration {
+        component: "outbox",
+        version: 1,
+        description: "outbox table and relay key leases",
+        sql: crate::outbox::sqlite::outbox_v1,
+    },
+];
 
 /// Applies every SQLite migration not yet applied, in one `BEGIN IMMEDIATE` transaction (which
 /// makes concurrent callers wait for each other).

@@ -1,6 +1,8 @@
-//! The inbox contract, against a real Kafka-protocol broker (Tansu, one process per test) and
-//! both stores: every test body is generic over [`Kit`] and runs as `postgres::<name>` and
-//! `sqlite::<name>`. Each test has its own broker, topic and database, so they run in parallel.
+//! The inbox and outbox contract, against a real Kafka-protocol broker (Tansu, one process per
+//! test) and both stores: every test body is generic over [`Kit`] and runs as
+//! `postgres::<name>` and `sqlite::<name>`. Each test has its own broker, topic and database, so
+//! they run in parallel. (tests/outbox.rs adds PostgreSQL-specific outbox tests: NOTIFY
+//! wake-up, advisory-lock serialisation, a SIGKILLed relay process, 10 000 events over 3 relays.)
 
 mod support;
 
@@ -29,6 +31,11 @@ contract_tests!(
     failed_message_is_not_skipped_by_a_later_success,
     rebalance_mid_stream_applies_each_event_once,
     retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones,
+    outbox_row_commits_and_rolls_back_with_the_business_write,
+    relay_publishes_committed_events_with_the_cloudevents_envelope,
+    three_relays_keep_per_key_commit_order_and_lose_nothing,
+    handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one,
+    outbox_retention_deletes_old_published_rows_only,
 );
 
 /// Per-store counters: `[postgres, sqlite]`.
@@ -610,4 +617,330 @@ async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K
         .await;
     assert_eq!(left, 3, "recent and unprocessed rows stay");
     assert_eq!(kit.count(&format!("SELECT count(*) FROM {inbox}")).await, 3);
+}
+
+// =============================================================================================
+// The outbox contract.
+
+use std::collections::HashMap;
+use txbox::outbox;
+use txbox::relay::{Relay, RelayStore};
+use txbox::store::InboxStore;
+
+/// An event whose key carries a per-key sequence number.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "Sequenced", topic = "sequenced", key = key)]
+pub struct Sequenced {
+    pub key: String,
+    pub seq: i64,
+}
+
+async fn outbox_rows<K: Kit>(kit: &K, filter: &str) -> i64 {
+    kit.count(&format!(
+        "SELECT count(*) FROM {} {filter}",
+        kit.tables().outbox
+    ))
+    .await
+}
+
+async fn outbox_row_commits_and_rolls_back_with_the_business_write<K: Kit>() {
+    let kit = K::new("enqueue").await;
+    let store = kit.store();
+    // Rolled back: neither the invoice nor the event.
+    let mut tx = store.begin().await.unwrap();
+    K::insert_invoice(&mut tx, Uuid::new_v4(), 1).await;
+    outbox::enqueue(
+        &mut tx,
+        &OrderCreated {
+            order_id: Uuid::new_v4(),
+            total_cents: 1,
+        },
+    )
+    .await
+    .unwrap();
+    store.rollback(tx).await.unwrap();
+    assert_eq!((kit.invoices().await, outbox_rows(&kit, "").await), (0, 0));
+    // Committed: both, and the row says what the relay needs.
+    let order_id = Uuid::new_v4();
+    let mut tx = store.begin().await.unwrap();
+    K::insert_invoice(&mut tx, order_id, 2).await;
+    let id = outbox::enqueue(
+        &mut tx,
+        &OrderCreated {
+            order_id,
+            total_cents: 2,
+        },
+    )
+    .await
+    .unwrap();
+    store.commit(tx).await.unwrap();
+    assert_eq!((kit.invoices().await, outbox_rows(&kit, "").await), (1, 1));
+    assert_eq!(id.get_version_num(), 7, "time-ordered UUID v7 ids");
+    let filter = format!(
+        "WHERE type = 'OrderCreated' AND topic = 'orders' AND message_key = '{order_id}' AND published_at IS NULL"
+    );
+    assert_eq!(outbox_rows(&kit, &filter).await, 1, "{}", K::NAME);
+}
+
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit>() {
+    let broker = Broker::start();
+    broker.create_topic("orders", 2).await;
+    let kit = K::new("envelope").await;
+    let store = kit.store();
+    let mut expected = HashMap::new();
+    for i in 0..5 {
+        let order_id = Uuid::new_v4();
+        let mut tx = store.begin().await.unwrap();
+        let id = outbox::with_traceparent(
+            TRACEPARENT,
+            outbox::enqueue(
+                &mut tx,
+                &OrderCreated {
+                    order_id,
+                    total_cents: i,
+                },
+            ),
+        )
+        .await
+        .unwrap();
+        store.commit(tx).await.unwrap();
+        expected.insert(id.to_string(), (order_id, i));
+    }
+    // Rolled back: never published.
+    let mut tx = store.begin().await.unwrap();
+    outbox::enqueue(
+        &mut tx,
+        &OrderCreated {
+            order_id: Uuid::new_v4(),
+            total_cents: -1,
+        },
+    )
+    .await
+    .unwrap();
+    store.rollback(tx).await.unwrap();
+
+    let relay = Relay::with_store(kit.relay_store(), K::relay_config(&broker.brokers)).unwrap();
+    let mut relay = support::RunningRelay::spawn(relay);
+    relay.published(5, Duration::from_secs(30)).await;
+    relay.stop().await;
+    let received =
+        support::read_topic(&broker.brokers, "orders", 2, 5, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 5);
+    for msg in &received {
+        let id = msg.header("ce_id").expect("ce_id");
+        let (order_id, cents) = expected
+            .remove(id)
+            .unwrap_or_else(|| panic!("unexpected or doubled event {id}"));
+        assert_eq!(
+            msg.key.as_deref(),
+            Some(order_id.to_string().as_str()),
+            "keyed by the event key"
+        );
+        assert_eq!(msg.header("ce_type"), Some("OrderCreated"));
+        assert_eq!(msg.header("ce_source"), Some("txbox-tests"));
+        assert_eq!(msg.header("ce_specversion"), Some("1.0"));
+        assert_eq!(msg.header("content-type"), Some("application/json"));
+        assert_eq!(msg.header("traceparent"), Some(TRACEPARENT));
+        assert_eq!(
+            msg.payload,
+            serde_json::json!({"order_id": order_id, "total_cents": cents})
+        );
+    }
+    assert_eq!(
+        outbox_rows(&kit, "WHERE published_at IS NULL").await,
+        0,
+        "every committed row marked published"
+    );
+}
+
+async fn three_relays_keep_per_key_commit_order_and_lose_nothing<K: Kit>() {
+    const EVENTS: usize = 3000;
+    const KEYS: usize = 30;
+    const WRITERS: usize = 4;
+    let broker = Broker::start();
+    broker.create_topic("sequenced", 3).await;
+    let kit = K::new("order3").await;
+    let relays: Vec<_> = (0..3)
+        .map(|_| {
+            support::RunningRelay::spawn(
+                Relay::with_store(kit.relay_store(), K::relay_config(&broker.brokers)).unwrap(),
+            )
+        })
+        .collect();
+    // Concurrent writers; a key's sequence number comes from a counter row in the same
+    // transaction, so per key, sequence order is commit order.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let writer = |w: usize| {
+        let (store, next) = (kit.store(), &next);
+        async move {
+            let mut i = w;
+            while next.fetch_add(1, Ordering::SeqCst) < EVENTS {
+                let key = format!("key-{}", (i * 7919) % KEYS);
+                i += WRITERS;
+                loop {
+                    let mut tx = store.begin().await.expect("begin");
+                    let seq = K::next_seq(&mut tx, &key).await;
+                    outbox::enqueue(
+                        &mut tx,
+                        &Sequenced {
+                            key: key.clone(),
+                            seq,
+                        },
+                    )
+                    .await
+                    .expect("enqueue");
+                    if store.commit(tx).await.is_ok() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    // Four writers interleaving on one task: their transactions overlap at every await.
+    tokio::join!(writer(0), writer(1), writer(2), writer(3));
+    let received = support::read_topic(
+        &broker.brokers,
+        "sequenced",
+        3,
+        EVENTS,
+        Duration::from_secs(120),
+    )
+    .await;
+    for relay in relays {
+        relay.stop().await;
+    }
+    let mut last: HashMap<String, i64> = HashMap::new();
+    let mut ids = std::collections::HashSet::new();
+    for msg in &received {
+        assert!(
+            ids.insert(msg.header("ce_id").unwrap().to_owned()),
+            "an event published twice"
+        );
+        let key = msg.payload["key"].as_str().unwrap().to_owned();
+        let seq = msg.payload["seq"].as_i64().unwrap();
+        assert_eq!(msg.key.as_deref(), Some(key.as_str()));
+        let prev = last.insert(key.clone(), seq).unwrap_or(0);
+        assert!(seq > prev, "{}: key {key}: {seq} after {prev}", K::NAME);
+    }
+    assert_eq!(received.len(), EVENTS, "every event arrived");
+    assert_eq!(
+        outbox_rows(&kit, "WHERE published_at IS NULL").await,
+        0,
+        "no row stuck"
+    );
+    let total: i64 = last.values().sum();
+    assert_eq!(total, EVENTS as i64, "each key's sequence has no gap");
+}
+
+// Chaining: an inbox handler enqueues an event and then fails; the retry succeeds.
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "InvoiceRequested", topic = "invoices", key = order_id)]
+pub struct InvoiceRequested {
+    pub order_id: Uuid,
+}
+
+static CHAIN_RUNS: Counter = counter();
+
+handlers!("chain", |event, tx, meta, store| {
+    CHAIN_RUNS[store].fetch_add(1, Ordering::SeqCst);
+    txbox::outbox::enqueue(
+        tx,
+        &InvoiceRequested {
+            order_id: event.order_id,
+        },
+    )
+    .await?;
+    if meta.attempt == 1 {
+        return Err(HandlerError::transient(
+            "fails after enqueueing, first time",
+        ));
+    }
+    Ok(())
+});
+
+async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one<K: Kit>() {
+    let broker = Broker::start();
+    let kit = K::new("chain").await;
+    let topic = support::unique("chain");
+    broker.create_topic(&topic, 1).await;
+    let producer = support::producer(&broker.brokers);
+    let order_id = Uuid::new_v4();
+    send(
+        &producer,
+        &topic,
+        Msg::order(&Uuid::new_v4().to_string(), order_id, 10),
+    )
+    .await;
+    let mut c = Running::start(
+        Consumer::builder(
+            "chain",
+            kit.store(),
+            support::kafka(&broker.brokers, &topic),
+        )
+        .retry(RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(20),
+            ..RetryPolicy::default()
+        }),
+    );
+    let report = c.take(1).await.remove(0);
+    c.stop().await;
+    assert_eq!(report.outcome, Outcome::Processed { attempt: 2 });
+    assert_eq!(CHAIN_RUNS[K::INDEX].load(Ordering::SeqCst), 2);
+    assert_eq!(
+        outbox_rows(&kit, "").await,
+        1,
+        "the failed run's row rolled back with it"
+    );
+    let filter = format!("WHERE type = 'InvoiceRequested' AND message_key = '{order_id}'");
+    assert_eq!(outbox_rows(&kit, &filter).await, 1);
+}
+
+async fn outbox_retention_deletes_old_published_rows_only<K: Kit>() {
+    let kit = K::new("oretention").await;
+    let store = kit.store();
+    for i in 0..12 {
+        let mut tx = store.begin().await.unwrap();
+        outbox::enqueue(
+            &mut tx,
+            &OrderCreated {
+                order_id: Uuid::new_v4(),
+                total_cents: i,
+            },
+        )
+        .await
+        .unwrap();
+        store.commit(tx).await.unwrap();
+    }
+    let t = kit.tables().outbox.clone();
+    // 7 published 10 days ago, 2 published now, 3 unpublished.
+    kit.exec(&format!(
+        "UPDATE {t} SET published_at = {} WHERE seq IN (SELECT seq FROM {t} ORDER BY seq LIMIT 7)",
+        K::days_ago(10)
+    ))
+    .await;
+    kit.exec(&format!(
+        "UPDATE {t} SET published_at = {} WHERE seq IN (SELECT seq FROM {t} WHERE published_at IS NULL ORDER BY seq LIMIT 2)",
+        K::days_ago(0)
+    ))
+    .await;
+    let retention = txbox::outbox::Retention {
+        batch_size: 3,
+        ..Default::default()
+    };
+    let deleted = kit.relay_store().purge(&retention).await.unwrap();
+    assert_eq!(deleted, 7);
+    assert_eq!(
+        outbox_rows(&kit, "WHERE published_at IS NULL").await,
+        3,
+        "unpublished rows stay"
+    );
+    assert_eq!(
+        outbox_rows(&kit, "").await,
+        5,
+        "recently published rows stay"
+    );
 }
