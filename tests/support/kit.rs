@@ -135,7 +135,7 @@ impl Kit for PgKit {
         .expect("next seq")
     }
 
-    async fn insert_invoice<'a>(tx: &'a mut Self::Tx, order: uuid::Uuid, cents: i64) {
+    async fn insert_invoice(tx: &mut Self::Tx, order: uuid::Uuid, cents: i64) {
         sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
             .bind(order)
             .bind(cents)
@@ -247,7 +247,7 @@ impl Kit for SqliteKit {
         .expect("next seq")
     }
 
-    async fn insert_invoice<'a>(tx: &'a mut Self::Tx, order: uuid::Uuid, cents: i64) {
+    async fn insert_invoice(tx: &mut Self::Tx, order: uuid::Uuid, cents: i64) {
         sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
             .bind(order)
             .bind(cents)
