@@ -267,3 +267,27 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
     assert_eq!(dead, permanent, "dead letters == permanent failures");
     assert_eq!(dead_wrong, 0, "only permanent failures were dead-lettered");
 }
+
+/// The quickstart, as a newcomer runs it: no DATABASE_URL, no KAFKA_BROKERS (SQLite in a temp
+/// directory and the in-process Kafka). It exits 0 only if every order was invoiced once.
+#[test]
+fn quickstart_runs_the_whole_flow_with_zero_setup() {
+    let output = std::process::Command::new(support::child::example("quickstart"))
+        .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BROKERS")
+        .output()
+        .expect("run the quickstart");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    println!("{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "the quickstart failed: {}",
+        output.status
+    );
+    assert!(
+        stdout.contains("SQLite") && stdout.contains("in-process Kafka"),
+        "zero-setup mode"
+    );
+    assert!(stdout.contains("orders invoiced exactly once") && stdout.contains("20/20"));
+    assert!(stdout.contains("duplicates skipped by the inbox"));
+}

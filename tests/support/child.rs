@@ -26,6 +26,10 @@ pub fn example(name: &str) -> PathBuf {
                 "billing",
                 "--example",
                 "soak_consumer",
+                "--example",
+                "relay",
+                "--example",
+                "quickstart",
             ])
             .status()
             .expect("run cargo build for the child programs");
