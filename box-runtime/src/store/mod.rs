@@ -172,6 +172,10 @@ pub trait InboxStore: Send + Sync + 'static {
 
     /// Inserts the inbox row unless it exists (`ON CONFLICT DO NOTHING`); reports which, and how
     /// many earlier runs of this message failed.
+    ///
+    /// The row may be written already marked processed: it becomes visible only when the
+    /// transaction commits, which happens only after the handler succeeded, so nothing can tell
+    /// the difference, and it saves the round trip of a separate update.
     fn claim<'a>(
         &'a self,
         tx: &'a mut Self::Tx,
@@ -180,8 +184,8 @@ pub trait InboxStore: Send + Sync + 'static {
         delivery: &'a Delivery,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a;
 
-    /// Marks the inbox row processed, in the same transaction; clears recorded failures when
-    /// there were some.
+    /// Marks the inbox row processed (if `claim` did not already), in the same transaction;
+    /// clears recorded failures when there were some.
     fn mark_processed<'a>(
         &'a self,
         tx: &'a mut Self::Tx,

@@ -154,7 +154,6 @@ pub async fn migrate(pool: &PgPool, tables: &Tables) -> Result<(), StoreError> {
 #[derive(Debug)]
 struct Statements {
     claim: String,
-    mark_processed: String,
     clear_attempts: String,
     record_failure: String,
     dead_letter: String,
@@ -169,18 +168,13 @@ impl Statements {
         Self {
             claim: format!(
                 "WITH ins AS (\
-                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\") \
-                   VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING RETURNING 1) \
+                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, now()) ON CONFLICT DO NOTHING RETURNING 1) \
                  SELECT EXISTS (SELECT 1 FROM ins) AS inserted, \
                    COALESCE((SELECT attempts FROM {attempts} \
                              WHERE consumer_group = $1 AND source = $2 AND event_id = $3), 0) AS attempts",
                 inbox = t.inbox,
                 attempts = t.attempts
-            ),
-            mark_processed: format!(
-                "UPDATE {} SET processed_at = now() \
-                 WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
-                t.inbox
             ),
             clear_attempts: format!(
                 "DELETE FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
@@ -321,12 +315,8 @@ impl InboxStore for PgStore {
         key: &'a InboxKey,
         had_failures: bool,
     ) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.mark_processed)
-            .bind(&key.group)
-            .bind(&key.source)
-            .bind(&key.event_id)
-            .execute(&mut **tx)
-            .await?;
+        // The row was inserted already marked processed (see `claim`): only recorded failures
+        // remain to be cleared.
         if had_failures {
             sqlx::query(&self.sql.clear_attempts)
                 .bind(&key.group)

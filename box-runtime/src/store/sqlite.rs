@@ -150,7 +150,6 @@ pub async fn migrate(pool: &SqlitePool, tables: &Tables) -> Result<(), StoreErro
 struct Statements {
     claim: String,
     attempts: String,
-    mark_processed: String,
     clear_attempts: String,
     record_failure: String,
     dead_letter: String,
@@ -165,17 +164,13 @@ impl Statements {
         let now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
         Self {
             claim: format!(
-                "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\") \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+                "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, {now}) ON CONFLICT DO NOTHING",
                 t.inbox
             ),
             attempts: format!(
                 "SELECT attempts FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
                 t.attempts
-            ),
-            mark_processed: format!(
-                "UPDATE {} SET processed_at = {now} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
-                t.inbox
             ),
             clear_attempts: format!(
                 "DELETE FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
@@ -351,12 +346,8 @@ impl InboxStore for SqliteStore {
         key: &'a InboxKey,
         had_failures: bool,
     ) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.mark_processed)
-            .bind(&key.group)
-            .bind(&key.source)
-            .bind(&key.event_id)
-            .execute(&mut **tx)
-            .await?;
+        // The row was inserted already marked processed (see `claim`): only recorded failures
+        // remain to be cleared.
         if had_failures {
             sqlx::query(&self.sql.clear_attempts)
                 .bind(&key.group)
