@@ -1,9 +1,4 @@
-//! # txbox
-//!
-//! Transactional inbox and outbox for Rust services on PostgreSQL and Kafka.
-//!
-//! See the README for the tour.
-
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 #[doc = include_str!("docs/inbox_handler.md")]
