@@ -644,3 +644,67 @@ async fn broker_killed_and_restarted_nothing_doubled() {
         "nothing doubled"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Migrations: one call, idempotent, safe from several processes at once.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrations_race_safely_and_apply_once() {
+    let db = TestDb::new("migrate").await;
+    // Four stores with pools of their own (four sessions), migrating a fresh schema at once.
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(&db.url())
+            .await
+            .expect("pool");
+        stores.push(txbox::PgStore::with_tables(pool, db.tables.clone()));
+    }
+    let (a, b, c, d) = tokio::join!(
+        stores[0].migrate(),
+        stores[1].migrate(),
+        stores[2].migrate(),
+        stores[3].migrate()
+    );
+    for result in [a, b, c, d] {
+        result.expect("concurrent migrate");
+    }
+    stores[0].migrate().await.expect("migrate again");
+    let applied = db
+        .count(&format!("SELECT count(*) FROM {}", db.tables.migrations))
+        .await;
+    assert_eq!(
+        applied, 2,
+        "inbox and outbox migrations, each recorded once"
+    );
+    let tables = db
+        .count(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{}' AND table_name LIKE 'txbox_%'",
+            db.schema
+        ))
+        .await;
+    assert_eq!(
+        tables, 5,
+        "inbox, attempts, dead letters, outbox, migrations"
+    );
+}
+
+#[test]
+fn configured_table_names_are_validated_never_interpolated() {
+    for bad in ["inbox; DROP TABLE invoices", "a\"b", "", "9lives", "tab le"] {
+        assert!(
+            txbox::Tables::default().inbox(bad).is_err(),
+            "{bad:?} accepted"
+        );
+        assert!(
+            txbox::Tables::with_schema(bad).is_err(),
+            "{bad:?} accepted as a schema"
+        );
+    }
+    let t = txbox::Tables::with_schema("billing")
+        .unwrap()
+        .inbox("billing_inbox")
+        .unwrap();
+    assert_eq!(t.inbox.to_string(), "\"billing\".\"billing_inbox\"");
+}
