@@ -6,6 +6,73 @@ use std::future::Future;
 
 use crate::transport::Delivery;
 
+/// The [`InboxStore`] methods whose code is the same for every sqlx store: the store has
+/// `pool` and `sql` (its rendered statements: `clear_attempts`, `mark_replayed`,
+/// `delete_processed`, `count_stuck`) fields.
+macro_rules! shared_store_methods {
+    () => {
+        async fn begin(&self) -> Result<Self::Tx, StoreError> {
+            Ok(self.pool.begin().await?)
+        }
+
+        async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+            Ok(tx.commit().await?)
+        }
+
+        async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+            Ok(tx.rollback().await?)
+        }
+
+        async fn mark_processed<'a>(
+            &'a self,
+            tx: &'a mut Self::Tx,
+            key: &'a InboxKey,
+            had_failures: bool,
+        ) -> Result<(), StoreError> {
+            // `claim` inserted the row already marked processed: only recorded failures remain
+            // to be cleared.
+            if had_failures {
+                sqlx::query(&self.sql.clear_attempts)
+                    .bind(&key.group)
+                    .bind(&key.source)
+                    .bind(&key.event_id)
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(())
+        }
+
+        async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
+            sqlx::query(&self.sql.mark_replayed)
+                .bind(id)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn delete_processed(
+            &self,
+            older_than: std::time::Duration,
+            limit: u32,
+        ) -> Result<u64, StoreError> {
+            let done = sqlx::query(&self.sql.delete_processed)
+                .bind(older_than.as_secs_f64())
+                .bind(i64::from(limit))
+                .execute(&self.pool)
+                .await?;
+            Ok(done.rows_affected())
+        }
+
+        async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
+            Ok(sqlx::query_scalar(&self.sql.count_stuck)
+                .bind(older_than.as_secs_f64())
+                .fetch_one(&self.pool)
+                .await?)
+        }
+    };
+}
+use shared_store_methods;
+
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

@@ -261,17 +261,7 @@ impl InboxStore for PgStore {
 
     const NAME: &'static str = "postgres";
 
-    async fn begin(&self) -> Result<Self::Tx, StoreError> {
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        Ok(tx.commit().await?)
-    }
-
-    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-        Ok(tx.rollback().await?)
-    }
+    super::shared_store_methods!();
 
     async fn claim<'a>(
         &'a self,
@@ -307,25 +297,6 @@ impl InboxStore for PgStore {
         } else {
             Claim::Duplicate
         })
-    }
-
-    async fn mark_processed<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        key: &'a InboxKey,
-        had_failures: bool,
-    ) -> Result<(), StoreError> {
-        // The row was inserted already marked processed (see `claim`): only recorded failures
-        // remain to be cleared.
-        if had_failures {
-            sqlx::query(&self.sql.clear_attempts)
-                .bind(&key.group)
-                .bind(&key.source)
-                .bind(&key.event_id)
-                .execute(&mut **tx)
-                .await?;
-        }
-        Ok(())
     }
 
     async fn record_failure<'a>(
@@ -414,33 +385,5 @@ impl InboxStore for PgStore {
             attempts: attempts.max(0) as u32,
             replayed: row.try_get("replayed")?,
         }))
-    }
-
-    async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.mark_replayed)
-            .bind(id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    async fn delete_processed(
-        &self,
-        older_than: std::time::Duration,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        let done = sqlx::query(&self.sql.delete_processed)
-            .bind(older_than.as_secs_f64())
-            .bind(i64::from(limit))
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected())
-    }
-
-    async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(&self.sql.count_stuck)
-            .bind(older_than.as_secs_f64())
-            .fetch_one(&self.pool)
-            .await?)
     }
 }
