@@ -239,12 +239,15 @@ pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError
 pub type InvokeFn =
     for<'a> fn(&'a [u8], &'a mut (dyn Any + Send), &'a MessageMeta) -> HandlerFuture<'a>;
 
-/// A transaction type a handler may take as its second parameter (`tx: &mut PgTx<'_>`).
+/// A transaction type a handler may take as its second parameter (`tx: &mut PgTx<'_>`, or
+/// `tx: &mut SqliteTx<'_>` with the `sqlite` feature). It also says which store the handler
+/// runs on.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a transaction type txbox can hand to a handler",
-    label = "expected `&mut PgTx<'_>` here",
+    label = "expected `&mut PgTx<'_>` (or `&mut SqliteTx<'_>`) here",
     note = "the second parameter of an inbox handler is the transaction txbox opens for the \
-            message: write `tx: &mut txbox::PgTx<'_>`"
+            message: write `tx: &mut txbox::PgTx<'_>` for PostgreSQL or \
+            `tx: &mut txbox::SqliteTx<'_>` for SQLite"
 )]
 pub trait HandlerTx: Send {
     /// The same type with its lifetime made `'static`: what the store hands out.
