@@ -6,12 +6,28 @@ use serde::Serialize;
 /// An event type that txbox can publish through the outbox and hand to inbox handlers.
 ///
 /// Implement it with `#[derive(OutboxEvent)]` and an `#[outbox(...)]` attribute rather than by
-/// hand:
+/// hand. For
+/// `#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]` the derive
+/// generates what this example writes out:
 ///
-/// ```ignore
-/// #[derive(Serialize, Deserialize, OutboxEvent)]
-/// #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
-/// pub struct OrderCreated { pub order_id: Uuid, pub total_cents: i64 }
+/// ```
+/// use box_runtime::OutboxEvent;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Serialize, Deserialize)]
+/// pub struct OrderCreated { pub order_id: String, pub total_cents: i64 }
+///
+/// impl OutboxEvent for OrderCreated {
+///     const EVENT_TYPE: &'static str = "OrderCreated";
+///     const TOPIC: &'static str = "orders";
+///     fn key(&self) -> Option<String> {
+///         Some(self.order_id.to_string())
+///     }
+/// }
+///
+/// let event = OrderCreated { order_id: "o-1".into(), total_cents: 1200 };
+/// assert_eq!(event.key().as_deref(), Some("o-1"));
+/// assert_eq!(event.aggregate_id(), event.key(), "the aggregate id defaults to the key");
 /// ```
 ///
 /// The payload on the wire is the event's JSON (serde) representation; the event type travels in
