@@ -30,6 +30,7 @@ contract_tests!(
     racing_consumers_apply_one_event_once_and_keep_going,
     failed_message_is_not_skipped_by_a_later_success,
     rebalance_mid_stream_applies_each_event_once,
+    graceful_stop_finishes_the_message_in_hand_and_commits_it,
     retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones,
     outbox_row_commits_and_rolls_back_with_the_business_write,
     relay_publishes_committed_events_with_the_cloudevents_envelope,
@@ -541,6 +542,63 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     );
     let committed: i64 = positions.iter().map(|p| p.unwrap_or(0)).sum();
     assert_eq!(committed, total, "every partition committed to its end");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graceful shutdown: the stop arrives while a slow handler runs; the message in hand is
+// finished and its offset committed, the buffered ones are left for the next member.
+
+static SLOW_STARTED: [tokio::sync::Notify; 2] = [
+    tokio::sync::Notify::const_new(),
+    tokio::sync::Notify::const_new(),
+];
+
+handlers!("graceful", |event, tx, meta, store| {
+    insert_invoice!(event, tx)?;
+    SLOW_STARTED[store].notify_one();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Ok(())
+});
+
+async fn graceful_stop_finishes_the_message_in_hand_and_commits_it<K: Kit>() {
+    let broker = Broker::start();
+    let kit = K::new("graceful").await;
+    let topic = support::unique("graceful");
+    broker.create_topic(&topic, 1).await;
+    let producer = support::producer(&broker.brokers);
+    for i in 0..3 {
+        send(
+            &producer,
+            &topic,
+            Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), i),
+        )
+        .await;
+    }
+    let c = Running::start(Consumer::builder(
+        "graceful",
+        kit.store(),
+        support::kafka(&broker.brokers, &topic),
+    ));
+    tokio::time::timeout(Duration::from_secs(30), SLOW_STARTED[K::INDEX].notified())
+        .await
+        .expect("the handler starts");
+    let mut reports = c.stop().await; // arrives while the first message is in the handler
+    let first = reports.try_recv().expect("the message in hand is reported");
+    assert!(
+        matches!(first.outcome, Outcome::Processed { .. }),
+        "{first:?}"
+    );
+    assert_eq!(first.committed, Some(1));
+    assert!(
+        reports.try_recv().is_err(),
+        "nothing after the message in hand"
+    );
+    assert_eq!(kit.invoices().await, 1);
+    assert_eq!(
+        support::committed(&broker.brokers, "graceful", &topic, 0),
+        Some(1),
+        "its offset is committed before the consumer leaves the group"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
