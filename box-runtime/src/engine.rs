@@ -6,7 +6,6 @@
 //! decides how ([`OffsetTracker`] keeps it from passing a message that is not resolved).
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -521,15 +520,10 @@ impl<S: InboxStore> Inbox<S> {
         older_than: Duration,
         batch: u32,
     ) -> Result<u64, StoreError> {
-        let batch = batch.max(1);
-        let mut total = 0;
-        loop {
-            let n = self.store.delete_processed(older_than, batch).await?;
-            total += n;
-            if n < u64::from(batch) {
-                return Ok(total);
-            }
-        }
+        store::delete_in_batches(batch, |limit| {
+            self.store.delete_processed(older_than, limit)
+        })
+        .await
     }
 
     /// Inbox rows received more than `older_than` ago and still not processed: a health metric
@@ -689,9 +683,6 @@ impl Backoff {
 
 /// How long processed inbox rows are kept by default: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
-
-/// Shared handle on an inbox, for transports.
-pub type SharedInbox<S> = Arc<Inbox<S>>;
 
 #[cfg(test)]
 mod tests {

@@ -77,6 +77,31 @@ pub trait Kit: Sized + Send + Sync + 'static {
     }
 }
 
+/// `Kit` methods whose SQL and code are the same on both stores (only `Self::Tx` differs).
+macro_rules! same_sql_in_tx {
+    () => {
+        async fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> i64 {
+            sqlx::query_scalar(
+                "INSERT INTO seq_counters (k, n) VALUES ($1, 1) \
+                 ON CONFLICT (k) DO UPDATE SET n = seq_counters.n + 1 RETURNING n",
+            )
+            .bind(key)
+            .fetch_one(&mut **tx)
+            .await
+            .expect("next seq")
+        }
+
+        async fn insert_invoice(tx: &mut Self::Tx, order: uuid::Uuid, cents: i64) {
+            sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+                .bind(order)
+                .bind(cents)
+                .execute(&mut **tx)
+                .await
+                .expect("insert invoice");
+        }
+    };
+}
+
 /// PostgreSQL: a schema of its own.
 pub struct PgKit {
     pub db: TestDb,
@@ -124,25 +149,7 @@ impl Kit for PgKit {
         txbox::relay::PgRelayStore::new(self.db.pool.clone(), self.db.tables.clone())
     }
 
-    async fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> i64 {
-        sqlx::query_scalar(
-            "INSERT INTO seq_counters (k, n) VALUES ($1, 1) \
-             ON CONFLICT (k) DO UPDATE SET n = seq_counters.n + 1 RETURNING n",
-        )
-        .bind(key)
-        .fetch_one(&mut **tx)
-        .await
-        .expect("next seq")
-    }
-
-    async fn insert_invoice(tx: &mut Self::Tx, order: uuid::Uuid, cents: i64) {
-        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
-            .bind(order)
-            .bind(cents)
-            .execute(&mut **tx)
-            .await
-            .expect("insert invoice");
-    }
+    same_sql_in_tx!();
 }
 
 /// SQLite: a database file of its own, in WAL mode.
@@ -236,25 +243,7 @@ impl Kit for SqliteKit {
         txbox::relay::SqliteRelayStore::new(self.pool.clone(), self.store.tables())
     }
 
-    async fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> i64 {
-        sqlx::query_scalar(
-            "INSERT INTO seq_counters (k, n) VALUES ($1, 1) \
-             ON CONFLICT (k) DO UPDATE SET n = seq_counters.n + 1 RETURNING n",
-        )
-        .bind(key)
-        .fetch_one(&mut **tx)
-        .await
-        .expect("next seq")
-    }
-
-    async fn insert_invoice(tx: &mut Self::Tx, order: uuid::Uuid, cents: i64) {
-        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
-            .bind(order)
-            .bind(cents)
-            .execute(&mut **tx)
-            .await
-            .expect("insert invoice");
-    }
+    same_sql_in_tx!();
 }
 
 /// Runs each named generic test body `async fn name<K: Kit>()` against both stores:

@@ -47,18 +47,14 @@ pub async fn purge_published(
         t = tables.outbox
     );
     let secs = retention.older_than.as_secs_f64();
-    let batch = i64::from(retention.batch_size.max(1));
-    let mut total = 0;
-    loop {
-        let deleted = sqlx::query(&sql)
+    let sql = &sql;
+    crate::store::delete_in_batches(retention.batch_size, |limit| async move {
+        let done = sqlx::query(sql)
             .bind(secs)
-            .bind(batch)
+            .bind(i64::from(limit))
             .execute(pool)
-            .await?
-            .rows_affected();
-        total += deleted;
-        if deleted < batch as u64 {
-            return Ok(total);
-        }
-    }
+            .await?;
+        Ok(done.rows_affected())
+    })
+    .await
 }

@@ -11,7 +11,7 @@ use sqlx::sqlite::SqlitePool;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::store::{Failure, KeyRef, PendingRow, RelayStore};
+use super::store::{parse_headers, Failure, KeyRef, PendingRow, RelayStore};
 use crate::outbox::retention::Retention;
 use crate::store::{StoreError, Tables};
 
@@ -124,17 +124,7 @@ impl SqliteRelayStore {
 
 fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> {
     let id: String = row.try_get("id")?;
-    let headers: String = row.try_get("headers")?;
-    let headers = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&headers)
-        .map(|m| {
-            m.into_iter()
-                .filter_map(|(k, v)| match v {
-                    serde_json::Value::String(s) => Some((k, s)),
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let headers = parse_headers(&row.try_get::<String, _>("headers")?);
     let attempts: i64 = row.try_get("attempts")?;
     Ok(PendingRow {
         id: Uuid::parse_str(&id).unwrap_or_default(),
@@ -295,19 +285,14 @@ impl RelayStore for SqliteRelayStore {
     }
 
     async fn purge<'a>(&'a self, retention: &'a Retention) -> Result<u64, StoreError> {
-        let batch = i64::from(retention.batch_size.max(1));
-        let mut total = 0;
-        loop {
-            let deleted = sqlx::query(&self.sql.purge)
+        crate::store::delete_in_batches(retention.batch_size, |limit| async move {
+            let done = sqlx::query(&self.sql.purge)
                 .bind(retention.older_than.as_secs_f64())
-                .bind(batch)
+                .bind(i64::from(limit))
                 .execute(&self.pool)
-                .await?
-                .rows_affected();
-            total += deleted;
-            if deleted < batch as u64 {
-                return Ok(total);
-            }
-        }
+                .await?;
+            Ok(done.rows_affected())
+        })
+        .await
     }
 }

@@ -64,6 +64,21 @@ impl PendingRow {
     }
 }
 
+/// The extra headers stored with a row (a JSON object of strings), as the relay publishes
+/// them; anything that is not a string is left out.
+pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
+    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(json)
+        .map(|m| {
+            m.into_iter()
+                .filter_map(|(k, v)| match v {
+                    serde_json::Value::String(s) => Some((k, s)),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A failed publication of one row, to record.
 #[derive(Clone, Debug)]
 pub struct Failure<'a> {
@@ -380,18 +395,7 @@ impl RelayStore for PgRelayStore {
         pending
             .into_iter()
             .map(|row| {
-                let headers: String = row.try_get("headers")?;
-                let headers =
-                    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&headers)
-                        .map(|m| {
-                            m.into_iter()
-                                .filter_map(|(k, v)| match v {
-                                    serde_json::Value::String(s) => Some((k, s)),
-                                    _ => None,
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
+                let headers = parse_headers(&row.try_get::<String, _>("headers")?);
                 Ok(PendingRow {
                     id: row.try_get("id")?,
                     seq: row.try_get("seq")?,

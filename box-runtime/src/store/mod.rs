@@ -217,6 +217,27 @@ pub fn is_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// Runs `delete_batch` (a statement deleting at most `batch` rows) until a run deletes fewer:
+/// retention deletes in short statements, never one long one. Returns the rows deleted.
+pub(crate) async fn delete_in_batches<F, Fut>(
+    batch: u32,
+    mut delete_batch: F,
+) -> Result<u64, StoreError>
+where
+    F: FnMut(u32) -> Fut,
+    Fut: Future<Output = Result<u64, StoreError>>,
+{
+    let batch = batch.max(1);
+    let mut total = 0;
+    loop {
+        let deleted = delete_batch(batch).await?;
+        total += deleted;
+        if deleted < u64::from(batch) {
+            return Ok(total);
+        }
+    }
+}
+
 /// The storage an inbox engine needs. PostgreSQL implements it ([`postgres::PgStore`]).
 ///
 /// Every method that takes no transaction runs on its own (autocommit), so what it writes

@@ -161,23 +161,24 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 struct Committer {
     consumer: Arc<StreamConsumer<RebalanceContext>>,
     ownership: Arc<Mutex<Ownership>>,
-    topic: String,
-    partition: i32,
+    /// (topic, partition), built once: the ownership check runs for every message.
+    key: PartitionKey,
     generation: u64,
 }
 
 impl Committer {
+    fn owned_in(&self, own: &Ownership) -> bool {
+        own.owned.get(&self.key) == Some(&self.generation)
+    }
+
     /// Whether the partition is still owned by this generation.
     fn owned(&self) -> bool {
-        lock(&self.ownership)
-            .owned
-            .get(&(self.topic.clone(), self.partition))
-            == Some(&self.generation)
+        self.owned_in(&lock(&self.ownership))
     }
 
     fn offsets(&self, position: i64) -> Option<TopicPartitionList> {
         let mut tpl = TopicPartitionList::new();
-        match tpl.add_partition_offset(&self.topic, self.partition, Offset::Offset(position)) {
+        match tpl.add_partition_offset(&self.key.0, self.key.1, Offset::Offset(position)) {
             Ok(()) => Some(tpl),
             Err(e) => {
                 tracing::error!(error = %e, "cannot build the offset list");
@@ -192,8 +193,8 @@ impl Committer {
     /// waits for queued commits.
     fn commit_async(&self, position: i64) -> bool {
         let own = lock(&self.ownership);
-        if own.owned.get(&(self.topic.clone(), self.partition)) != Some(&self.generation) {
-            tracing::debug!(topic = %self.topic, partition = self.partition, position,
+        if !self.owned_in(&own) {
+            tracing::debug!(topic = %self.key.0, partition = self.key.1, position,
                 "partition no longer owned; not committing");
             return false;
         }
@@ -203,7 +204,7 @@ impl Committer {
         match self.consumer.commit(&tpl, CommitMode::Async) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(topic = %self.topic, partition = self.partition, position, error = %e,
+                tracing::warn!(topic = %self.key.0, partition = self.key.1, position, error = %e,
                     "offset commit failed; a later commit or the next owner covers it");
                 false
             }
@@ -358,8 +359,7 @@ pub async fn run<S: InboxStore>(
             let committer = Committer {
                 consumer: consumer.clone(),
                 ownership: ownership.clone(),
-                topic: pk.0.clone(),
-                partition: pk.1,
+                key: pk.clone(),
                 generation,
             };
             let handle = tokio::spawn(partition_task(
@@ -449,7 +449,7 @@ async fn partition_task<S: InboxStore>(
                 match committer.commit_sync(position).await {
                     Ok(()) => break,
                     Err(error) if committer.owned() && !*stop.borrow() => {
-                        tracing::warn!(topic = %committer.topic, partition = committer.partition, %error,
+                        tracing::warn!(topic = %committer.key.0, partition = committer.key.1, %error,
                             "commit before processing failed; retrying");
                         tokio::time::sleep(wait).await;
                         wait = (wait * 2).min(Duration::from_secs(5));
