@@ -40,9 +40,11 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
+use txbox::inbox::Report;
+use txbox::kafka as names;
+use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
 use txbox::prelude::*;
-use txbox::transport::in_process::{InProcessKafka, CONSUMER_SETTINGS};
-use txbox::{names, AckStrategy, Outcome, Report};
+use txbox::{AckStrategy, Outcome};
 use uuid::Uuid;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -515,7 +517,7 @@ async fn bench(
     let invoices = count(&pool, "SELECT count(*) FROM bench_invoices").await?;
     let inbox_rows = count(
         &pool,
-        &format!("SELECT count(*) FROM {}", names::INBOX_TABLE),
+        &format!("SELECT count(*) FROM {}", txbox::Tables::default().inbox),
     )
     .await?;
     println!(

@@ -21,12 +21,13 @@ use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use tokio::sync::mpsc;
+use txbox::inbox::{Backoff, Report};
+use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
 use txbox::outbox::OutboxTx;
 use txbox::prelude::*;
 use txbox::relay::{Relay, RelayConfig, RelayStore};
 use txbox::store::InboxStore;
-use txbox::transport::in_process::{InProcessKafka, CONSUMER_SETTINGS};
-use txbox::{Consumer, KafkaConfig, Outcome, Report, RetryPolicy};
+use txbox::{Consumer, KafkaConfig, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 const ORDERS: usize = 20;
@@ -357,10 +358,10 @@ async fn run<D: Database>(db: D, no_idempotence: bool) -> Result<(), Error> {
     }
     let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
     let consumer = Consumer::builder("billing", store, kafka)
-        .retry(RetryPolicy {
-            initial_backoff: Duration::from_millis(50),
-            ..RetryPolicy::default()
-        })
+        .retry(RetryPolicy::default().backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_secs(30),
+        )))
         .reports(report_tx)
         .build()?;
     let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -41,9 +41,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .max_connections(4)
         .connect(&database_url)
         .await?;
-    txbox::PgStore::new(pool.clone()).migrate().await?;
+    let store = txbox::PgStore::new(pool);
+    store.migrate().await?;
     tracing::info!(%brokers, %source, idempotence, poll_ms, "relay started");
-    txbox::relay::Relay::builder(pool, brokers)
+    txbox::Relay::builder(store, brokers)
         .source(source)
         .idempotence(idempotence)
         .poll_interval(Duration::from_millis(poll_ms))

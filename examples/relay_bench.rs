@@ -134,8 +134,8 @@ struct Running {
 
 fn start_relay(pool: &PgPool, tables: &txbox::Tables, config: &RelayConfig) -> Running {
     let (tx, reports) = mpsc::unbounded_channel();
-    let relay = Relay::builder(pool.clone(), config.brokers.clone())
-        .tables(tables.clone())
+    let store = txbox::PgStore::with_tables(pool.clone(), tables.clone());
+    let relay = Relay::builder(store, config.brokers.clone())
         .source("bench")
         .idempotence(config.idempotence)
         .poll_interval(Duration::from_secs(1))

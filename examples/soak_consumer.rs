@@ -55,12 +55,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kafka = txbox::KafkaConfig::new(std::env::var("KAFKA_BROKERS")?, [topic.as_str()])
         .set("session.timeout.ms", "6000")
         .set("heartbeat.interval.ms", "1000");
-    let retry = txbox::RetryPolicy {
-        max_attempts: 3,
-        initial_backoff: Duration::from_millis(10),
-        max_backoff: Duration::from_millis(100),
-        factor: 2.0,
-    };
+    let retry = txbox::RetryPolicy::default()
+        .max_attempts(3)
+        .backoff(txbox::inbox::Backoff::new(
+            Duration::from_millis(10),
+            Duration::from_millis(100),
+        ));
     txbox::Consumer::builder("soak", store, kafka)
         .retry(retry)
         .build()?

@@ -1,18 +1,21 @@
 #![doc = include_str!("../README.md")]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 #[doc = include_str!("docs/inbox_handler.md")]
 pub use box_macros::inbox_handler;
 #[doc = include_str!("docs/outbox_event.md")]
 pub use box_macros::OutboxEvent;
-pub use box_runtime::{
-    config, consumer, engine, handler, ident, names, outbox, relay, shutdown_signal, store,
-    transport, AckStrategy, CommitOn, Consumer, ConsumerBuilder, ErrorKind, EventId, HandlerError,
-    IntoHandlerError, KafkaConfig, MessageMeta, OnExhausted, OutboxEvent, Outcome, PgStore, PgTx,
-    Report, RetryPolicy, Source, Tables, UnknownEvent,
-};
 
+#[doc(inline)]
+pub use box_runtime::engine::{AckStrategy, Outcome, RetryPolicy};
+#[doc(inline)]
+pub use box_runtime::{kafka::KafkaConfig, relay::Relay, store::Tables};
+#[doc(inline)]
+pub use box_runtime::{
+    shutdown_signal, Consumer, HandlerError, MessageMeta, OutboxEvent, PgStore, PgTx,
+};
 #[cfg(feature = "sqlite")]
+#[doc(inline)]
 pub use box_runtime::{SqliteStore, SqliteTx};
 
 #[doc(hidden)]
@@ -20,5 +23,60 @@ pub use box_runtime::__private;
 
 /// The names most services need: `use txbox::prelude::*;`.
 pub mod prelude {
+    #[cfg(feature = "sqlite")]
+    pub use crate::SqliteTx;
     pub use crate::{inbox_handler, HandlerError, MessageMeta, OutboxEvent, PgTx};
+}
+
+/// The consumer side in detail: how a consumer group's inbox behaves, what became of a message,
+/// and the engine itself (for tests and tools).
+pub mod inbox {
+    #[doc(inline)]
+    pub use box_runtime::engine::{
+        AckStrategy, CommitOn, Delivery, EventId, Inbox, InboxConfig, OnExhausted, Outcome,
+        ReplayError, Report, RetryPolicy, SetupError, Source, UnknownEvent, DEFAULT_RETENTION,
+    };
+    #[doc(inline)]
+    pub use box_runtime::{Backoff, ConsumerBuilder, ErrorKind, IntoHandlerError};
+}
+
+/// The producer side: enqueue events in the caller's transaction.
+pub mod outbox {
+    #[doc(inline)]
+    pub use box_runtime::outbox::*;
+    #[doc(inline)]
+    pub use box_runtime::postgres::PgOutbox;
+    #[cfg(feature = "sqlite")]
+    #[doc(inline)]
+    pub use box_runtime::sqlite::SqliteOutbox;
+}
+
+/// The relay: publishes committed outbox rows to Kafka.
+pub mod relay {
+    #[doc(inline)]
+    pub use box_runtime::postgres::PgRelayStore;
+    #[doc(inline)]
+    pub use box_runtime::relay::*;
+    #[cfg(feature = "sqlite")]
+    #[doc(inline)]
+    pub use box_runtime::sqlite::SqliteRelayStore;
+}
+
+/// Stores: where inbox rows, attempt counts and dead letters live, and their table names.
+pub mod store {
+    #[doc(inline)]
+    pub use box_runtime::store::*;
+    #[doc(inline)]
+    pub use box_runtime::IdentError;
+}
+
+/// The Kafka transport: consumer settings, and an in-process Kafka for zero-setup runs.
+pub mod kafka {
+    #[doc(inline)]
+    pub use box_runtime::kafka::*;
+    #[doc(inline)]
+    pub use box_runtime::names::{
+        CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_ID, HEADER_SOURCE, HEADER_SPECVERSION,
+        HEADER_TRACEPARENT, HEADER_TYPE, SPECVERSION,
+    };
 }

@@ -12,8 +12,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use support::kit::Kit;
 use support::{send, Broker, Msg, Running};
+use txbox::inbox::{Backoff, OnExhausted, UnknownEvent};
 use txbox::prelude::*;
-use txbox::{AckStrategy, Consumer, OnExhausted, Outcome, RetryPolicy, UnknownEvent};
+use txbox::{AckStrategy, Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -493,7 +494,7 @@ handlers!("rebalance", |event, tx, meta, store| {
 });
 
 async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
-    use txbox::transport::in_process::{InProcessKafka, CONSUMER_SETTINGS};
+    use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
     let kafka = InProcessKafka::start().expect("in-process kafka");
     let topic = "rebalance";
     kafka.create_topic(topic, 4).expect("topic");
@@ -611,8 +612,8 @@ handlers!("retention", |event, tx, meta, store| {
 });
 
 async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K: Kit>() {
+    use txbox::inbox::Delivery;
     use txbox::store::{Claim, InboxKey, InboxStore};
-    use txbox::transport::Delivery;
     let kit = K::new("retention").await;
     let store = kit.store();
     for (i, id) in ["old-1", "old-2", "old-3", "new-1", "new-2", "stuck"]
@@ -658,14 +659,14 @@ async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K
     ))
     .await;
 
-    let engine = txbox::engine::Inbox::new(store, "retention", Default::default()).unwrap();
+    let engine = txbox::inbox::Inbox::new(store, "retention", Default::default()).unwrap();
     assert_eq!(engine.stuck(Duration::from_secs(3600)).await.unwrap(), 1);
     assert_eq!(
         engine.stuck(Duration::from_secs(3 * 86400)).await.unwrap(),
         0
     );
     let deleted = engine
-        .purge_processed(txbox::engine::DEFAULT_RETENTION, 2)
+        .purge_processed(txbox::inbox::DEFAULT_RETENTION, 2)
         .await
         .unwrap();
     assert_eq!(deleted, 3, "the three rows processed 8 days ago");
@@ -939,11 +940,10 @@ async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one
             kit.store(),
             support::kafka(&broker.brokers, &topic),
         )
-        .retry(RetryPolicy {
-            max_attempts: 3,
-            initial_backoff: Duration::from_millis(20),
-            ..RetryPolicy::default()
-        }),
+        .retry(RetryPolicy::default().max_attempts(3).backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_secs(30),
+        ))),
     );
     let report = c.take(1).await.remove(0);
     c.stop().await;
@@ -986,10 +986,7 @@ async fn outbox_retention_deletes_old_published_rows_only<K: Kit>() {
         K::days_ago(0)
     ))
     .await;
-    let retention = txbox::outbox::Retention {
-        batch_size: 3,
-        ..Default::default()
-    };
+    let retention = txbox::outbox::Retention::default().batch_size(3);
     let deleted = kit.relay_store().purge(&retention).await.unwrap();
     assert_eq!(deleted, 7);
     assert_eq!(

@@ -11,9 +11,10 @@ use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use serde::{Deserialize, Serialize};
 use support::{send, Broker, Msg, Running, TestDb};
-use txbox::engine::{Inbox, ReplayError};
+use txbox::inbox::{Backoff, UnknownEvent};
+use txbox::inbox::{Inbox, ReplayError};
 use txbox::prelude::*;
-use txbox::{Consumer, Outcome, RetryPolicy, UnknownEvent};
+use txbox::{Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -33,12 +34,12 @@ async fn insert_invoice(event: &OrderCreated, tx: &mut PgTx<'_>) -> Result<(), H
 }
 
 fn fast_retries(max_attempts: u32) -> RetryPolicy {
-    RetryPolicy {
-        max_attempts,
-        initial_backoff: Duration::from_millis(20),
-        max_backoff: Duration::from_millis(200),
-        factor: 2.0,
-    }
+    RetryPolicy::default()
+        .max_attempts(max_attempts)
+        .backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(200),
+        ))
 }
 
 struct Setup {
@@ -66,7 +67,7 @@ async fn setup(name: &str, partitions: i32) -> Setup {
 }
 
 impl Setup {
-    fn consumer(&self, group: &str) -> txbox::ConsumerBuilder<txbox::PgStore> {
+    fn consumer(&self, group: &str) -> txbox::inbox::ConsumerBuilder<txbox::PgStore> {
         Consumer::builder(
             group,
             self.store.clone(),
@@ -165,7 +166,7 @@ async fn attempt_count_survives_rollback_and_restart() {
         let mut c = Running::start(
             s.consumer("restart-attempts")
                 .retry(RetryPolicy::no_retries())
-                .on_exhausted(txbox::OnExhausted::LeaveUncommitted),
+                .on_exhausted(txbox::inbox::OnExhausted::LeaveUncommitted),
         );
         let report = c.take(1).await.remove(0);
         c.stop().await;

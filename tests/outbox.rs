@@ -12,10 +12,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use support::child::ChildProcess;
 use support::{read_topic, relay_builder, Broker, Running, RunningRelay, TestDb};
+use txbox::inbox::{Backoff, UnknownEvent};
 use txbox::outbox::{self, Retention};
 use txbox::prelude::*;
 use txbox::relay::RelayReport;
-use txbox::{Consumer, Outcome, RetryPolicy, UnknownEvent};
+use txbox::{Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -501,9 +502,12 @@ async fn too_large_message_is_parked_and_other_rows_flow() {
 
     let mut relay = RunningRelay::start(
         relay_builder(&db, &broker.brokers)
-            .producer_setting("message.max.bytes", "2000")
+            .set("message.max.bytes", "2000")
             .max_attempts(3)
-            .backoff(Duration::from_millis(20), Duration::from_millis(100)),
+            .backoff(Backoff::new(
+                Duration::from_millis(20),
+                Duration::from_millis(100),
+            )),
     );
     let mut published = Vec::new();
     let mut failures = Vec::new();
@@ -597,11 +601,10 @@ async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one
             store,
             support::kafka(&broker.brokers, "orders"),
         )
-        .retry(RetryPolicy {
-            max_attempts: 3,
-            initial_backoff: Duration::from_millis(50),
-            ..RetryPolicy::default()
-        })
+        .retry(RetryPolicy::default().max_attempts(3).backoff(Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_secs(30),
+        )))
         .unknown_event(UnknownEvent::Skip),
     );
     let report = consumer.take(1).await.remove(0);
@@ -744,14 +747,15 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_the_rest() {
     .await
     .expect("enqueue");
 
-    let retention = Retention {
-        older_than: Duration::from_secs(7 * 24 * 3600),
-        batch_size: 7,
-        ..Retention::default()
-    };
+    let retention = Retention::default()
+        .older_than(Duration::from_secs(7 * 24 * 3600))
+        .batch_size(7);
     let deleted = tokio::time::timeout(
         Duration::from_secs(10),
-        outbox::purge_published(&db.pool, &db.tables, &retention),
+        txbox::relay::RelayStore::purge(
+            &txbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone()),
+            &retention,
+        ),
     )
     .await
     .expect("the purge does not wait for the open transaction")

@@ -135,7 +135,7 @@ async fn the_registered_wrapper_rejects_a_payload_that_does_not_decode_as_a_bad_
     let error = (reg.invoke)(b"not json", &mut (), &meta)
         .await
         .expect_err("bad payload");
-    assert_eq!(error.kind(), txbox::ErrorKind::BadMessage, "{error}");
+    assert_eq!(error.kind(), txbox::inbox::ErrorKind::BadMessage, "{error}");
     assert!(error.to_string().contains("OrderCreated"), "{error}");
 }
 
@@ -146,7 +146,7 @@ async fn the_registered_wrapper_refuses_a_transaction_of_another_type() {
     let error = (reg.invoke)(br#"{"order_id":7}"#, &mut (), &meta)
         .await
         .expect_err("not a PgTx");
-    assert_eq!(error.kind(), txbox::ErrorKind::Permanent, "{error}");
+    assert_eq!(error.kind(), txbox::inbox::ErrorKind::Permanent, "{error}");
     assert!(
         error.to_string().contains("not the transaction type"),
         "{error}"

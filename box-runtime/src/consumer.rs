@@ -5,20 +5,18 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::config::{
-    AckStrategy, EventId, InboxConfig, OnExhausted, RetryPolicy, Source, UnknownEvent,
+use crate::engine::{
+    AckStrategy, EventId, Inbox, InboxConfig, OnExhausted, Report, RetryPolicy, SetupError, Source,
+    UnknownEvent,
 };
-use crate::engine::{Inbox, SetupError};
+use crate::kafka::{member, KafkaConfig, KafkaTransportError};
 use crate::store::InboxStore;
-use crate::transport::kafka::{self, KafkaConfig, KafkaTransportError, Report};
 
 /// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// use box_runtime::consumer::Consumer;
-/// use box_runtime::store::postgres::PgStore;
-/// use box_runtime::transport::kafka::KafkaConfig;
+/// use txbox::{Consumer, KafkaConfig, PgStore};
 ///
 /// let store = PgStore::new(pool);
 /// store.migrate().await?;
@@ -28,6 +26,7 @@ use crate::transport::kafka::{self, KafkaConfig, KafkaTransportError, Report};
 ///     .await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "a consumer does nothing until `run` or `run_until_signal` is awaited"]
 pub struct Consumer<S> {
     inbox: Arc<Inbox<S>>,
     kafka: KafkaConfig,
@@ -35,6 +34,7 @@ pub struct Consumer<S> {
 }
 
 /// Builds a [`Consumer`]; every setting has a safe default.
+#[must_use]
 pub struct ConsumerBuilder<S> {
     group: String,
     store: S,
@@ -67,7 +67,7 @@ impl<S: InboxStore> Consumer<S> {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), KafkaTransportError> {
         let (tx, rx) = watch::channel(false);
-        let run = kafka::run(self.inbox, self.kafka, rx, self.reports);
+        let run = member::run(self.inbox, self.kafka, rx, self.reports);
         tokio::pin!(run);
         tokio::select! {
             result = &mut run => result,

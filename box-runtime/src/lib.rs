@@ -1,35 +1,36 @@
 //! The runtime of txbox: the handler registry, the inbox engine, the outbox and its relay, the
-//! stores (PostgreSQL) and the transports (Kafka).
+//! PostgreSQL and SQLite backends and the Kafka transport.
 //!
 //! Users depend on the `txbox` facade crate, which re-exports what is public here; see its
-//! documentation for the tour.
+//! documentation for the tour and `ARCHITECTURE.md` for the map.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
-pub mod config;
-pub mod consumer;
+mod backoff;
+mod consumer;
 pub mod engine;
-pub mod event;
+mod event;
 mod failpoint;
-pub mod handler;
-pub mod ident;
+mod handler;
+mod ident;
+pub mod kafka;
 pub mod names;
 pub mod outbox;
+pub mod postgres;
 pub mod relay;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 pub mod store;
-pub mod transport;
 mod util;
 
-pub use config::{AckStrategy, CommitOn, EventId, OnExhausted, RetryPolicy, Source, UnknownEvent};
+pub use backoff::Backoff;
 pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
-pub use engine::Outcome;
 pub use event::OutboxEvent;
 pub use handler::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta};
-pub use store::postgres::PgStore;
+pub use ident::IdentError;
+pub use postgres::PgStore;
 #[cfg(feature = "sqlite")]
-pub use store::sqlite::SqliteStore;
-pub use store::Tables;
-pub use transport::kafka::{KafkaConfig, Report};
+pub use sqlite::SqliteStore;
 
 /// The transaction type a PostgreSQL handler takes: `tx: &mut PgTx<'_>`.
 pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;

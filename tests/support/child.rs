@@ -76,8 +76,8 @@ impl ChildProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         match failpoint {
-            Some(fp) => cmd.env(txbox::names::FAILPOINT_ENV, fp),
-            None => cmd.env_remove(txbox::names::FAILPOINT_ENV),
+            Some(fp) => cmd.env("TXBOX_FAILPOINT", fp),
+            None => cmd.env_remove("TXBOX_FAILPOINT"),
         };
         let mut child = cmd.spawn().expect("spawn child consumer");
         let lines = Arc::new(Mutex::new(Vec::new()));

@@ -20,7 +20,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
-use txbox::{KafkaConfig, Report};
+use txbox::inbox::Report;
+use txbox::KafkaConfig;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -382,7 +383,7 @@ pub fn init_logging() {
 }
 
 impl Running {
-    pub fn start<S: txbox::store::InboxStore>(builder: txbox::ConsumerBuilder<S>) -> Self {
+    pub fn start<S: txbox::store::InboxStore>(builder: txbox::inbox::ConsumerBuilder<S>) -> Self {
         init_logging();
         let (tx, reports) = mpsc::unbounded_channel();
         let consumer = builder.reports(tx).build().expect("build consumer");
@@ -446,9 +447,12 @@ pub fn unique(prefix: &str) -> String {
 // Outbox and relay fixtures.
 
 /// A relay on the test's schema, set up for Tansu (no idempotent producer), no retention purge.
-pub fn relay_builder(db: &TestDb, brokers: &str) -> txbox::relay::RelayBuilder {
-    txbox::relay::Relay::builder(db.pool.clone(), brokers)
-        .tables(db.tables.clone())
+pub fn relay_builder(
+    db: &TestDb,
+    brokers: &str,
+) -> txbox::relay::RelayBuilder<txbox::relay::PgRelayStore> {
+    let store = txbox::PgStore::with_tables(db.pool.clone(), db.tables.clone());
+    txbox::Relay::builder(store, brokers)
         .source("txbox-tests")
         .idempotence(false)
         .retention(None)
@@ -462,7 +466,7 @@ pub struct RunningRelay {
 }
 
 impl RunningRelay {
-    pub fn start(builder: txbox::relay::RelayBuilder) -> Self {
+    pub fn start<S: txbox::relay::RelayStore>(builder: txbox::relay::RelayBuilder<S>) -> Self {
         Self::spawn(builder.build().expect("build relay"))
     }
 

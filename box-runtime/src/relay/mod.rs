@@ -3,9 +3,9 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use box_runtime::relay::Relay;
+//! use txbox::{PgStore, Relay};
 //!
-//! Relay::builder(pool, "127.0.0.1:9092")
+//! Relay::builder(PgStore::new(pool), "127.0.0.1:9092")
 //!     .source("orders-service")     // ce_source
 //!     .idempotence(false)           // e.g. for Tansu, which rejects the idempotent producer
 //!     .build()?
@@ -76,24 +76,21 @@ use std::time::{Duration, Instant, SystemTime};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use sqlx::PgPool;
+use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
+use crate::backoff::Backoff;
 use crate::names;
-use crate::outbox::retention::Retention;
+use crate::outbox::Retention;
+use crate::postgres::PgRelayStore;
 use crate::store::StoreError;
-use crate::store::Tables;
 
-#[cfg(feature = "sqlite")]
-pub mod sqlite_store;
-pub mod store;
+mod publish;
+mod store;
 
-#[cfg(feature = "sqlite")]
-pub use sqlite_store::SqliteRelayStore;
-pub use store::{KeyRef, PendingRow, PgRelayStore, RelayStore};
+pub(crate) use store::parse_headers;
+pub use store::{Failure, KeyRef, PendingRow, RelayStore};
 
 /// A relay failure that stops it.
 #[derive(Debug, thiserror::Error)]
@@ -142,8 +139,10 @@ pub enum RelayReport {
     },
 }
 
-/// Settings of a relay; every one has a safe default.
+/// Settings of a relay; every one has a safe default. Set them through [`RelayBuilder`], or
+/// change the fields of [`RelayConfig::new`]'s value.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RelayConfig {
     /// `bootstrap.servers`.
     pub brokers: String,
@@ -155,10 +154,8 @@ pub struct RelayConfig {
     pub poll_interval: Duration,
     /// Attempts before a row whose message is rejected is parked (default 10).
     pub max_attempts: u32,
-    /// First backoff after a failure (default 200 ms); doubles per attempt up to `max_backoff`.
-    pub initial_backoff: Duration,
-    /// Longest backoff (default 30 s).
-    pub max_backoff: Duration,
+    /// The wait of a key after a failed publication (default 200 ms doubling to 30 s).
+    pub backoff: Backoff,
     /// Use the idempotent producer (default true).
     pub idempotence: bool,
     /// Extra librdkafka producer settings, applied last.
@@ -176,8 +173,7 @@ impl RelayConfig {
             batch_size: 500,
             poll_interval: Duration::from_secs(1),
             max_attempts: 10,
-            initial_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(30),
+            backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
             idempotence: true,
             producer_settings: Vec::new(),
             retention: Some(Retention::default()),
@@ -201,16 +197,9 @@ impl RelayConfig {
         }
         c
     }
-
-    fn backoff(&self, attempts: u32) -> Duration {
-        let exp = attempts.saturating_sub(1).min(20);
-        self.initial_backoff
-            .saturating_mul(1u32 << exp)
-            .min(self.max_backoff)
-    }
 }
-
 /// A relay: a store, a producer and settings. Build one with [`Relay::builder`].
+#[must_use = "a relay does nothing until `run` or `run_until_signal` is awaited"]
 pub struct Relay<S = PgRelayStore> {
     store: Arc<S>,
     producer: FutureProducer,
@@ -218,18 +207,18 @@ pub struct Relay<S = PgRelayStore> {
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
 }
 
-/// Builds a PostgreSQL [`Relay`].
-pub struct RelayBuilder {
-    pool: PgPool,
-    tables: Tables,
+/// Builds a [`Relay`] on a PostgreSQL or SQLite store; every setting has a safe default.
+#[must_use]
+pub struct RelayBuilder<S> {
+    store: S,
     config: RelayConfig,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
 }
 
-impl RelayBuilder {
-    /// The table names (default [`Tables::default`]).
-    pub fn tables(mut self, tables: Tables) -> Self {
-        self.tables = tables;
+impl<S: RelayStore> RelayBuilder<S> {
+    /// Replaces every setting at once.
+    pub fn config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
         self
     }
 
@@ -257,10 +246,9 @@ impl RelayBuilder {
         self
     }
 
-    /// Backoff after a failure: `initial`, doubling up to `max` (default 200 ms .. 30 s).
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.config.initial_backoff = initial;
-        self.config.max_backoff = max.max(initial);
+    /// The wait of a key after a failed publication (default 200 ms doubling to 30 s).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.config.backoff = backoff;
         self
     }
 
@@ -270,8 +258,8 @@ impl RelayBuilder {
         self
     }
 
-    /// Sets a librdkafka producer setting (applied after the relay's own).
-    pub fn producer_setting(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    /// Sets a librdkafka setting of the relay's producer (applied after the relay's own).
+    pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.config
             .producer_settings
             .push((key.into(), value.into()));
@@ -291,9 +279,8 @@ impl RelayBuilder {
     }
 
     /// Creates the producer.
-    pub fn build(self) -> Result<Relay<PgRelayStore>, RelayError> {
-        let store = PgRelayStore::new(self.pool, self.tables);
-        let mut relay = Relay::with_store(store, self.config)?;
+    pub fn build(self) -> Result<Relay<S>, RelayError> {
+        let mut relay = Relay::with_store(self.store, self.config)?;
         relay.reports = self.reports;
         Ok(relay)
     }
@@ -328,12 +315,27 @@ pub struct CycleStats {
     pub failed: usize,
 }
 
-impl Relay<PgRelayStore> {
-    /// A relay on `pool`'s outbox, producing to `brokers`.
-    pub fn builder(pool: PgPool, brokers: impl Into<String>) -> RelayBuilder {
+/// A store a relay can be built on: the backend's [`RelayStore`], or the inbox store of the
+/// same database ([`PgStore`](crate::PgStore), [`SqliteStore`](crate::SqliteStore)), whose table
+/// names it takes.
+pub trait IntoRelayStore {
+    /// The relay store.
+    type Store: RelayStore;
+    /// Converts.
+    fn into_relay_store(self) -> Self::Store;
+}
+
+impl Relay {
+    /// A relay on `store`'s outbox, producing to `brokers`: `store` is the [`PgStore`] or
+    /// [`SqliteStore`](crate::SqliteStore) of the consumer, or a relay store.
+    ///
+    /// [`PgStore`]: crate::PgStore
+    pub fn builder<T: IntoRelayStore>(
+        store: T,
+        brokers: impl Into<String>,
+    ) -> RelayBuilder<T::Store> {
         RelayBuilder {
-            pool,
-            tables: Tables::default(),
+            store: store.into_relay_store(),
             config: RelayConfig::new(brokers),
             reports: None,
         }
@@ -366,7 +368,7 @@ impl<S: RelayStore> Relay<S> {
 
     /// Publishes until SIGINT or SIGTERM.
     pub async fn run_until_signal(self) -> Result<(), RelayError> {
-        self.run(crate::consumer::shutdown_signal()).await
+        self.run(crate::shutdown_signal()).await
     }
 
     /// Publishes until `shutdown` completes. A cycle in progress is finished first (its rows
@@ -396,7 +398,7 @@ impl<S: RelayStore> Relay<S> {
                 }
                 Err(e) => {
                     errors += 1;
-                    let pause = self.config.backoff(errors);
+                    let pause = self.config.backoff.delay(errors);
                     tracing::warn!(error = %e, retry_in = ?pause, "relay cycle failed");
                     tokio::select! {
                         () = tokio::time::sleep(pause) => continue,
@@ -408,139 +410,6 @@ impl<S: RelayStore> Relay<S> {
                 () = self.store.wait(self.config.poll_interval) => {}
                 () = &mut shutdown => return Ok(()),
             }
-        }
-    }
-
-    /// Runs one cycle: claim keys, publish their rows in order, mark them, release the keys.
-    pub async fn cycle(&self) -> Result<CycleStats, StoreError> {
-        let candidates = self.store.candidates(self.config.batch_size).await?;
-        if candidates.is_empty() {
-            return Ok(CycleStats::default());
-        }
-        let locked = self.store.lock_keys(&candidates).await?;
-        if locked.is_empty() {
-            return Ok(CycleStats::default());
-        }
-        let result = self.publish_locked(&locked).await;
-        let unlocked = self.store.unlock_keys(&locked).await;
-        let stats = result?;
-        unlocked?;
-        Ok(stats)
-    }
-
-    async fn publish_locked(&self, locked: &[KeyRef]) -> Result<CycleStats, StoreError> {
-        let rows = self.store.pending(locked, self.config.batch_size).await?;
-        // Per key, publish the prefix up to the first row that is backing off.
-        let mut blocked = std::collections::HashSet::new();
-        let mut in_flight = Vec::with_capacity(rows.len());
-        let mut failures: Vec<(&PendingRow, KafkaError)> = Vec::new();
-        for row in &rows {
-            let key = row.key_ref();
-            if row.waiting || blocked.contains(&key) {
-                blocked.insert(key);
-                continue;
-            }
-            match self.send(row) {
-                Ok(delivery) => in_flight.push((row, delivery)),
-                Err(e) => {
-                    // Handed nothing to librdkafka: later rows of this key wait for this one.
-                    blocked.insert(key);
-                    failures.push((row, e));
-                }
-            }
-        }
-        let mut published = Vec::with_capacity(in_flight.len());
-        for (row, delivery) in in_flight {
-            match delivery.await {
-                Ok(Ok(d)) => {
-                    published.push(row.id);
-                    self.report(RelayReport::Published {
-                        id: row.id,
-                        topic: row.topic.clone(),
-                        key: row.key.clone(),
-                        partition: d.partition,
-                        offset: d.offset,
-                        acked_at: SystemTime::now(),
-                    });
-                }
-                Ok(Err((e, _))) => failures.push((row, e)),
-                Err(_canceled) => failures.push((row, KafkaError::Canceled)),
-            }
-        }
-        if !published.is_empty() {
-            crate::failpoint::hit("relay_after_publish").await;
-            self.store.mark_published(&published).await?;
-        }
-        let failed = failures.len();
-        for (row, error) in failures {
-            let attempts = u32::try_from(row.attempts).unwrap_or(0) + 1;
-            let park = is_message_error(&error) && attempts >= self.config.max_attempts;
-            let message = format!(
-                "publishing event {} ({}) to topic `{}` failed: {error}",
-                row.id, row.event_type, row.topic
-            );
-            tracing::warn!(id = %row.id, attempts, parked = park, "{message}");
-            self.store
-                .record_failure(store::Failure {
-                    row,
-                    error: &message,
-                    park,
-                    backoff: self.config.backoff(attempts),
-                })
-                .await?;
-            self.report(RelayReport::Failed {
-                id: row.id,
-                error: message,
-                parked: park,
-            });
-        }
-        Ok(CycleStats {
-            published: published.len(),
-            failed,
-        })
-    }
-
-    fn send(&self, row: &PendingRow) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
-        let id = row.id.to_string();
-        let mut headers = OwnedHeaders::new_with_capacity(5 + row.headers.len())
-            .insert(Header {
-                key: names::HEADER_ID,
-                value: Some(id.as_str()),
-            })
-            .insert(Header {
-                key: names::HEADER_TYPE,
-                value: Some(row.event_type.as_str()),
-            })
-            .insert(Header {
-                key: names::HEADER_SOURCE,
-                value: Some(self.config.source.as_str()),
-            })
-            .insert(Header {
-                key: names::HEADER_SPECVERSION,
-                value: Some(names::SPECVERSION),
-            })
-            .insert(Header {
-                key: names::HEADER_CONTENT_TYPE,
-                value: Some(names::CONTENT_TYPE_JSON),
-            });
-        for (k, v) in &row.headers {
-            headers = headers.insert(Header {
-                key: k.as_str(),
-                value: Some(v.as_str()),
-            });
-        }
-        let mut record: FutureRecord<'_, str, str> = FutureRecord::to(&row.topic)
-            .payload(row.payload.as_str())
-            .headers(headers);
-        if let Some(key) = &row.key {
-            record = record.key(key.as_str());
-        }
-        self.producer.send_result(record).map_err(|(e, _)| e)
-    }
-
-    fn report(&self, report: RelayReport) {
-        if let Some(tx) = &self.reports {
-            let _ = tx.send(report);
         }
     }
 }

@@ -4,80 +4,14 @@
 use std::any::Any;
 use std::future::Future;
 
-use crate::transport::Delivery;
+use crate::engine::Delivery;
 
-/// The [`InboxStore`] methods whose code is the same for every sqlx store: the store has
-/// `pool` and `sql` (its rendered statements: `clear_attempts`, `mark_replayed`,
-/// `delete_processed`, `count_stuck`) fields.
-macro_rules! shared_store_methods {
-    () => {
-        async fn begin(&self) -> Result<Self::Tx, StoreError> {
-            Ok(self.pool.begin().await?)
-        }
-
-        async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
-            Ok(tx.commit().await?)
-        }
-
-        async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
-            Ok(tx.rollback().await?)
-        }
-
-        async fn mark_processed<'a>(
-            &'a self,
-            tx: &'a mut Self::Tx,
-            key: &'a InboxKey,
-            had_failures: bool,
-        ) -> Result<(), StoreError> {
-            // `claim` inserted the row already marked processed: only recorded failures remain
-            // to be cleared.
-            if had_failures {
-                sqlx::query(&self.sql.clear_attempts)
-                    .bind(&key.group)
-                    .bind(&key.source)
-                    .bind(&key.event_id)
-                    .execute(&mut **tx)
-                    .await?;
-            }
-            Ok(())
-        }
-
-        async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
-            sqlx::query(&self.sql.mark_replayed)
-                .bind(id)
-                .execute(&self.pool)
-                .await?;
-            Ok(())
-        }
-
-        async fn delete_processed(
-            &self,
-            older_than: std::time::Duration,
-            limit: u32,
-        ) -> Result<u64, StoreError> {
-            let done = sqlx::query(&self.sql.delete_processed)
-                .bind(older_than.as_secs_f64())
-                .bind(i64::from(limit))
-                .execute(&self.pool)
-                .await?;
-            Ok(done.rows_affected())
-        }
-
-        async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
-            Ok(sqlx::query_scalar(&self.sql.count_stuck)
-                .bind(older_than.as_secs_f64())
-                .fetch_one(&self.pool)
-                .await?)
-        }
-    };
-}
-use shared_store_methods;
-
-pub mod postgres;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
+mod error;
+pub(crate) mod migrate;
+pub(crate) mod sql;
 mod tables;
 
+pub use error::{is_unavailable, StoreError};
 pub use tables::Tables;
 
 /// The identity of a message in a consumer group's inbox.
@@ -118,103 +52,6 @@ pub struct DeadLetter<'a> {
     pub error: &'a str,
     /// Failed runs (0 when the message never reached a handler).
     pub attempts: u32,
-}
-
-/// A database error, classified by SQLSTATE where one exists.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The database cannot be reached or the connection broke; retry after a backoff.
-    #[error("database unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
-    /// A serialization failure or deadlock (SQLSTATE 40001 / 40P01): retry the transaction.
-    #[error("transaction conflict (SQLSTATE {code}): {source}")]
-    Conflict {
-        /// The SQLSTATE.
-        code: String,
-        /// The error.
-        #[source]
-        source: sqlx::Error,
-    },
-    /// Anything else.
-    #[error("database error: {0}")]
-    Other(#[source] sqlx::Error),
-    /// A configuration problem (invalid table name, ...).
-    #[error(transparent)]
-    Config(#[from] crate::ident::IdentError),
-}
-
-impl StoreError {
-    /// Whether retrying the same operation later may succeed.
-    pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Unavailable(_) | Self::Conflict { .. })
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(error: sqlx::Error) -> Self {
-        classify(error)
-    }
-}
-
-/// Classifies an sqlx error by what it means, never by its text.
-pub fn classify(error: sqlx::Error) -> StoreError {
-    match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::Protocol(_) => StoreError::Unavailable(error),
-        sqlx::Error::Database(db) => {
-            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            // SQLite reports numeric (extended) result codes: the low byte is the primary code.
-            if let Ok(sqlite) = code.parse::<i32>() {
-                return match sqlite & 0xff {
-                    // SQLITE_BUSY, SQLITE_LOCKED: another writer holds the database.
-                    5 | 6 => StoreError::Conflict {
-                        code,
-                        source: error,
-                    },
-                    // SQLITE_IOERR, SQLITE_CANTOPEN, SQLITE_FULL: the file is unusable now.
-                    10 | 13 | 14 => StoreError::Unavailable(error),
-                    _ => StoreError::Other(error),
-                };
-            }
-            match code.as_str() {
-                // serialization_failure, deadlock_detected
-                "40001" | "40P01" => StoreError::Conflict {
-                    code,
-                    source: error,
-                },
-                // class 08: connection exception; 57P01..57P03: admin shutdown, crash shutdown,
-                // cannot connect now; 53300: too many connections
-                c if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "53300") => {
-                    StoreError::Unavailable(error)
-                }
-                _ => StoreError::Other(error),
-            }
-        }
-        _ => StoreError::Other(error),
-    }
-}
-
-/// Whether an sqlx error, e.g. one a handler returned, means the database went away.
-pub fn is_unavailable(error: &(dyn std::error::Error + 'static)) -> bool {
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(sqlx_error) = e.downcast_ref::<sqlx::Error>() {
-            return match sqlx_error {
-                sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-                sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-                    c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")
-                }),
-                _ => false,
-            };
-        }
-        next = e.source();
-    }
-    false
 }
 
 /// Runs `delete_batch` (a statement deleting at most `batch` rows) until a run deletes fewer:

@@ -57,6 +57,18 @@ impl Tables {
         Ok(TableName::new(self.schema().cloned(), Ident::new(name)?))
     }
 
+    /// The table a migration template names `{name}` (see `store::migrate`).
+    pub(crate) fn by_placeholder(&self, name: &str) -> Option<&TableName> {
+        match name {
+            "inbox" => Some(&self.inbox),
+            "attempts" => Some(&self.attempts),
+            "dead_letters" => Some(&self.dead_letters),
+            "outbox" => Some(&self.outbox),
+            "migrations" => Some(&self.migrations),
+            _ => None,
+        }
+    }
+
     /// Renames the inbox table.
     pub fn inbox(mut self, name: &str) -> Result<Self, IdentError> {
         self.inbox = self.table(name)?;

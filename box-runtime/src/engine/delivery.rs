@@ -1,7 +1,4 @@
-//! Transports: where messages come from. The engine sees only [`Delivery`].
-
-pub mod in_process;
-pub mod kafka;
+//! One message as a transport hands it to the engine.
 
 /// One message as the broker delivered it.
 #[derive(Clone, Debug, PartialEq, Eq)]

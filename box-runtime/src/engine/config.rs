@@ -1,7 +1,8 @@
-//! How a consumer behaves: acknowledgement strategy, event identity, retries, bad messages.
+//! How a consumer group's inbox behaves: acknowledgement strategy, event identity, retries, bad messages.
 
 use std::time::Duration;
 
+use crate::backoff::Backoff;
 use crate::names;
 
 /// When the broker is told a message is done (the offset committed), and whether the inbox
@@ -48,6 +49,17 @@ impl AckStrategy {
     pub fn uses_inbox(self) -> bool {
         matches!(self, Self::ExactlyOnceInbox)
     }
+
+    /// Whether a failed message is acknowledged anyway (its effect lost by design).
+    pub(crate) fn acknowledges_failures(self) -> bool {
+        matches!(
+            self,
+            Self::AtMostOnce
+                | Self::AtLeastOnce {
+                    commit: CommitOn::OnPersist
+                }
+        )
+    }
 }
 
 /// Where a message's event id comes from.
@@ -86,25 +98,31 @@ impl Source {
 }
 
 /// How failed handler runs are retried in the process before the message is given up on.
+///
+/// ```
+/// use std::time::Duration;
+/// use txbox::inbox::{Backoff, RetryPolicy};
+///
+/// let retry = RetryPolicy::default()
+///     .max_attempts(3)
+///     .backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(5)));
+/// assert_eq!(retry.max_attempts, 3);
+/// ```
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+#[must_use]
 pub struct RetryPolicy {
-    /// Runs in total, including the first (at least 1).
+    /// Runs in total, including the first (at least 1; default 5).
     pub max_attempts: u32,
-    /// Wait before the first retry.
-    pub initial_backoff: Duration,
-    /// Upper bound of the wait.
-    pub max_backoff: Duration,
-    /// Growth of the wait per attempt.
-    pub factor: f64,
+    /// The wait between runs (default 100 ms doubling to 30 s, 25 % jitter).
+    pub backoff: Backoff,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
         Self {
             max_attempts: 5,
-            initial_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(30),
-            factor: 2.0,
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)).jitter(0.25),
         }
     }
 }
@@ -112,22 +130,24 @@ impl Default for RetryPolicy {
 impl RetryPolicy {
     /// One run, no retry.
     pub fn no_retries() -> Self {
-        Self {
-            max_attempts: 1,
-            ..Self::default()
-        }
+        Self::default().max_attempts(1)
     }
 
-    /// The wait after `attempt` failed runs (1-based), with up to 25 % jitter.
-    pub fn backoff(&self, attempt: u32) -> Duration {
-        let exp = self
-            .factor
-            .max(1.0)
-            .powi(attempt.saturating_sub(1).min(64) as i32);
-        let base = self.initial_backoff.as_secs_f64() * exp;
-        let capped = base.min(self.max_backoff.as_secs_f64());
-        let jitter = 1.0 - 0.25 * crate::util::unit_random();
-        Duration::from_secs_f64((capped * jitter).max(0.0))
+    /// Runs in total, including the first (at least 1).
+    pub fn max_attempts(mut self, runs: u32) -> Self {
+        self.max_attempts = runs;
+        self
+    }
+
+    /// The wait between runs.
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// The wait after `attempt` failed runs (1-based).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        self.backoff.delay(attempt)
     }
 }
 
@@ -153,8 +173,9 @@ pub enum UnknownEvent {
     Skip,
 }
 
-/// The behaviour of one consumer group's inbox.
+/// The behaviour of one consumer group's inbox; set through [`ConsumerBuilder`](crate::ConsumerBuilder).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct InboxConfig {
     /// Acknowledgement strategy.
     pub ack: AckStrategy,
@@ -172,8 +193,8 @@ pub struct InboxConfig {
     pub unknown_event: UnknownEvent,
     /// Payloads larger than this are dead-lettered unread.
     pub max_payload_bytes: usize,
-    /// Backoff bounds while the database is unreachable.
-    pub outage_backoff: (Duration, Duration),
+    /// The wait while the database is unreachable.
+    pub outage_backoff: Backoff,
 }
 
 impl Default for InboxConfig {
@@ -187,7 +208,17 @@ impl Default for InboxConfig {
             on_exhausted: OnExhausted::default(),
             unknown_event: UnknownEvent::default(),
             max_payload_bytes: 1024 * 1024,
-            outage_backoff: (Duration::from_millis(100), Duration::from_secs(10)),
+            outage_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+        }
+    }
+}
+
+impl InboxConfig {
+    /// The header the event id is read from (for logs; `ce_id` with broker coordinates).
+    pub(crate) fn event_id_header(&self) -> &str {
+        match &self.event_id {
+            EventId::Header(name) => name,
+            EventId::BrokerCoordinates => names::HEADER_ID,
         }
     }
 }

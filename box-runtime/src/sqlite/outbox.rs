@@ -8,51 +8,8 @@ use serde_json::Value;
 use sqlx::{Sqlite, SqliteConnection};
 use uuid::Uuid;
 
-use super::{EnqueueError, NewRow};
+use crate::outbox::{EnqueueError, NewRow, OutboxTx};
 use crate::store::Tables;
-
-/// SQL of the SQLite migration `("outbox", 1)`.
-pub fn outbox_v1(t: &Tables) -> String {
-    format!(
-        r#"
-CREATE TABLE IF NOT EXISTS {outbox} (
-    seq             integer PRIMARY KEY AUTOINCREMENT,
-    id              text    NOT NULL UNIQUE,
-    aggregatetype   text,
-    aggregateid     text,
-    type            text    NOT NULL,
-    topic           text    NOT NULL,
-    message_key     text,
-    payload         text    NOT NULL,
-    headers         text    NOT NULL DEFAULT '{{}}',
-    created_at      text    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-    published_at    text,
-    attempts        integer NOT NULL DEFAULT 0,
-    last_error      text,
-    next_attempt_at text    NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
-    parked_at       text
-);
-CREATE INDEX IF NOT EXISTS {pending} ON {outbox} (seq)
-    WHERE published_at IS NULL AND parked_at IS NULL;
-CREATE INDEX IF NOT EXISTS {pending_key} ON {outbox} (topic, message_key, seq)
-    WHERE published_at IS NULL;
-CREATE INDEX IF NOT EXISTS {published} ON {outbox} (published_at)
-    WHERE published_at IS NOT NULL;
-CREATE TABLE IF NOT EXISTS {locks} (
-    topic      text NOT NULL,
-    lock_key   text NOT NULL,
-    owner      text NOT NULL,
-    expires_at text NOT NULL,
-    PRIMARY KEY (topic, lock_key)
-);
-"#,
-        outbox = t.outbox,
-        pending = t.outbox.derived("pending_idx"),
-        pending_key = t.outbox.derived("pending_key_idx"),
-        published = t.outbox.derived("published_idx"),
-        locks = t.outbox.derived("relay_locks"),
-    )
-}
 
 /// The outbox on a SQLite table.
 #[derive(Clone, Debug)]
@@ -104,5 +61,22 @@ impl SqliteOutbox {
             ids.push(row.id);
         }
         Ok(ids)
+    }
+}
+
+fn default_sqlite_outbox() -> &'static SqliteOutbox {
+    static DEFAULT: std::sync::OnceLock<SqliteOutbox> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(SqliteOutbox::default)
+}
+
+impl OutboxTx for sqlx::SqliteConnection {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        default_sqlite_outbox().insert_rows(self, rows).await
+    }
+}
+
+impl OutboxTx for sqlx::Transaction<'_, sqlx::Sqlite> {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        OutboxTx::insert_rows(&mut **self, rows).await
     }
 }

@@ -11,14 +11,13 @@ use sqlx::sqlite::SqlitePool;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::store::{parse_headers, Failure, KeyRef, PendingRow, RelayStore};
-use crate::outbox::retention::Retention;
+use super::{SqliteStore, NOW};
+use crate::outbox::Retention;
+use crate::relay::{parse_headers, Failure, IntoRelayStore, KeyRef, PendingRow, RelayStore};
 use crate::store::{StoreError, Tables};
 
 /// How long a relay's hold on a key lasts if it is never released (a crashed relay).
 pub const LEASE: Duration = Duration::from_secs(60);
-
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 fn later(param: &str) -> String {
     format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%f seconds', {param}))")
@@ -60,7 +59,7 @@ fn lock_key(key: &KeyRef) -> String {
 
 impl SqliteRelayStore {
     /// A relay store on `pool`'s database and `tables.outbox` (migrated by
-    /// [`SqliteStore::migrate`](crate::store::sqlite::SqliteStore::migrate)).
+    /// [`SqliteStore::migrate`]).
     pub fn new(pool: SqlitePool, tables: &Tables) -> Self {
         let t = &tables.outbox;
         let locks = t.derived("relay_locks");
@@ -294,5 +293,21 @@ impl RelayStore for SqliteRelayStore {
             Ok(done.rows_affected())
         })
         .await
+    }
+}
+
+impl IntoRelayStore for SqliteStore {
+    type Store = SqliteRelayStore;
+
+    fn into_relay_store(self) -> SqliteRelayStore {
+        SqliteRelayStore::new(self.pool().clone(), self.tables())
+    }
+}
+
+impl IntoRelayStore for SqliteRelayStore {
+    type Store = Self;
+
+    fn into_relay_store(self) -> Self {
+        self
     }
 }

@@ -1,0 +1,488 @@
+//! The inbox engine: what happens to one message, whatever the broker and the database.
+//!
+//! [`Inbox::process`] takes a [`Delivery`] through the consumer's [`AckStrategy`]: the inbox
+//! row, the handler and the processed mark in one transaction, retries with backoff, dead
+//! letters. It returns an [`Outcome`] saying whether the offset may be committed. The engine
+//! knows neither Kafka nor PostgreSQL: stores implement [`InboxStore`], transports feed
+//! [`partition::run`] through a [`PartitionLink`].
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::backoff::Attempts;
+use crate::handler::{DispatchTable, ErrorKind, HandlerError, MessageMeta};
+use crate::store::{self, Claim, DeadLetter, InboxKey, InboxStore, StoreError};
+use crate::util::CatchUnwind;
+
+pub(crate) mod config;
+mod delivery;
+mod offsets;
+mod outcome;
+pub(crate) mod partition;
+mod prepare;
+
+pub use config::{
+    AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, RetryPolicy, Source, UnknownEvent,
+};
+pub use delivery::Delivery;
+pub use offsets::OffsetTracker;
+pub use outcome::Outcome;
+pub use partition::{PartitionLink, Report};
+
+use prepare::{Prepared, Ready};
+
+/// One consumer group's inbox on a store.
+#[derive(Debug)]
+pub struct Inbox<S> {
+    store: S,
+    handlers: DispatchTable,
+    config: InboxConfig,
+}
+
+/// Why an inbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The handlers of the group are inconsistent.
+    #[error(transparent)]
+    Registry(#[from] crate::handler::RegistryError),
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// Why a dead letter could not be replayed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// No dead letter with that id in the group.
+    #[error("no dead letter {id} in group `{group}`")]
+    NotFound {
+        /// The group.
+        group: String,
+        /// The id.
+        id: i64,
+    },
+    /// It was replayed successfully before.
+    #[error("dead letter {id} of group `{group}` was already replayed")]
+    AlreadyReplayed {
+        /// The group.
+        group: String,
+        /// The id.
+        id: i64,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl<S: InboxStore> Inbox<S> {
+    /// The inbox of `group` on `store`, with the handlers linked into the binary.
+    pub fn new(store: S, group: &str, config: InboxConfig) -> Result<Self, SetupError> {
+        let handlers = DispatchTable::for_store::<S::Tx>(group, S::NAME)?;
+        Self::with_handlers(store, handlers, config)
+    }
+
+    /// The inbox with an explicit dispatch table.
+    #[doc(hidden)]
+    pub fn with_handlers(
+        store: S,
+        handlers: DispatchTable,
+        config: InboxConfig,
+    ) -> Result<Self, SetupError> {
+        handlers.check_tx_type::<S::Tx>(S::NAME)?;
+        if config.retry.max_attempts == 0 {
+            return Err(SetupError::Config(
+                "retry.max_attempts must be at least 1".into(),
+            ));
+        }
+        Ok(Self {
+            store,
+            handlers,
+            config,
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &InboxConfig {
+        &self.config
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        self.handlers.group()
+    }
+
+    /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
+    pub fn acknowledges_before_processing(&self) -> bool {
+        self.config.ack == AckStrategy::AtMostOnce
+    }
+}
+
+/// What one run of the handler came to.
+enum Attempt {
+    /// The message is resolved.
+    Done(Outcome),
+    /// The database failed (not the handler): back off and run again, counting nothing.
+    Outage(StoreError),
+    /// The handler failed.
+    Failed(HandlerError),
+}
+
+impl<S: InboxStore> Inbox<S> {
+    /// Takes one message through the strategy. Retries store outages until they pass and failed
+    /// handler runs as the retry policy says; returns [`Outcome::Abandoned`] if `shutdown`
+    /// becomes true while waiting.
+    pub async fn process(&self, d: &Delivery, shutdown: &watch::Receiver<bool>) -> Outcome {
+        let outcome = match self.prepare(d) {
+            Prepared::Skip(reason) => Outcome::Skipped { reason },
+            Prepared::Bad {
+                reason,
+                key,
+                event_type,
+            } => {
+                self.dead_letter(d, key.as_ref(), event_type, &reason, 0, shutdown)
+                    .await
+            }
+            Prepared::Ready(ready) => self.run(&ready, shutdown).await,
+        };
+        self.log(d, &outcome);
+        outcome
+    }
+
+    fn log(&self, d: &Delivery, outcome: &Outcome) {
+        let id = d.header_str(self.config.event_id_header()).unwrap_or("-");
+        let (group, at) = (self.group(), d.coordinates());
+        match outcome {
+            Outcome::Processed { attempt } => {
+                tracing::info!(group, %at, event_id = id, attempt, "processed")
+            }
+            Outcome::Duplicate => tracing::info!(group, %at, event_id = id, "duplicate"),
+            Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {
+                tracing::warn!(group, %at, event_id = id, %error, "{}", outcome.label())
+            }
+            Outcome::DeadLettered { reason, .. } => {
+                tracing::warn!(group, %at, event_id = id, %reason, "dead-lettered")
+            }
+            Outcome::Skipped { reason } => {
+                tracing::info!(group, %at, event_id = id, %reason, "skipped")
+            }
+            Outcome::Abandoned => {
+                tracing::info!(group, %at, event_id = id, "abandoned at shutdown")
+            }
+        }
+    }
+
+    /// Runs the handler until the message is resolved: outages are waited out, failures
+    /// retried or given up on as the policy says.
+    async fn run(&self, msg: &Ready<'_>, shutdown: &watch::Receiver<bool>) -> Outcome {
+        let mut outage = self.config.outage_backoff.start();
+        let mut local_failures = 0u32;
+        loop {
+            let error = match self.attempt(msg, local_failures).await {
+                Attempt::Done(outcome) => return outcome,
+                Attempt::Outage(e) => {
+                    if !wait_outage(&mut outage, &e, shutdown).await {
+                        return Outcome::Abandoned;
+                    }
+                    continue;
+                }
+                Attempt::Failed(error) => error,
+            };
+            outage.reset();
+            let chain = error.to_string();
+            if self.config.ack.acknowledges_failures() {
+                return Outcome::FailedAcknowledged { error: chain };
+            }
+            let attempts = if self.config.ack.uses_inbox() {
+                match self.record_failure(&msg.key, &chain, shutdown).await {
+                    Some(n) => n,
+                    None => return Outcome::Abandoned,
+                }
+            } else {
+                local_failures += 1;
+                local_failures
+            };
+            if let Some(outcome) = self
+                .after_failure(msg, &error, chain, attempts, shutdown)
+                .await
+            {
+                return outcome;
+            }
+        }
+    }
+
+    /// One transaction: inbox row, handler, processed mark, commit.
+    async fn attempt(&self, msg: &Ready<'_>, local_failures: u32) -> Attempt {
+        let inbox = self.config.ack.uses_inbox();
+        let mut tx = match self.store.begin().await {
+            Ok(tx) => tx,
+            Err(e) => return Attempt::Outage(e),
+        };
+        let previous_failures = if inbox {
+            match self
+                .store
+                .claim(&mut tx, &msg.key, msg.event_type, msg.d)
+                .await
+            {
+                Ok(Claim::Duplicate) => {
+                    let _ = self.store.rollback(tx).await;
+                    return Attempt::Done(Outcome::Duplicate);
+                }
+                Ok(Claim::New { attempts }) => {
+                    crate::failpoint::hit("after_inbox_insert").await;
+                    attempts
+                }
+                Err(e) => {
+                    let _ = self.store.rollback(tx).await;
+                    return Attempt::Outage(e);
+                }
+            }
+        } else {
+            local_failures
+        };
+        let attempt = previous_failures + 1;
+        if let Err(error) = self.invoke(msg, &mut tx, attempt).await {
+            let _ = self.store.rollback(tx).await;
+            if store::is_unavailable(error.source_error()) {
+                // The database went away under the handler: an outage, not a failure of this
+                // message.
+                return Attempt::Outage(StoreError::Unavailable(sqlx::Error::PoolClosed));
+            }
+            return Attempt::Failed(error);
+        }
+        crate::failpoint::hit("after_handler").await;
+        let marked = if inbox {
+            self.store
+                .mark_processed(&mut tx, &msg.key, previous_failures > 0)
+                .await
+        } else {
+            Ok(())
+        };
+        let committed = match marked {
+            Ok(()) => self.store.commit(tx).await,
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e)
+            }
+        };
+        match committed {
+            Ok(()) => {
+                crate::failpoint::hit("after_db_commit").await;
+                Attempt::Done(Outcome::Processed { attempt })
+            }
+            // The commit may or may not have happened: with an inbox the next claim tells;
+            // without one the handler runs again (at least once).
+            Err(e) => Attempt::Outage(e),
+        }
+    }
+
+    /// Calls the handler in `tx`, turning a panic into a transient error.
+    async fn invoke(
+        &self,
+        msg: &Ready<'_>,
+        tx: &mut S::Tx,
+        attempt: u32,
+    ) -> Result<(), HandlerError> {
+        let meta = self.meta(msg, attempt);
+        let fut = (msg.reg.invoke)(msg.payload, tx, &meta);
+        match CatchUnwind(fut).await {
+            Ok(result) => result,
+            Err(panic) => Err(HandlerError::transient(format!(
+                "handler panicked: {panic}"
+            ))),
+        }
+    }
+
+    /// After a failed run counted as `attempts`: `None` to run again (after the backoff), or
+    /// the outcome when the message is given up on.
+    async fn after_failure(
+        &self,
+        msg: &Ready<'_>,
+        error: &HandlerError,
+        chain: String,
+        attempts: u32,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Option<Outcome> {
+        let transient = error.kind() == ErrorKind::Transient;
+        if transient && attempts < self.config.retry.max_attempts {
+            let wait = self.config.retry.delay(attempts);
+            tracing::info!(group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
+                error = %chain, retry_in = ?wait, "handler failed, retrying");
+            if !sleep_unless_shutdown(wait, shutdown).await {
+                return Some(Outcome::Abandoned);
+            }
+            return None;
+        }
+        if transient && self.config.on_exhausted == OnExhausted::LeaveUncommitted {
+            return Some(Outcome::FailedUnacknowledged {
+                error: chain,
+                attempts,
+            });
+        }
+        let reason = if transient {
+            format!("failed {attempts} times; last error: {chain}")
+        } else {
+            chain
+        };
+        let (d, key, event_type) = (msg.d, Some(&msg.key), Some(msg.event_type));
+        Some(
+            self.dead_letter(d, key, event_type, &reason, attempts, shutdown)
+                .await,
+        )
+    }
+
+    /// Deletes inbox rows processed more than `older_than` ago (default retention: 7 days,
+    /// [`DEFAULT_RETENTION`]), in batches of `batch` rows so that no statement holds many locks;
+    /// returns how many were deleted. A deleted row no longer protects against a redelivery of
+    /// its event, so keep the window longer than any redelivery can be late.
+    pub async fn purge_processed(
+        &self,
+        older_than: Duration,
+        batch: u32,
+    ) -> Result<u64, StoreError> {
+        store::delete_in_batches(batch, |limit| {
+            self.store.delete_processed(older_than, limit)
+        })
+        .await
+    }
+
+    /// Inbox rows received more than `older_than` ago and still not processed: a health metric
+    /// (only the two-phase mode leaves such rows by design).
+    pub async fn stuck(&self, older_than: Duration) -> Result<i64, StoreError> {
+        self.store.count_stuck(older_than).await
+    }
+
+    /// Runs a dead letter of this group through the normal inbox path again (the handler, in
+    /// its transaction with the inbox row). Marks it replayed when it was processed, or when
+    /// the event turns out to be processed already.
+    pub async fn replay(&self, id: i64) -> Result<Outcome, ReplayError> {
+        let letter = self
+            .store
+            .load_dead_letter(self.group(), id)
+            .await?
+            .ok_or_else(|| ReplayError::NotFound {
+                group: self.group().to_owned(),
+                id,
+            })?;
+        if letter.replayed {
+            return Err(ReplayError::AlreadyReplayed {
+                group: self.group().to_owned(),
+                id,
+            });
+        }
+        let (_never, shutdown) = watch::channel(false);
+        let outcome = self.process(&letter.delivery, &shutdown).await;
+        if matches!(outcome, Outcome::Processed { .. } | Outcome::Duplicate) {
+            self.store.mark_replayed(id).await?;
+        }
+        Ok(outcome)
+    }
+
+    async fn record_failure(
+        &self,
+        key: &InboxKey,
+        error: &str,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Option<u32> {
+        let mut outage = self.config.outage_backoff.start();
+        loop {
+            match self.store.record_failure(key, error).await {
+                Ok(n) => return Some(n),
+                Err(e) => {
+                    if !wait_outage(&mut outage, &e, shutdown).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        d: &Delivery,
+        key: Option<&InboxKey>,
+        event_type: Option<&str>,
+        reason: &str,
+        attempts: u32,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Outcome {
+        let letter = DeadLetter {
+            group: self.group(),
+            key,
+            event_type,
+            delivery: d,
+            error: reason,
+            attempts,
+        };
+        let mut outage = self.config.outage_backoff.start();
+        loop {
+            match self.store.dead_letter(&letter).await {
+                Ok(id) => {
+                    return Outcome::DeadLettered {
+                        reason: reason.to_owned(),
+                        id,
+                    }
+                }
+                Err(e) => {
+                    if !wait_outage(&mut outage, &e, shutdown).await {
+                        return Outcome::Abandoned;
+                    }
+                }
+            }
+        }
+    }
+
+    fn meta(&self, msg: &Ready<'_>, attempt: u32) -> MessageMeta {
+        let (d, key) = (msg.d, &msg.key);
+        let mut meta = MessageMeta::new(&key.group, &key.event_id, msg.event_type);
+        meta.source = (!key.source.is_empty()).then(|| key.source.clone());
+        meta.topic = d.topic.clone();
+        meta.partition = d.partition;
+        meta.offset = d.offset;
+        meta.key = d.key.clone();
+        meta.headers = d.headers.clone();
+        meta.attempt = attempt;
+        meta
+    }
+}
+
+/// Sleeps, returning `false` early if shutdown is signalled.
+pub(crate) async fn sleep_unless_shutdown(
+    wait: Duration,
+    shutdown: &watch::Receiver<bool>,
+) -> bool {
+    if *shutdown.borrow() {
+        return false;
+    }
+    let mut shutdown = shutdown.clone();
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => true,
+        _ = shutdown.wait_for(|s| *s) => false,
+    }
+}
+
+/// Waits out a store error by the outage backoff; `false` if shutdown came first. Errors that
+/// are not outages are retried too (they may be passing server states), but logged as errors.
+async fn wait_outage(
+    outage: &mut Attempts,
+    error: &StoreError,
+    shutdown: &watch::Receiver<bool>,
+) -> bool {
+    let wait = outage.next_delay();
+    if error.is_retryable() {
+        tracing::warn!(%error, retry_in = ?wait, "database unavailable, backing off");
+    } else {
+        tracing::error!(%error, retry_in = ?wait, "database error, retrying");
+    }
+    sleep_unless_shutdown(wait, shutdown).await
+}
+
+/// How long processed inbox rows are kept by default: 7 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

@@ -1,0 +1,62 @@
+//! What became of one message.
+
+/// What became of one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The handler ran and its transaction committed.
+    Processed {
+        /// Which run succeeded (1 = first).
+        attempt: u32,
+    },
+    /// The inbox row existed: the handler did not run.
+    Duplicate,
+    /// The handler failed and the strategy acknowledges anyway (`AtMostOnce`, `OnPersist`): the
+    /// effect is lost by design.
+    FailedAcknowledged {
+        /// The error chain.
+        error: String,
+    },
+    /// The handler failed and the message stays unacknowledged
+    /// ([`OnExhausted::LeaveUncommitted`]); it is delivered again after a restart or rebalance.
+    FailedUnacknowledged {
+        /// The error chain.
+        error: String,
+        /// Failed runs so far.
+        attempts: u32,
+    },
+    /// Stored in the dead-letter table; acknowledged.
+    DeadLettered {
+        /// Why.
+        reason: String,
+        /// Its id in the dead-letter table.
+        id: i64,
+    },
+    /// No handler for the event type and the consumer skips those; acknowledged.
+    Skipped {
+        /// Why.
+        reason: String,
+    },
+    /// Shutdown came while waiting to retry: nothing acknowledged.
+    Abandoned,
+}
+
+impl Outcome {
+    /// Whether the offset of this message may be committed.
+    pub fn acknowledges(&self) -> bool {
+        !matches!(self, Self::FailedUnacknowledged { .. } | Self::Abandoned)
+    }
+
+    /// A one-word label for logs and counters.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Processed { .. } => "processed",
+            Self::Duplicate => "duplicate",
+            Self::FailedAcknowledged { .. } => "failed (acknowledged)",
+            Self::FailedUnacknowledged { .. } => "failed",
+            Self::DeadLettered { .. } => "dead-lettered",
+            Self::Skipped { .. } => "skipped",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}

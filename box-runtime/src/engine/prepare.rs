@@ -1,0 +1,116 @@
+//! Before a handler runs: the message's inbox key, event type and handler, or why it is bad.
+
+use super::{Delivery, Inbox};
+use crate::engine::config::{EventId, Source, UnknownEvent};
+use crate::handler::HandlerRegistration;
+use crate::store::{InboxKey, InboxStore};
+
+/// A message ready for its handler.
+pub(super) struct Ready<'d> {
+    pub(super) d: &'d Delivery,
+    pub(super) reg: &'static HandlerRegistration,
+    pub(super) key: InboxKey,
+    pub(super) event_type: &'d str,
+    pub(super) payload: &'d [u8],
+}
+
+/// What a message is, before any handler runs.
+pub(super) enum Prepared<'d> {
+    Ready(Ready<'d>),
+    /// Dead-letter it, with the reason (and the key and type, when known).
+    Bad {
+        reason: String,
+        key: Option<InboxKey>,
+        event_type: Option<&'d str>,
+    },
+    /// Acknowledge it without running anything.
+    Skip(String),
+}
+
+/// Why a message is bad, for [`Prepared::Bad`].
+struct Bad<'d>(String, Option<InboxKey>, Option<&'d str>);
+
+impl<'d> From<Bad<'d>> for Prepared<'d> {
+    fn from(Bad(reason, key, event_type): Bad<'d>) -> Self {
+        Prepared::Bad {
+            reason,
+            key,
+            event_type,
+        }
+    }
+}
+
+impl<S: InboxStore> Inbox<S> {
+    pub(super) fn prepare<'d>(&self, d: &'d Delivery) -> Prepared<'d> {
+        match self.try_prepare(d) {
+            Ok(ready) => ready,
+            Err(bad) => bad.into(),
+        }
+    }
+
+    fn try_prepare<'d>(&self, d: &'d Delivery) -> Result<Prepared<'d>, Bad<'d>> {
+        let event_type = d.header_str(&self.config.event_type_header);
+        let payload = self.payload(d).map_err(|r| Bad(r, None, event_type))?;
+        let key = self.key(d).map_err(|r| Bad(r, None, event_type))?;
+        let Some(event_type) = event_type else {
+            let header = &self.config.event_type_header;
+            let reason = format!("missing or empty event type header `{header}`");
+            return Err(Bad(reason, Some(key), None));
+        };
+        let Some(reg) = self.handlers.get(event_type) else {
+            let reason = format!(
+                "no handler for event type `{event_type}` in group `{}` (handled: {})",
+                self.group(),
+                self.handlers.event_types().collect::<Vec<_>>().join(", ")
+            );
+            return match self.config.unknown_event {
+                UnknownEvent::Skip => Ok(Prepared::Skip(reason)),
+                UnknownEvent::DeadLetter => Err(Bad(reason, Some(key), Some(event_type))),
+            };
+        };
+        Ok(Prepared::Ready(Ready {
+            d,
+            reg,
+            key,
+            event_type,
+            payload,
+        }))
+    }
+
+    fn payload<'d>(&self, d: &'d Delivery) -> Result<&'d [u8], String> {
+        let Some(payload) = d.payload.as_deref() else {
+            return Err("message has no payload".into());
+        };
+        let limit = self.config.max_payload_bytes;
+        if payload.len() > limit {
+            return Err(format!(
+                "payload of {} bytes exceeds the limit of {limit} bytes",
+                payload.len()
+            ));
+        }
+        Ok(payload)
+    }
+
+    fn key(&self, d: &Delivery) -> Result<InboxKey, String> {
+        let source = match &self.config.source {
+            Source::None => String::new(),
+            Source::Header(name) => match d.header_str(name) {
+                Some(s) => s.to_owned(),
+                None => return Err(format!("missing or empty source header `{name}`")),
+            },
+        };
+        let event_id = match &self.config.event_id {
+            EventId::Header(name) => match d.header_str(name) {
+                Some(id) => id.to_owned(),
+                None if !self.config.ack.uses_inbox() => d.coordinates(),
+                None => return Err(format!("missing or empty event id header `{name}`")),
+            },
+            EventId::BrokerCoordinates => d.coordinates(),
+        };
+        Ok(InboxKey {
+            group: self.group().to_owned(),
+            source,
+            event_id,
+        })
+    }
+}

@@ -1,0 +1,242 @@
+//! The consumer group member: subscribes, routes each message to its partition's run (one task
+//! per owned partition, see [`crate::engine::partition`]), and shuts down gracefully.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::producer::FutureProducer;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::dead_letter::DeadLetterTopic;
+use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceContext};
+use super::{KafkaConfig, KafkaTransportError};
+use crate::engine::{partition, Delivery, Inbox, Report};
+use crate::store::InboxStore;
+
+/// The task running one partition of one ownership generation.
+struct PartitionTask {
+    generation: u64,
+    sender: mpsc::Sender<Arc<Delivery>>,
+    handle: JoinHandle<()>,
+}
+
+/// A member of the consumer group and the partition tasks it runs.
+struct Member<S> {
+    inbox: Arc<Inbox<S>>,
+    config: KafkaConfig,
+    consumer: Arc<StreamConsumer<RebalanceContext>>,
+    ownership: Arc<Mutex<Ownership>>,
+    dead_letters: Option<Arc<DeadLetterTopic>>,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+    tasks: HashMap<PartitionKey, PartitionTask>,
+    /// Partition tasks stop after their message in hand when this turns true; the consumer's
+    /// own shutdown signal is only read by the member's loop.
+    stop: (watch::Sender<bool>, watch::Receiver<bool>),
+    first_error: Option<KafkaTransportError>,
+}
+
+/// Runs `inbox` on Kafka until `shutdown` becomes true: then finishes the message each partition
+/// has in hand, commits what is resolved, and leaves the group.
+pub(crate) async fn run<S: InboxStore>(
+    inbox: Arc<Inbox<S>>,
+    config: KafkaConfig,
+    mut shutdown: watch::Receiver<bool>,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+) -> Result<(), KafkaTransportError> {
+    let mut member = Member::join(inbox, config, reports)?;
+    loop {
+        let message = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|s| *s) => break,
+            m = member.consumer.recv() => m,
+        };
+        let delivery = match message {
+            Ok(m) => Arc::new(to_delivery(&m)),
+            Err(e) => {
+                tracing::warn!(error = %e, "kafka consumer error");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(sender) = member.route(&delivery).await else {
+            // Delivered for a partition we no longer own: the next owner reads it again.
+            continue;
+        };
+        tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|s| *s) => break,
+            sent = sender.send(delivery) => {
+                if let Err(mpsc::error::SendError(d)) = sent {
+                    tracing::warn!(topic = %d.topic, partition = d.partition, "partition task ended early");
+                }
+            }
+        }
+    }
+    member.leave().await
+}
+
+impl<S: InboxStore> Member<S> {
+    fn join(
+        inbox: Arc<Inbox<S>>,
+        config: KafkaConfig,
+        reports: Option<mpsc::UnboundedSender<Report>>,
+    ) -> Result<Self, KafkaTransportError> {
+        let ownership = Arc::new(Mutex::new(Ownership::default()));
+        let group_id = config
+            .group_id
+            .clone()
+            .unwrap_or_else(|| inbox.group().to_owned());
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", &config.brokers)
+            .set("group.id", &group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("enable.partition.eof", "false");
+        for (k, v) in &config.settings {
+            client.set(k, v);
+        }
+        let consumer: StreamConsumer<RebalanceContext> = client
+            .create_with_context(RebalanceContext {
+                ownership: ownership.clone(),
+            })
+            .map_err(KafkaTransportError::Setup)?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(KafkaTransportError::Setup)?;
+        tracing::info!(group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
+        let dead_letters = dead_letter_topic(&config, &group_id)?;
+        Ok(Self {
+            inbox,
+            config,
+            consumer: Arc::new(consumer),
+            ownership,
+            dead_letters,
+            reports,
+            tasks: HashMap::new(),
+            stop: watch::channel(false),
+            first_error: None,
+        })
+    }
+
+    /// The sender of the task running the delivery's partition, started (and a stale one
+    /// reaped) if needed; `None` when the partition is not owned.
+    async fn route(&mut self, delivery: &Delivery) -> Option<mpsc::Sender<Arc<Delivery>>> {
+        let pk = (delivery.topic.clone(), delivery.partition);
+        let generation = lock(&self.ownership).owned.get(&pk).copied()?;
+        let stale = self
+            .tasks
+            .get(&pk)
+            .is_none_or(|t| t.generation != generation || t.handle.is_finished());
+        if stale {
+            if let Some(PartitionTask { sender, handle, .. }) = self.tasks.remove(&pk) {
+                // Its partition was revoked since: it finishes its message without committing.
+                drop(sender);
+                self.reap(handle, &pk).await;
+            }
+            let task = self.start(pk.clone(), generation);
+            self.tasks.insert(pk.clone(), task);
+        }
+        self.tasks.get(&pk).map(|t| t.sender.clone())
+    }
+
+    fn start(&self, key: PartitionKey, generation: u64) -> PartitionTask {
+        let (sender, deliveries) = mpsc::channel(self.config.partition_buffer.max(1));
+        let link = KafkaPartition {
+            consumer: self.consumer.clone(),
+            ownership: self.ownership.clone(),
+            key,
+            generation,
+            dead_letters: self.dead_letters.clone(),
+        };
+        let handle = tokio::spawn(partition::run(
+            self.inbox.clone(),
+            deliveries,
+            link,
+            self.stop.1.clone(),
+            self.reports.clone(),
+        ));
+        PartitionTask {
+            generation,
+            sender,
+            handle,
+        }
+    }
+
+    async fn reap(&mut self, handle: JoinHandle<()>, pk: &PartitionKey) {
+        if let Err(e) = handle.await {
+            let error = KafkaTransportError::Task {
+                topic: pk.0.clone(),
+                partition: pk.1,
+                message: e.to_string(),
+            };
+            tracing::error!(%error);
+            self.first_error.get_or_insert(error);
+        }
+    }
+
+    /// Finishes the messages in hand, commits and leaves the group.
+    async fn leave(mut self) -> Result<(), KafkaTransportError> {
+        tracing::info!(
+            group = self.inbox.group(),
+            "shutting down: finishing messages in hand"
+        );
+        let _ = self.stop.0.send(true);
+        let tasks: Vec<_> = self.tasks.drain().collect();
+        for (pk, PartitionTask { sender, handle, .. }) in tasks {
+            drop(sender);
+            self.reap(handle, &pk).await;
+        }
+        self.consumer.unsubscribe();
+        tracing::info!(group = self.inbox.group(), "consumer stopped");
+        self.first_error.map_or(Ok(()), Err)
+    }
+}
+
+fn dead_letter_topic(
+    config: &KafkaConfig,
+    group_id: &str,
+) -> Result<Option<Arc<DeadLetterTopic>>, KafkaTransportError> {
+    let Some(topic) = &config.dead_letter_topic else {
+        return Ok(None);
+    };
+    let mut producer = ClientConfig::new();
+    producer
+        .set("bootstrap.servers", &config.brokers)
+        .set("acks", "all");
+    for (k, v) in &config.producer_settings {
+        producer.set(k, v);
+    }
+    let producer: FutureProducer = producer.create().map_err(KafkaTransportError::Setup)?;
+    Ok(Some(Arc::new(DeadLetterTopic {
+        producer,
+        topic: topic.clone(),
+        group: group_id.to_owned(),
+    })))
+}
+
+fn to_delivery(m: &BorrowedMessage<'_>) -> Delivery {
+    let headers = m
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    Delivery {
+        topic: m.topic().to_owned(),
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(<[u8]>::to_vec),
+        payload: m.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}

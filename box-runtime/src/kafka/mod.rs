@@ -1,0 +1,39 @@
+//! The Kafka transport (rdkafka): a consumer group member that hands each partition to its own
+//! task, commits offsets only for resolved messages of partitions it still owns, follows
+//! rebalances and shuts down gracefully; and an in-process Kafka for zero-setup runs.
+//!
+//! - `config`: [`KafkaConfig`];
+//! - `member`: joining the group, routing messages to partition tasks, leaving;
+//! - `ownership`: which partitions are owned since which rebalance; commits only while owned;
+//! - `dead_letter`: the optional dead-letter topic;
+//! - `in_process`: librdkafka's mock cluster.
+
+use rdkafka::error::KafkaError;
+
+mod config;
+mod dead_letter;
+mod in_process;
+pub(crate) mod member;
+mod ownership;
+
+pub use config::KafkaConfig;
+pub use in_process::{InProcessKafka, CONSUMER_SETTINGS};
+
+/// A failure of the Kafka consumer itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KafkaTransportError {
+    /// Creating or subscribing the consumer failed.
+    #[error("kafka consumer setup failed: {0}")]
+    Setup(#[source] KafkaError),
+    /// A partition task died.
+    #[error("partition task for {topic}/{partition} failed: {message}")]
+    Task {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// What happened.
+        message: String,
+    },
+}

@@ -1,0 +1,167 @@
+//! [`InboxStore`] on PostgreSQL.
+
+use sqlx::{Postgres, Row};
+
+use super::PgStore;
+use crate::engine::Delivery;
+use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
+
+impl InboxStore for PgStore {
+    type Tx = sqlx::Transaction<'static, Postgres>;
+
+    const NAME: &'static str = "postgres";
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        self.shared().begin().await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.rollback().await?)
+    }
+
+    async fn mark_processed<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        had_failures: bool,
+    ) -> Result<(), StoreError> {
+        // `claim` inserted the row already marked processed: only recorded failures remain to
+        // be cleared.
+        if had_failures {
+            self.shared().clear_attempts(tx, key).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_failure<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        error: &'a str,
+    ) -> Result<u32, StoreError> {
+        self.shared().record_failure(key, error).await
+    }
+
+    async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
+        self.shared().mark_replayed(id).await
+    }
+
+    async fn delete_processed(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.shared().delete_processed(older_than, limit).await
+    }
+
+    async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
+        self.shared().count_stuck(older_than).await
+    }
+
+    async fn claim<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        event_type: &'a str,
+        delivery: &'a Delivery,
+    ) -> Result<Claim, StoreError> {
+        let row = sqlx::query(&self.sql.claim)
+            .bind(&key.group)
+            .bind(&key.source)
+            .bind(&key.event_id)
+            .bind(event_type)
+            .bind(&delivery.topic)
+            .bind(delivery.partition)
+            .bind(delivery.offset)
+            .fetch_one(&mut **tx)
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            // A unique violation can only mean another transaction inserted the row first.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23505") => {
+                return Ok(Claim::Duplicate)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let inserted: bool = row.try_get("inserted")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        Ok(if inserted {
+            Claim::New {
+                attempts: attempts.max(0) as u32,
+            }
+        } else {
+            Claim::Duplicate
+        })
+    }
+
+    async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<i64, StoreError> {
+        let d = letter.delivery;
+        let names: Vec<&str> = d.headers.iter().map(|(n, _)| n.as_str()).collect();
+        let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
+            .bind(letter.group)
+            .bind(
+                letter
+                    .key
+                    .map(|k| k.source.as_str())
+                    .filter(|s| !s.is_empty()),
+            )
+            .bind(letter.key.map(|k| k.event_id.as_str()))
+            .bind(letter.event_type)
+            .bind(&d.topic)
+            .bind(d.partition)
+            .bind(d.offset)
+            .bind(d.key.as_deref())
+            .bind(&names)
+            .bind(&values)
+            .bind(d.payload.as_deref())
+            .bind(letter.error)
+            .bind(letter.attempts as i32)
+            .fetch_one(&mut *tx)
+            .await?;
+        if let Some(key) = letter.key {
+            self.shared().clear_attempts(&mut tx, key).await?;
+        }
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    async fn load_dead_letter<'a>(
+        &'a self,
+        group: &'a str,
+        id: i64,
+    ) -> Result<Option<StoredDeadLetter>, StoreError> {
+        let Some(row) = sqlx::query(&self.sql.load_dead_letter)
+            .bind(group)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let names: Vec<String> = row.try_get("header_names")?;
+        let values: Vec<Option<Vec<u8>>> = row.try_get("header_values")?;
+        let attempts: i32 = row.try_get("attempts")?;
+        Ok(Some(StoredDeadLetter {
+            id: row.try_get("id")?,
+            group: row.try_get("consumer_group")?,
+            event_id: row.try_get("event_id")?,
+            event_type: row.try_get("event_type")?,
+            delivery: Delivery {
+                topic: row.try_get("topic")?,
+                partition: row.try_get("partition")?,
+                offset: row.try_get("offset")?,
+                key: row.try_get("message_key")?,
+                payload: row.try_get("payload")?,
+                headers: names.into_iter().zip(values).collect(),
+            },
+            error: row.try_get("error")?,
+            attempts: attempts.max(0) as u32,
+            replayed: row.try_get("replayed")?,
+        }))
+    }
+}

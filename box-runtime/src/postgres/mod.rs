@@ -1,0 +1,159 @@
+//! The PostgreSQL backend: the inbox store ([`PgStore`]), the outbox writer, the relay store
+//! and the migrations, all in this one room.
+
+use std::sync::Arc;
+
+use sqlx::postgres::PgPool;
+
+use crate::store::migrate::{self, Migration, Migrator};
+use crate::store::sql::{Dialect, InboxSql, Shared};
+use crate::store::{StoreError, Tables};
+
+mod inbox;
+pub(crate) mod outbox;
+pub(crate) mod relay;
+
+pub use outbox::Outbox as PgOutbox;
+pub use relay::PgRelayStore;
+
+/// The migrations this backend ships, in order.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        component: "inbox",
+        version: 1,
+        description: "inbox, attempts and dead-letter tables",
+        sql: include_str!("migrations/inbox_v1.sql"),
+    },
+    Migration {
+        component: "outbox",
+        version: 1,
+        description: "outbox table",
+        sql: include_str!("migrations/outbox_v1.sql"),
+    },
+];
+
+const DIALECT: Dialect = Dialect {
+    now: "now()",
+    ago: |secs| format!("now() - make_interval(secs => {secs})"),
+    row_id: "ctid",
+};
+
+struct Postgres;
+
+impl Migrator for Postgres {
+    type Db = sqlx::Postgres;
+    const MIGRATIONS: &'static [Migration] = MIGRATIONS;
+
+    fn begin(tables: &Tables) -> Vec<String> {
+        // Concurrent migrators wait for each other on a transaction-level advisory lock.
+        let mut statements = vec![
+            "BEGIN".to_owned(),
+            format!(
+                "SELECT pg_advisory_xact_lock(hashtext('txbox:{}'))",
+                tables.migrations.name().as_str()
+            ),
+        ];
+        if let Some(schema) = tables.schema() {
+            statements.push(format!("CREATE SCHEMA IF NOT EXISTS {schema}"));
+        }
+        statements
+    }
+
+    fn migrations_table(tables: &Tables) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (component text NOT NULL, version integer NOT NULL, \
+             description text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(), \
+             PRIMARY KEY (component, version))",
+            tables.migrations
+        )
+    }
+}
+
+/// The statements of the PostgreSQL inbox store, rendered once from the table names.
+#[derive(Debug)]
+struct Statements {
+    shared: InboxSql,
+    claim: String,
+    dead_letter: String,
+    load_dead_letter: String,
+}
+
+impl Statements {
+    fn new(t: &Tables) -> Self {
+        Self {
+            shared: InboxSql::new(t, DIALECT),
+            claim: format!(
+                "WITH ins AS (\
+                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, now()) ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM ins) AS inserted, \
+                   COALESCE((SELECT attempts FROM {attempts} \
+                             WHERE consumer_group = $1 AND source = $2 AND event_id = $3), 0) AS attempts",
+                inbox = t.inbox,
+                attempts = t.attempts
+            ),
+            dead_letter: format!(
+                "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
+                   message_key, header_names, header_values, payload, error, attempts, first_failed_at, last_failed_at) \
+                 SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
+                   COALESCE(a.first_failed_at, now()), now() \
+                 FROM (SELECT 1) AS one \
+                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = COALESCE($2, '') AND a.event_id = $3 \
+                 RETURNING id",
+                dead = t.dead_letters,
+                attempts = t.attempts
+            ),
+            load_dead_letter: format!(
+                "SELECT id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", message_key, \
+                   header_names, header_values, payload, error, attempts, replayed_at IS NOT NULL AS replayed \
+                 FROM {} WHERE consumer_group = $1 AND id = $2",
+                t.dead_letters
+            ),
+        }
+    }
+}
+
+/// The PostgreSQL store of the inbox: inbox rows, attempt counts and dead letters.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+    tables: Tables,
+    sql: Arc<Statements>,
+}
+
+impl PgStore {
+    /// A store on `pool` with the default table names.
+    pub fn new(pool: PgPool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store on `pool` with the given table names.
+    pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
+        let sql = Arc::new(Statements::new(&tables));
+        Self { pool, tables, sql }
+    }
+
+    /// Applies txbox's migrations (inbox and outbox tables): idempotent, and safe to call from
+    /// several processes at once (they serialise on an advisory lock).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        migrate::migrate::<Postgres>(&mut conn, &self.tables).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table names.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    fn shared(&self) -> Shared<'_, sqlx::Postgres> {
+        Shared {
+            pool: &self.pool,
+            sql: &self.sql.shared,
+        }
+    }
+}

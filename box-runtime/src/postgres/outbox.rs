@@ -1,0 +1,248 @@
+//! The PostgreSQL outbox writer: one statement per enqueue (advisory lock on the key, insert,
+//! `NOTIFY`), in the caller's transaction. Why the lock: see the outbox module's docs.
+
+use std::collections::BTreeSet;
+
+use serde_json::Value;
+use sqlx::{PgConnection, Postgres};
+use uuid::Uuid;
+
+use crate::event::OutboxEvent;
+use crate::outbox::{EnqueueError, NewRow, OutboxTx};
+use crate::store::Tables;
+
+/// The outbox on a given table; [`enqueue`] and [`enqueue_all`] use the default table name
+/// (resolved through the connection's `search_path`).
+#[derive(Clone, Debug)]
+pub struct Outbox {
+    table: String,
+    channel: String,
+    lock_scope: String,
+    insert_one: String,
+    insert_many: String,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Self::new(&Tables::default())
+    }
+}
+
+/// FNV-1a, 64 bits: a stable hash for advisory lock ids (the same in every process and version).
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // a separator that cannot occur in UTF-8, so ("ab", "c") and ("a", "bc") differ
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// The advisory lock id that serialises enqueues of one `(topic, key)` on a table.
+pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
+    fnv1a64(&[
+        b"txbox-enqueue",
+        scope.as_bytes(),
+        topic.as_bytes(),
+        key.as_bytes(),
+    ])
+}
+
+/// The NOTIFY channel of an outbox table: its unqualified name, so an enqueue through the
+/// `search_path` and a relay configured with a schema-qualified name meet on one channel.
+pub fn notify_channel(tables: &Tables) -> String {
+    tables.outbox.name().as_str().to_owned()
+}
+
+impl Outbox {
+    /// The outbox on `tables.outbox`.
+    pub fn new(tables: &Tables) -> Self {
+        let table = tables.outbox.to_string();
+        let insert = |source: &str| {
+            format!(
+                "WITH l AS (SELECT {lock}), n AS (SELECT pg_notify($1, '')) \
+                 INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
+                 SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, r.payload, r.headers \
+                 FROM l, n, {source}",
+                lock = if source.starts_with("unnest") {
+                    "count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k"
+                } else {
+                    "pg_advisory_xact_lock($2)"
+                },
+            )
+        };
+        Self {
+            channel: notify_channel(tables),
+            lock_scope: tables.outbox.name().as_str().to_owned(),
+            insert_one: insert(
+                "(SELECT $3::uuid AS id, $4::text AS aggregatetype, $5::text AS aggregateid, \
+                 $6::text AS type, $7::text AS topic, $8::text AS message_key, \
+                 $9::jsonb AS payload, $10::jsonb AS headers) AS r",
+            ),
+            // WITH ORDINALITY keeps the caller's order, so `seq` (the column default, evaluated
+            // per row as the rows come) follows it.
+            insert_many: insert(
+                "unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
+                 $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
+                 AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord)",
+            ),
+            table,
+        }
+    }
+
+    fn store_error(&self, e: sqlx::Error) -> EnqueueError {
+        EnqueueError::Store {
+            table: self.table.clone(),
+            source: e.into(),
+        }
+    }
+
+    /// Inserts `event` in the transaction (or connection) `conn`; returns the event id.
+    pub async fn enqueue<E: OutboxEvent>(
+        &self,
+        conn: &mut PgConnection,
+        event: &E,
+    ) -> Result<Uuid, EnqueueError> {
+        self.insert_row(conn, NewRow::from_event(event)?).await
+    }
+
+    /// Inserts a prepared row (see [`NewRow`]); returns its id.
+    pub async fn insert_row(
+        &self,
+        conn: &mut PgConnection,
+        row: NewRow,
+    ) -> Result<Uuid, EnqueueError> {
+        let lock = row
+            .key
+            .as_deref()
+            .map(|k| enqueue_lock_id(&self.lock_scope, &row.topic, k));
+        sqlx::query::<Postgres>(&self.insert_one)
+            .bind(&self.channel)
+            .bind(lock)
+            .bind(row.id)
+            .bind(&row.aggregate_type)
+            .bind(&row.aggregate_id)
+            .bind(&row.event_type)
+            .bind(&row.topic)
+            .bind(&row.key)
+            .bind(&row.payload)
+            .bind(Value::Object(row.headers))
+            .execute(conn)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        Ok(row.id)
+    }
+
+    /// Inserts several events in the given order (events of one key are published in this
+    /// order); returns their ids.
+    pub async fn enqueue_all<'e, E: OutboxEvent>(
+        &self,
+        conn: &mut PgConnection,
+        events: impl IntoIterator<Item = &'e E>,
+    ) -> Result<Vec<Uuid>, EnqueueError> {
+        let rows = events
+            .into_iter()
+            .map(NewRow::from_event)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.insert_rows(conn, rows).await
+    }
+
+    /// Inserts prepared rows in the given order; returns their ids.
+    pub async fn insert_rows(
+        &self,
+        conn: &mut PgConnection,
+        rows: Vec<NewRow>,
+    ) -> Result<Vec<Uuid>, EnqueueError> {
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Sorted and deduplicated, so two transactions never take the same locks in opposite
+        // orders within one call.
+        let locks: Vec<i64> = rows
+            .iter()
+            .filter_map(|r| {
+                r.key
+                    .as_deref()
+                    .map(|k| enqueue_lock_id(&self.lock_scope, &r.topic, k))
+            })
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut agg_types = Vec::with_capacity(rows.len());
+        let mut agg_ids = Vec::with_capacity(rows.len());
+        let mut types = Vec::with_capacity(rows.len());
+        let mut topics = Vec::with_capacity(rows.len());
+        let mut keys = Vec::with_capacity(rows.len());
+        let mut payloads = Vec::with_capacity(rows.len());
+        let mut headers = Vec::with_capacity(rows.len());
+        for r in rows {
+            ids.push(r.id);
+            agg_types.push(r.aggregate_type);
+            agg_ids.push(r.aggregate_id);
+            types.push(r.event_type);
+            topics.push(r.topic);
+            keys.push(r.key);
+            payloads.push(r.payload);
+            headers.push(Value::Object(r.headers));
+        }
+        sqlx::query::<Postgres>(&self.insert_many)
+            .bind(&self.channel)
+            .bind(&locks)
+            .bind(&ids)
+            .bind(&agg_types)
+            .bind(&agg_ids)
+            .bind(&types)
+            .bind(&topics)
+            .bind(&keys)
+            .bind(&payloads)
+            .bind(&headers)
+            .execute(conn)
+            .await
+            .map_err(|e| self.store_error(e))?;
+        Ok(ids)
+    }
+}
+
+fn default_outbox() -> &'static Outbox {
+    static DEFAULT: std::sync::OnceLock<Outbox> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(Outbox::default)
+}
+
+impl OutboxTx for PgConnection {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        if rows.len() == 1 {
+            let row = rows.into_iter().next().expect("one row");
+            return Ok(vec![default_outbox().insert_row(self, row).await?]);
+        }
+        default_outbox().insert_rows(self, rows).await
+    }
+}
+
+impl OutboxTx for sqlx::Transaction<'_, Postgres> {
+    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
+        OutboxTx::insert_rows(&mut **self, rows).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_ids_separate_parts() {
+        assert_ne!(
+            enqueue_lock_id("t", "ab", "c"),
+            enqueue_lock_id("t", "a", "bc")
+        );
+        assert_eq!(
+            enqueue_lock_id("t", "a", "b"),
+            enqueue_lock_id("t", "a", "b")
+        );
+    }
+}

@@ -1,0 +1,205 @@
+//! [`InboxStore`] on SQLite.
+
+use sqlx::{Row, Sqlite};
+
+use super::SqliteStore;
+use crate::engine::Delivery;
+use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
+
+impl InboxStore for SqliteStore {
+    type Tx = sqlx::Transaction<'static, Sqlite>;
+
+    const NAME: &'static str = "sqlite";
+
+    async fn begin(&self) -> Result<Self::Tx, StoreError> {
+        self.shared().begin().await
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
+        Ok(tx.rollback().await?)
+    }
+
+    async fn mark_processed<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        had_failures: bool,
+    ) -> Result<(), StoreError> {
+        // `claim` inserted the row already marked processed: only recorded failures remain to
+        // be cleared.
+        if had_failures {
+            self.shared().clear_attempts(tx, key).await?;
+        }
+        Ok(())
+    }
+
+    async fn record_failure<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        error: &'a str,
+    ) -> Result<u32, StoreError> {
+        self.shared().record_failure(key, error).await
+    }
+
+    async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
+        self.shared().mark_replayed(id).await
+    }
+
+    async fn delete_processed(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.shared().delete_processed(older_than, limit).await
+    }
+
+    async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
+        self.shared().count_stuck(older_than).await
+    }
+
+    async fn claim<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        event_type: &'a str,
+        delivery: &'a Delivery,
+    ) -> Result<Claim, StoreError> {
+        let inserted = sqlx::query(&self.sql.claim)
+            .bind(&key.group)
+            .bind(&key.source)
+            .bind(&key.event_id)
+            .bind(event_type)
+            .bind(&delivery.topic)
+            .bind(delivery.partition)
+            .bind(delivery.offset)
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+        if inserted == 0 {
+            return Ok(Claim::Duplicate);
+        }
+        let attempts: Option<i64> = sqlx::query_scalar(&self.sql.attempts)
+            .bind(&key.group)
+            .bind(&key.source)
+            .bind(&key.event_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(Claim::New {
+            attempts: attempts.unwrap_or(0).max(0) as u32,
+        })
+    }
+
+    async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<i64, StoreError> {
+        let d = letter.delivery;
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
+            .bind(letter.group)
+            .bind(
+                letter
+                    .key
+                    .map(|k| k.source.as_str())
+                    .filter(|s| !s.is_empty()),
+            )
+            .bind(letter.key.map(|k| k.event_id.as_str()))
+            .bind(letter.event_type)
+            .bind(&d.topic)
+            .bind(d.partition)
+            .bind(d.offset)
+            .bind(d.key.as_deref())
+            .bind(encode_headers(&d.headers))
+            .bind(d.payload.as_deref())
+            .bind(letter.error)
+            .bind(letter.attempts as i64)
+            .fetch_one(&mut *tx)
+            .await?;
+        if let Some(key) = letter.key {
+            self.shared().clear_attempts(&mut tx, key).await?;
+        }
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    async fn load_dead_letter<'a>(
+        &'a self,
+        group: &'a str,
+        id: i64,
+    ) -> Result<Option<StoredDeadLetter>, StoreError> {
+        let Some(row) = sqlx::query(&self.sql.load_dead_letter)
+            .bind(group)
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let headers: String = row.try_get("headers")?;
+        let attempts: i64 = row.try_get("attempts")?;
+        let partition: i64 = row.try_get("partition")?;
+        Ok(Some(StoredDeadLetter {
+            id: row.try_get("id")?,
+            group: row.try_get("consumer_group")?,
+            event_id: row.try_get("event_id")?,
+            event_type: row.try_get("event_type")?,
+            delivery: Delivery {
+                topic: row.try_get("topic")?,
+                partition: partition as i32,
+                offset: row.try_get("offset")?,
+                key: row.try_get("message_key")?,
+                payload: row.try_get("payload")?,
+                headers: decode_headers(&headers),
+            },
+            error: row.try_get("error")?,
+            attempts: attempts.max(0) as u32,
+            replayed: row.try_get("replayed")?,
+        }))
+    }
+}
+
+/// Headers as JSON: `[[name, "hex" | null], ...]`, exact for any bytes.
+fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
+    let list: Vec<(&str, Option<String>)> = headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str(),
+                v.as_ref()
+                    .map(|b| b.iter().map(|x| format!("{x:02x}")).collect()),
+            )
+        })
+        .collect();
+    serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned())
+}
+
+fn decode_headers(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
+    let list: Vec<(String, Option<String>)> = serde_json::from_str(text).unwrap_or_default();
+    list.into_iter()
+        .map(|(n, v)| {
+            let bytes = v.map(|hex| {
+                (0..hex.len() / 2)
+                    .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+                    .collect()
+            });
+            (n, bytes)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decode_headers, encode_headers};
+
+    #[test]
+    fn headers_round_trip_exactly() {
+        let headers = vec![
+            ("ce_id".to_owned(), Some(b"abc".to_vec())),
+            ("bin".to_owned(), Some(vec![0, 255, 10, 34])),
+            ("none".to_owned(), None),
+            ("empty".to_owned(), Some(Vec::new())),
+        ];
+        assert_eq!(decode_headers(&encode_headers(&headers)), headers);
+    }
+}

@@ -1,0 +1,174 @@
+//! The SQLite backend: the inbox store ([`SqliteStore`]), the outbox writer, the relay store
+//! and the migrations, with the same semantics as PostgreSQL, for embedded services, tests and
+//! the zero-setup quickstart.
+//!
+//! SQLite has one writer at a time: transactions that write wait for each other (sqlx's busy
+//! timeout), so partitions are handled in parallel but their transactions commit one by one.
+//! Tables live in the main database: a configured schema is refused.
+
+use std::sync::Arc;
+
+use sqlx::sqlite::SqlitePool;
+use sqlx::Sqlite;
+
+use crate::store::migrate::{self, Migration, Migrator};
+use crate::store::sql::{Dialect, InboxSql, Shared};
+use crate::store::{StoreError, Tables};
+
+mod inbox;
+pub(crate) mod outbox;
+pub(crate) mod relay;
+
+pub use outbox::SqliteOutbox;
+pub use relay::SqliteRelayStore;
+
+/// What went wrong setting up a SQLite store.
+#[derive(Debug, thiserror::Error)]
+#[error("SQLite keeps every table in one database: configure table names without a schema (got schema `{0}`)")]
+pub struct SchemaNotSupported(String);
+
+/// The migrations this backend ships, in order.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        component: "inbox",
+        version: 1,
+        description: "inbox, attempts and dead-letter tables",
+        sql: include_str!("migrations/inbox_v1.sql"),
+    },
+    Migration {
+        component: "outbox",
+        version: 1,
+        description: "outbox table and relay key leases",
+        sql: include_str!("migrations/outbox_v1.sql"),
+    },
+];
+
+/// SQLite's current time in txbox's timestamp format.
+pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+const DIALECT: Dialect = Dialect {
+    now: NOW,
+    ago: |secs| format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%f seconds', {secs}))"),
+    row_id: "rowid",
+};
+
+struct Sqlite3;
+
+impl Migrator for Sqlite3 {
+    type Db = Sqlite;
+    const MIGRATIONS: &'static [Migration] = MIGRATIONS;
+
+    fn begin(_tables: &Tables) -> Vec<String> {
+        // One writer at a time: concurrent migrators wait for each other.
+        vec!["BEGIN IMMEDIATE".to_owned()]
+    }
+
+    fn migrations_table(tables: &Tables) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (component text NOT NULL, version integer NOT NULL, \
+             description text NOT NULL, applied_at text NOT NULL DEFAULT ({NOW}), \
+             PRIMARY KEY (component, version))",
+            tables.migrations
+        )
+    }
+}
+
+#[derive(Debug)]
+struct Statements {
+    shared: InboxSql,
+    claim: String,
+    attempts: String,
+    dead_letter: String,
+    load_dead_letter: String,
+}
+
+impl Statements {
+    fn new(t: &Tables) -> Self {
+        let now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+        Self {
+            shared: InboxSql::new(t, DIALECT),
+            claim: format!(
+                "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, {now}) ON CONFLICT DO NOTHING",
+                t.inbox
+            ),
+            attempts: format!(
+                "SELECT attempts FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
+                t.attempts
+            ),
+            dead_letter: format!(
+                "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
+                   message_key, headers, payload, error, attempts, first_failed_at, last_failed_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+                   COALESCE((SELECT first_failed_at FROM {attempts} \
+                             WHERE consumer_group = $1 AND source = COALESCE($2, '') AND event_id = $3), {now}), \
+                   {now}) \
+                 RETURNING id",
+                dead = t.dead_letters,
+                attempts = t.attempts
+            ),
+            load_dead_letter: format!(
+                "SELECT id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", message_key, \
+                   headers, payload, error, attempts, replayed_at IS NOT NULL AS replayed \
+                 FROM {} WHERE consumer_group = $1 AND id = $2",
+                t.dead_letters
+            ),
+        }
+    }
+}
+
+/// The SQLite store of the inbox: inbox rows, attempt counts and dead letters.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    pool: SqlitePool,
+    tables: Tables,
+    sql: Arc<Statements>,
+}
+
+impl SqliteStore {
+    /// A store on `pool` with the default table names.
+    pub fn new(pool: SqlitePool) -> Self {
+        Self::build(pool, Tables::default())
+    }
+
+    /// A store on `pool` with the given table names (without a schema).
+    pub fn with_tables(pool: SqlitePool, tables: Tables) -> Result<Self, SchemaNotSupported> {
+        if let Some(schema) = tables.schema() {
+            return Err(SchemaNotSupported(schema.as_str().to_owned()));
+        }
+        Ok(Self::build(pool, tables))
+    }
+
+    fn build(pool: SqlitePool, tables: Tables) -> Self {
+        let sql = Arc::new(Statements::new(&tables));
+        Self { pool, tables, sql }
+    }
+
+    /// Applies txbox's migrations (inbox and outbox tables): idempotent, and safe to call from
+    /// several processes at once (`BEGIN IMMEDIATE` makes them wait for each other).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        migrate::migrate::<Sqlite3>(&mut conn, &self.tables).await
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    /// The table names.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+
+    fn shared(&self) -> Shared<'_, Sqlite> {
+        Shared {
+            pool: &self.pool,
+            sql: &self.sql.shared,
+        }
+    }
+}
+
+impl crate::handler::HandlerTx for sqlx::Transaction<'_, Sqlite> {
+    type Static = sqlx::Transaction<'static, Sqlite>;
+}

@@ -1,0 +1,196 @@
+//! Versioned migrations: each backend ships its schema as `.sql` files
+//! (`postgres/migrations/`, `sqlite/migrations/`), and this one migrator applies those not yet
+//! recorded, in order, in one transaction that excludes concurrent migrators.
+//!
+//! A migration is identified by `(component, version)` (`("inbox", 1)`, `("outbox", 1)`) and
+//! recorded in the migrations table once applied. Table names in the files are written in
+//! braces: `{inbox}` is the configured inbox table, `{inbox:processed_idx}` a name derived from
+//! it (see [`TableName::derived`](crate::ident::TableName::derived)).
+
+use sqlx::{Database, Executor, IntoArguments};
+
+use super::{StoreError, Tables};
+
+/// One schema change of one backend.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Migration {
+    /// Which part of txbox it belongs to (`"inbox"`, `"outbox"`).
+    pub(crate) component: &'static str,
+    /// Increasing per component.
+    pub(crate) version: i32,
+    /// What it does.
+    pub(crate) description: &'static str,
+    /// The SQL template (table names in braces).
+    pub(crate) sql: &'static str,
+}
+
+/// What differs between backends when migrating: how the migrator excludes others, and the
+/// migrations table's DDL.
+pub(crate) trait Migrator {
+    /// The sqlx database.
+    type Db: Database;
+    /// The backend's migrations, in the order they apply.
+    const MIGRATIONS: &'static [Migration];
+    /// Statements opening the exclusive migration transaction (e.g. `BEGIN` and an advisory
+    /// lock; `BEGIN IMMEDIATE`).
+    fn begin(tables: &Tables) -> Vec<String>;
+    /// The `CREATE TABLE IF NOT EXISTS` of the migrations table.
+    fn migrations_table(tables: &Tables) -> String;
+}
+
+/// Fills the table names into a migration template.
+///
+/// `{name}` becomes the configured table `name` (`inbox`, `attempts`, `dead_letters`, `outbox`,
+/// `migrations`), `{name:suffix}` the derived name `<table>_<suffix>`. Braces that do not hold
+/// such a name (e.g. the JSON literal `'{}'`) are kept as they are.
+pub(crate) fn render(template: &str, tables: &Tables) -> Result<String, String> {
+    let mut out = String::with_capacity(template.len() + 64);
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push_str(&rest[open..]);
+            return Ok(out);
+        };
+        let inner = &after[..close];
+        let is_name = !inner.is_empty()
+            && inner
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':');
+        if !is_name {
+            out.push('{');
+            rest = after;
+            continue;
+        }
+        let (table, suffix) = match inner.split_once(':') {
+            Some((t, s)) => (t, Some(s)),
+            None => (inner, None),
+        };
+        let table = tables
+            .by_placeholder(table)
+            .ok_or_else(|| format!("unknown table `{table}` in a migration"))?;
+        match suffix {
+            Some(suffix) => out.push_str(&table.derived(suffix)),
+            None => out.push_str(&table.to_string()),
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Applies every migration of `M` not yet recorded, on `conn`, inside the exclusive transaction
+/// `M::begin` opens. Idempotent, and safe to run from several processes at once.
+pub(crate) async fn migrate<M: Migrator>(
+    conn: &mut <M::Db as Database>::Connection,
+    tables: &Tables,
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut <M::Db as Database>::Connection: Executor<'c, Database = M::Db>,
+    for<'q> <M::Db as Database>::Arguments<'q>: IntoArguments<'q, M::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, M::Db> + sqlx::Type<M::Db>,
+    for<'q> i32: sqlx::Encode<'q, M::Db> + sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
+    for<'q> String: sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
+    (String, i32): for<'r> sqlx::FromRow<'r, <M::Db as Database>::Row>,
+{
+    for statement in M::begin(tables) {
+        sqlx::raw_sql(&statement).execute(&mut *conn).await?;
+    }
+    match apply_missing::<M>(conn, tables).await {
+        Ok(()) => {
+            sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = sqlx::raw_sql("ROLLBACK").execute(&mut *conn).await;
+            Err(e)
+        }
+    }
+}
+
+async fn apply_missing<M: Migrator>(
+    conn: &mut <M::Db as Database>::Connection,
+    tables: &Tables,
+) -> Result<(), StoreError>
+where
+    for<'c> &'c mut <M::Db as Database>::Connection: Executor<'c, Database = M::Db>,
+    for<'q> <M::Db as Database>::Arguments<'q>: IntoArguments<'q, M::Db>,
+    for<'q> &'q str: sqlx::Encode<'q, M::Db> + sqlx::Type<M::Db>,
+    for<'q> i32: sqlx::Encode<'q, M::Db> + sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
+    for<'q> String: sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
+    (String, i32): for<'r> sqlx::FromRow<'r, <M::Db as Database>::Row>,
+{
+    sqlx::raw_sql(&M::migrations_table(tables))
+        .execute(&mut *conn)
+        .await?;
+    let applied: Vec<(String, i32)> = sqlx::query_as(&format!(
+        "SELECT component, version FROM {}",
+        tables.migrations
+    ))
+    .fetch_all(&mut *conn)
+    .await?;
+    let record = format!(
+        "INSERT INTO {} (component, version, description) VALUES ($1, $2, $3)",
+        tables.migrations
+    );
+    for m in M::MIGRATIONS {
+        if applied
+            .iter()
+            .any(|(c, v)| c == m.component && *v == m.version)
+        {
+            continue;
+        }
+        let sql = render(m.sql, tables).map_err(StoreError::Migration)?;
+        sqlx::raw_sql(&sql).execute(&mut *conn).await?;
+        sqlx::query(&record)
+            .bind(m.component)
+            .bind(m.version)
+            .bind(m.description)
+            .execute(&mut *conn)
+            .await?;
+        tracing::info!(
+            component = m.component,
+            version = m.version,
+            "txbox migration applied"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+    use crate::store::Tables;
+
+    #[test]
+    fn fills_tables_and_derived_names_and_keeps_other_braces() {
+        let tables = Tables::with_schema("app").unwrap();
+        let sql = render(
+            "CREATE INDEX {inbox:processed_idx} ON {inbox} (x); DEFAULT '{}'",
+            &tables,
+        )
+        .unwrap();
+        assert_eq!(
+            sql,
+            "CREATE INDEX \"txbox_inbox_processed_idx\" ON \"app\".\"txbox_inbox\" (x); DEFAULT '{}'"
+        );
+    }
+
+    #[test]
+    fn an_unknown_table_is_an_error() {
+        assert!(render("{nope}", &Tables::default()).is_err());
+    }
+
+    #[test]
+    fn every_shipped_migration_renders() {
+        let tables = Tables::default();
+        for m in crate::postgres::MIGRATIONS {
+            render(m.sql, &tables).unwrap();
+        }
+        #[cfg(feature = "sqlite")]
+        for m in crate::sqlite::MIGRATIONS {
+            render(m.sql, &tables).unwrap();
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! SQL that both sqlx backends share: the statements that differ only in dialect, rendered
+//! once from the table names, and the functions that run them on any sqlx database.
+
+use sqlx::{Database, Executor, IntoArguments, Pool};
+
+use super::{InboxKey, StoreError, Tables};
+
+/// How a backend writes the few things that differ between PostgreSQL and SQLite.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Dialect {
+    /// The current time, as stored in txbox's timestamp columns.
+    pub(crate) now: &'static str,
+    /// A time `secs` seconds before now, given the SQL expression `secs`.
+    pub(crate) ago: fn(&str) -> String,
+    /// The physical row id, for batched deletes.
+    pub(crate) row_id: &'static str,
+}
+
+/// The inbox statements whose text is the same up to the [`Dialect`].
+#[derive(Debug)]
+pub(crate) struct InboxSql {
+    pub(crate) clear_attempts: String,
+    pub(crate) mark_replayed: String,
+    pub(crate) delete_processed: String,
+    pub(crate) count_stuck: String,
+    pub(crate) record_failure: String,
+}
+
+impl InboxSql {
+    pub(crate) fn new(t: &Tables, d: Dialect) -> Self {
+        Self {
+            clear_attempts: format!(
+                "DELETE FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
+                t.attempts
+            ),
+            mark_replayed: format!(
+                "UPDATE {} SET replayed_at = {} WHERE id = $1",
+                t.dead_letters, d.now
+            ),
+            delete_processed: format!(
+                "DELETE FROM {inbox} WHERE {id} IN (SELECT {id} FROM {inbox} \
+                 WHERE processed_at < {before} LIMIT $2) RETURNING 1",
+                inbox = t.inbox,
+                id = d.row_id,
+                before = (d.ago)("$1"),
+            ),
+            count_stuck: format!(
+                "SELECT count(*) FROM {} WHERE processed_at IS NULL AND received_at < {}",
+                t.inbox,
+                (d.ago)("$1")
+            ),
+            record_failure: format!(
+                "INSERT INTO {a} AS a (consumer_group, source, event_id, attempts, last_error) \
+                 VALUES ($1, $2, $3, 1, $4) \
+                 ON CONFLICT (consumer_group, source, event_id) DO UPDATE \
+                 SET attempts = a.attempts + 1, last_error = excluded.last_error, \
+                     last_failed_at = {now} \
+                 RETURNING CAST(attempts AS bigint) AS attempts",
+                a = t.attempts,
+                now = d.now
+            ),
+        }
+    }
+}
+
+/// Runs the shared inbox statements on any sqlx database whose types txbox uses.
+pub(crate) struct Shared<'a, DB: Database> {
+    pub(crate) pool: &'a Pool<DB>,
+    pub(crate) sql: &'a InboxSql,
+}
+
+impl<DB> Shared<'_, DB>
+where
+    DB: Database,
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Decode<'q, DB> + sqlx::Type<DB>,
+    for<'q> f64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    (i64,): for<'r> sqlx::FromRow<'r, DB::Row>,
+{
+    /// Opens a transaction on the pool.
+    pub(crate) async fn begin(&self) -> Result<sqlx::Transaction<'static, DB>, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Deletes the attempt count of `key` (after success or dead-lettering), in `conn`.
+    pub(crate) async fn clear_attempts(
+        &self,
+        conn: &mut DB::Connection,
+        key: &InboxKey,
+    ) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.clear_attempts)
+            .bind(key.group.as_str())
+            .bind(key.source.as_str())
+            .bind(key.event_id.as_str())
+            .execute(conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Counts one more failed run of `key`, outside any transaction; returns the count.
+    pub(crate) async fn record_failure(
+        &self,
+        key: &InboxKey,
+        error: &str,
+    ) -> Result<u32, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let (attempts,): (i64,) = sqlx::query_as(&self.sql.record_failure)
+            .bind(key.group.as_str())
+            .bind(key.source.as_str())
+            .bind(key.event_id.as_str())
+            .bind(error)
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(u32::try_from(attempts).unwrap_or(0))
+    }
+
+    pub(crate) async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        sqlx::query(&self.sql.mark_replayed)
+            .bind(id)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn delete_processed(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        // `RETURNING 1` counts the rows portably (the row count of a query result is not part
+        // of sqlx's generic API); at most `limit` tiny rows come back.
+        let deleted = sqlx::query(&self.sql.delete_processed)
+            .bind(older_than.as_secs_f64())
+            .bind(i64::from(limit))
+            .fetch_all(&mut *conn)
+            .await?;
+        Ok(deleted.len() as u64)
+    }
+
+    pub(crate) async fn count_stuck(
+        &self,
+        older_than: std::time::Duration,
+    ) -> Result<i64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let (count,): (i64,) = sqlx::query_as(&self.sql.count_stuck)
+            .bind(older_than.as_secs_f64())
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(count)
+    }
+}
