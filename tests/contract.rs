@@ -25,7 +25,7 @@ pub struct OrderCreated {
 }
 
 contract_tests!(
-    seed_003_acknowledgement_strategies_table,
+    acknowledgement_strategies_for_a_handler_that_writes_then_fails,
     duplicate_delivery_runs_handler_once,
     one_event_two_groups_each_handler_runs_once,
     racing_consumers_apply_one_event_once_and_keep_going,
@@ -70,13 +70,13 @@ macro_rules! insert_then_fail_first_run {
     };
 }
 
-insert_then_fail_first_run!("seed-at-most-once", RUNS_AT_MOST_ONCE);
-insert_then_fail_first_run!("seed-on-persist", RUNS_ON_PERSIST);
-insert_then_fail_first_run!("seed-on-success", RUNS_ON_SUCCESS);
-insert_then_fail_first_run!("seed-exactly-once", RUNS_EXACTLY_ONCE);
+insert_then_fail_first_run!("ack-at-most-once", RUNS_AT_MOST_ONCE);
+insert_then_fail_first_run!("ack-on-persist", RUNS_ON_PERSIST);
+insert_then_fail_first_run!("ack-on-success", RUNS_ON_SUCCESS);
+insert_then_fail_first_run!("ack-exactly-once", RUNS_EXACTLY_ONCE);
 
 #[derive(Debug, PartialEq, Eq)]
-struct SeedRow {
+struct StrategyRow {
     processed: bool,
     committed: bool,
     second_received: bool,
@@ -84,13 +84,13 @@ struct SeedRow {
     invoices: i64,
 }
 
-async fn seed_scenario<K: Kit>(
+async fn strategy_scenario<K: Kit>(
     broker: &Broker,
     strategy: AckStrategy,
     group: &'static str,
     runs: &Counter,
-) -> SeedRow {
-    let kit = K::new("seed").await;
+) -> StrategyRow {
+    let kit = K::new("ack").await;
     let topic = support::unique(group);
     broker.create_topic(&topic, 1).await;
     let producer = support::producer(&broker.brokers);
@@ -130,7 +130,7 @@ async fn seed_scenario<K: Kit>(
         second_received = true;
     }
     second.stop().await;
-    SeedRow {
+    StrategyRow {
         processed,
         committed,
         second_received,
@@ -139,31 +139,31 @@ async fn seed_scenario<K: Kit>(
     }
 }
 
-async fn seed_003_acknowledgement_strategies_table<K: Kit>() {
+async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails<K: Kit>() {
     let broker = Broker::start();
     let cases: [(&str, AckStrategy, &'static str, &'static Counter); 4] = [
         (
             "AT_MOST_ONCE",
             AckStrategy::AtMostOnce,
-            "seed-at-most-once",
+            "ack-at-most-once",
             &RUNS_AT_MOST_ONCE,
         ),
         (
             "AT_LEAST_ONCE, commit ON_PERSIST",
             AckStrategy::AT_LEAST_ONCE_ON_PERSIST,
-            "seed-on-persist",
+            "ack-on-persist",
             &RUNS_ON_PERSIST,
         ),
         (
             "AT_LEAST_ONCE, commit ON_SUCCESS",
             AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
-            "seed-on-success",
+            "ack-on-success",
             &RUNS_ON_SUCCESS,
         ),
         (
             "EXACTLY_ONCE_INBOX (default)",
             AckStrategy::ExactlyOnceInbox,
-            "seed-exactly-once",
+            "ack-exactly-once",
             &RUNS_EXACTLY_ONCE,
         ),
     ];
@@ -171,46 +171,46 @@ async fn seed_003_acknowledgement_strategies_table<K: Kit>() {
     for (name, strategy, group, runs) in cases {
         rows.push((
             name,
-            seed_scenario::<K>(&broker, strategy, group, runs).await,
+            strategy_scenario::<K>(&broker, strategy, group, runs).await,
         ));
     }
     println!(
-        "\nseed 003 on {}, a handler that writes an invoice and then fails on its first run:",
+        "\nacknowledgement strategies on {}, a handler that writes an invoice and then fails on its first run:",
         K::NAME
     );
     for (name, r) in &rows {
         println!(
             "{name:<34} first: processed={} committed={} second consumer: {} handler ran={} invoices={}",
-            py(r.processed),
-            py(r.committed),
-            if r.second_received { "processed=True" } else { "nothing delivered" },
+            yes_no(r.processed),
+            yes_no(r.committed),
+            if r.second_received { "processed=yes" } else { "nothing delivered" },
             r.handler_runs,
             r.invoices
         );
     }
     let expected = [
-        SeedRow {
+        StrategyRow {
             processed: false,
             committed: true,
             second_received: false,
             handler_runs: 1,
             invoices: 0,
         },
-        SeedRow {
+        StrategyRow {
             processed: false,
             committed: true,
             second_received: false,
             handler_runs: 1,
             invoices: 0,
         },
-        SeedRow {
+        StrategyRow {
             processed: false,
             committed: false,
             second_received: true,
             handler_runs: 2,
             invoices: 1,
         },
-        SeedRow {
+        StrategyRow {
             processed: false,
             committed: false,
             second_received: true,
@@ -223,11 +223,11 @@ async fn seed_003_acknowledgement_strategies_table<K: Kit>() {
     }
 }
 
-fn py(b: bool) -> &'static str {
+fn yes_no(b: bool) -> &'static str {
     if b {
-        "True"
+        "yes"
     } else {
-        "False"
+        "no"
     }
 }
 

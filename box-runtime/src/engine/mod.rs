@@ -4,7 +4,7 @@
 //! row, the handler and the processed mark in one transaction, retries with backoff, dead
 //! letters. It returns an [`Outcome`] saying whether the offset may be committed. The engine
 //! knows neither Kafka nor PostgreSQL: stores implement [`InboxStore`], transports feed
-//! [`partition::run`] through a [`PartitionLink`].
+//! `partition::run` through a [`PartitionLink`].
 
 use std::time::Duration;
 
@@ -253,7 +253,7 @@ impl<S: InboxStore> Inbox<S> {
             if store::is_unavailable(error.source_error()) {
                 // The database went away under the handler: an outage, not a failure of this
                 // message.
-                return Attempt::Outage(StoreError::Unavailable(sqlx::Error::PoolClosed));
+                return Attempt::Outage(StoreError::lost_under_handler());
             }
             return Attempt::Failed(error);
         }

@@ -11,7 +11,8 @@ use crate::event::OutboxEvent;
 use crate::outbox::{EnqueueError, NewRow, OutboxTx};
 use crate::store::Tables;
 
-/// The outbox on a given table; [`enqueue`] and [`enqueue_all`] use the default table name
+/// The outbox on a given table; [`enqueue`](crate::outbox::enqueue) and
+/// [`enqueue_all`](crate::outbox::enqueue_all) use the default table name
 /// (resolved through the connection's `search_path`).
 #[derive(Clone, Debug)]
 pub struct Outbox {

@@ -87,7 +87,7 @@ pub struct Failure<'a> {
     pub backoff: Duration,
 }
 
-/// The storage a relay needs. PostgreSQL implements it ([`PgRelayStore`]); an embedded store
+/// The storage a relay needs. PostgreSQL implements it ([`PgRelayStore`](crate::postgres::PgRelayStore)); an embedded store
 /// can implement the same seven operations.
 ///
 /// The contract that keeps per-key order with several relays: between [`lock_keys`] and

@@ -28,6 +28,11 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// The database went away while a handler ran (the handler's own error said so).
+    pub(crate) fn lost_under_handler() -> Self {
+        Self::Unavailable(sqlx::Error::PoolClosed)
+    }
+
     /// Whether retrying the same operation later may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable(_) | Self::Conflict { .. })

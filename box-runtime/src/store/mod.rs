@@ -75,7 +75,7 @@ where
     }
 }
 
-/// The storage an inbox engine needs. PostgreSQL implements it ([`postgres::PgStore`]).
+/// The storage an inbox engine needs. PostgreSQL implements it ([`PgStore`](crate::PgStore)) and SQLite.
 ///
 /// Every method that takes no transaction runs on its own (autocommit), so what it writes
 /// survives the rollback of a handler's transaction.

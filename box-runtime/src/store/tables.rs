@@ -43,7 +43,7 @@ impl Tables {
         }
     }
 
-    /// The default table names inside `schema` (created by [`PgStore::migrate`] if missing).
+    /// The default table names inside `schema` (created by [`PgStore::migrate`](crate::PgStore::migrate) if missing).
     pub fn with_schema(schema: &str) -> Result<Self, IdentError> {
         Ok(Self::in_schema(Some(&Ident::new(schema)?)))
     }
