@@ -193,6 +193,9 @@ pub struct InboxConfig {
     pub unknown_event: UnknownEvent,
     /// Payloads larger than this are dead-lettered unread.
     pub max_payload_bytes: usize,
+    /// Payloads longer than this are stored cut to it in a dead letter, with their size and
+    /// SHA-256 (default 1 MiB).
+    pub dead_letter_payload_bytes: usize,
     /// The wait while the database is unreachable.
     pub outage_backoff: Backoff,
 }
@@ -208,6 +211,7 @@ impl Default for InboxConfig {
             on_exhausted: OnExhausted::default(),
             unknown_event: UnknownEvent::default(),
             max_payload_bytes: 1024 * 1024,
+            dead_letter_payload_bytes: 1024 * 1024,
             outage_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
         }
     }

@@ -26,12 +26,19 @@ impl Delivery {
             .and_then(|(_, v)| v.as_deref())
     }
 
-    /// The first header with this name as UTF-8, trimmed; `None` when missing, empty or not UTF-8.
+    /// The first header with this name as UTF-8, exactly as sent (never trimmed); `None` when
+    /// missing, empty or not UTF-8.
     pub fn header_str(&self, name: &str) -> Option<&str> {
-        self.header(name)
-            .and_then(|v| std::str::from_utf8(v).ok())
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
+        self.header_text(name).ok().flatten()
+    }
+
+    /// The first header with this name as UTF-8, exactly as sent: `Ok(None)` when missing or
+    /// empty, `Err(())` when its bytes are not UTF-8.
+    pub(crate) fn header_text(&self, name: &str) -> Result<Option<&str>, ()> {
+        match self.header(name) {
+            None | Some([]) => Ok(None),
+            Some(bytes) => std::str::from_utf8(bytes).map(Some).map_err(|_| ()),
+        }
     }
 
     /// `topic/partition@offset`, for messages.

@@ -164,14 +164,16 @@ impl<S: InboxStore> Inbox<S> {
                 tracing::info!(group, %at, event_id = id, attempt, "processed")
             }
             Outcome::Duplicate => tracing::info!(group, %at, event_id = id, "duplicate"),
+            // Text from the message (ids, types, reasons quoting them) is logged as a field with
+            // Debug escaping, never in the message part: a newline in it cannot forge a line.
             Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {
-                tracing::warn!(group, %at, event_id = id, %error, "{}", outcome.label())
+                tracing::warn!(group, %at, event_id = id, error = error.as_str(), outcome = outcome.label(), "failed")
             }
             Outcome::DeadLettered { reason, .. } => {
-                tracing::warn!(group, %at, event_id = id, %reason, "dead-lettered")
+                tracing::warn!(group, %at, event_id = id, reason = reason.as_str(), "dead-lettered")
             }
             Outcome::Skipped { reason } => {
-                tracing::info!(group, %at, event_id = id, %reason, "skipped")
+                tracing::info!(group, %at, event_id = id, reason = reason.as_str(), "skipped")
             }
             Outcome::Abandoned => {
                 tracing::info!(group, %at, event_id = id, "abandoned at shutdown")
@@ -184,9 +186,26 @@ impl<S: InboxStore> Inbox<S> {
     async fn run(&self, msg: &Ready<'_>, shutdown: &watch::Receiver<bool>) -> Outcome {
         let mut outage = self.config.outage_backoff.start();
         let mut local_failures = 0u32;
+        let mut rejections = 0u32;
         loop {
             let error = match self.attempt(msg, local_failures).await {
                 Attempt::Done(outcome) => return outcome,
+                Attempt::Outage(e) if e.is_rejected() => {
+                    // The database refuses what txbox writes for this message: a few more tries
+                    // (a schema being changed), then the message is given up on, with the reason.
+                    rejections += 1;
+                    if rejections >= REJECTIONS_BEFORE_DEAD_LETTER {
+                        let reason = format!("the database rejects this message: {e}");
+                        let (key, event_type) = (Some(&msg.key), Some(msg.event_type));
+                        return self
+                            .dead_letter(msg.d, key, event_type, &reason, 0, shutdown)
+                            .await;
+                    }
+                    if !wait_outage(&mut outage, &e, shutdown).await {
+                        return Outcome::Abandoned;
+                    }
+                    continue;
+                }
                 Attempt::Outage(e) => {
                     if !wait_outage(&mut outage, &e, shutdown).await {
                         return Outcome::Abandoned;
@@ -314,7 +333,7 @@ impl<S: InboxStore> Inbox<S> {
         if transient && attempts < self.config.retry.max_attempts {
             let wait = self.config.retry.delay(attempts);
             tracing::info!(group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
-                error = %chain, retry_in = ?wait, "handler failed, retrying");
+                error = chain.as_str(), retry_in = ?wait, "handler failed, retrying");
             if !sleep_unless_shutdown(wait, shutdown).await {
                 return Some(Outcome::Abandoned);
             }
@@ -420,8 +439,10 @@ impl<S: InboxStore> Inbox<S> {
             delivery: d,
             error: reason,
             attempts,
+            max_payload_bytes: self.config.dead_letter_payload_bytes,
         };
         let mut outage = self.config.outage_backoff.start();
+        let mut rejections = 0;
         loop {
             match self.store.dead_letter(&letter).await {
                 Ok(id) => {
@@ -430,7 +451,11 @@ impl<S: InboxStore> Inbox<S> {
                         id,
                     }
                 }
+                Err(e) if e.is_rejected() && rejections + 1 >= REJECTIONS_BEFORE_DEAD_LETTER => {
+                    return self.bare_dead_letter(&letter, &e).await;
+                }
                 Err(e) => {
+                    rejections += u32::from(e.is_rejected());
                     if !wait_outage(&mut outage, &e, shutdown).await {
                         return Outcome::Abandoned;
                     }
@@ -439,9 +464,45 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
+    /// The last resort when the database rejects a dead letter: the same letter without its
+    /// headers and event type (the text most likely at fault); if even that is rejected, the
+    /// message is logged with every detail and acknowledged, so the partition moves on.
+    async fn bare_dead_letter(&self, letter: &DeadLetter<'_>, error: &StoreError) -> Outcome {
+        let bare = Delivery {
+            headers: Vec::new(),
+            ..letter.delivery.clone()
+        };
+        let reason = format!(
+            "{}; stored without its headers and type: the database rejected them: {error}",
+            letter.error
+        );
+        let stripped = DeadLetter {
+            event_type: None,
+            delivery: &bare,
+            error: &reason,
+            ..letter.clone()
+        };
+        match self.store.dead_letter(&stripped).await {
+            Ok(id) => Outcome::DeadLettered { reason, id },
+            Err(e) => {
+                tracing::error!(group = self.group(), at = %letter.delivery.coordinates(),
+                    reason = reason.as_str(), error = %e,
+                    "a dead letter could not be stored; the message is skipped");
+                Outcome::Skipped {
+                    reason: format!("{reason}; the dead letter could not be stored: {e}"),
+                }
+            }
+        }
+    }
+
     fn meta(&self, msg: &Ready<'_>, attempt: u32) -> MessageMeta {
         let (d, key) = (msg.d, &msg.key);
-        let mut meta = MessageMeta::new(&key.group, &key.event_id, msg.event_type);
+        // The handler sees the id as sent, even when the inbox keys on its digest.
+        let event_id = match &self.config.event_id {
+            EventId::Header(name) => d.header_str(name).unwrap_or(&key.event_id),
+            EventId::BrokerCoordinates => &key.event_id,
+        };
+        let mut meta = MessageMeta::new(&key.group, event_id, msg.event_type);
         meta.source = (!key.source.is_empty()).then(|| key.source.clone());
         meta.topic = d.topic.clone();
         meta.partition = d.partition;
@@ -476,13 +537,19 @@ async fn wait_outage(
     shutdown: &watch::Receiver<bool>,
 ) -> bool {
     let wait = outage.next_delay();
+    // A database message may quote the data: logged escaped, as a field.
+    let text = error.to_string();
     if error.is_retryable() {
-        tracing::warn!(%error, retry_in = ?wait, "database unavailable, backing off");
+        tracing::warn!(error = text.as_str(), retry_in = ?wait, "database unavailable, backing off");
     } else {
-        tracing::error!(%error, retry_in = ?wait, "database error, retrying");
+        tracing::error!(error = text.as_str(), retry_in = ?wait, "database error, retrying");
     }
     sleep_unless_shutdown(wait, shutdown).await
 }
+
+/// How many times txbox's own statements for one message may be rejected by the database
+/// (SQLSTATE class 22 or 23) before the message is dead-lettered.
+const REJECTIONS_BEFORE_DEAD_LETTER: u32 = 3;
 
 /// How long processed inbox rows are kept by default: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

@@ -3,7 +3,7 @@
 use super::{Delivery, Inbox};
 use crate::engine::config::{EventId, Source, UnknownEvent};
 use crate::handler::HandlerRegistration;
-use crate::store::{InboxKey, InboxStore};
+use crate::store::{text, InboxKey, InboxStore};
 
 /// A message ready for its handler.
 pub(super) struct Ready<'d> {
@@ -91,17 +91,19 @@ impl<S: InboxStore> Inbox<S> {
         Ok(payload)
     }
 
+    /// The inbox key: ids and sources are taken verbatim (never trimmed), and stored as their
+    /// digest when they are too long or hold NUL (see [`text::inbox_id`]).
     fn key(&self, d: &Delivery) -> Result<InboxKey, String> {
         let source = match &self.config.source {
             Source::None => String::new(),
-            Source::Header(name) => match d.header_str(name) {
-                Some(s) => s.to_owned(),
+            Source::Header(name) => match header(d, name, "source")? {
+                Some(s) => text::inbox_id(s).into_owned(),
                 None => return Err(format!("missing or empty source header `{name}`")),
             },
         };
         let event_id = match &self.config.event_id {
-            EventId::Header(name) => match d.header_str(name) {
-                Some(id) => id.to_owned(),
+            EventId::Header(name) => match header(d, name, "event id")? {
+                Some(id) => text::inbox_id(id).into_owned(),
                 None if !self.config.ack.uses_inbox() => d.coordinates(),
                 None => return Err(format!("missing or empty event id header `{name}`")),
             },
@@ -113,4 +115,10 @@ impl<S: InboxStore> Inbox<S> {
             event_id,
         })
     }
+}
+
+/// A header as text, or why it cannot be one.
+fn header<'d>(d: &'d Delivery, name: &str, what: &str) -> Result<Option<&'d str>, String> {
+    d.header_text(name)
+        .map_err(|()| format!("the {what} header `{name}` is not valid UTF-8"))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -16,7 +16,7 @@ use super::dead_letter::DeadLetterTopic;
 use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceContext};
 use super::{KafkaConfig, KafkaTransportError};
 use crate::engine::{partition, Delivery, Inbox, Report};
-use crate::store::InboxStore;
+use crate::store::{text, InboxStore};
 
 /// The task running one partition of one ownership generation.
 struct PartitionTask {
@@ -223,20 +223,47 @@ fn dead_letter_topic(
 }
 
 fn to_delivery(m: &BorrowedMessage<'_>) -> Delivery {
-    let headers = m
-        .headers()
-        .map(|hs| {
-            hs.iter()
-                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec)))
-                .collect()
-        })
-        .unwrap_or_default();
     Delivery {
         topic: m.topic().to_owned(),
         partition: m.partition(),
         offset: m.offset(),
         key: m.key().map(<[u8]>::to_vec),
         payload: m.payload().map(<[u8]>::to_vec),
-        headers,
+        headers: headers(m),
     }
+}
+
+/// The message's headers, in broker order. Read through librdkafka directly: rdkafka's own
+/// accessor panics on a header name that is not UTF-8, and any producer can send one. Such a
+/// name is kept with its invalid bytes written as `\xHH`; values are kept as bytes.
+fn headers(m: &BorrowedMessage<'_>) -> Vec<(String, Option<Vec<u8>>)> {
+    use rdkafka::bindings as rd;
+    let mut list: *mut rd::rd_kafka_headers_t = std::ptr::null_mut();
+    // SAFETY: `m.ptr()` is the live message this borrow refers to; librdkafka writes a pointer
+    // to headers owned by the message (or leaves it null when there are none).
+    let err = unsafe { rd::rd_kafka_message_headers(m.ptr(), &mut list) };
+    if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || list.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: `list` is valid while the message is borrowed.
+    let count = unsafe { rd::rd_kafka_header_cnt(list) };
+    let mut out = Vec::with_capacity(count);
+    for idx in 0..count {
+        let mut name: *const std::os::raw::c_char = std::ptr::null();
+        let mut value: *const std::os::raw::c_void = std::ptr::null();
+        let mut size = 0usize;
+        // SAFETY: `idx < count`; the out-pointers are valid locals.
+        let err =
+            unsafe { rd::rd_kafka_header_get_all(list, idx, &mut name, &mut value, &mut size) };
+        if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
+            continue;
+        }
+        // SAFETY: librdkafka returns a NUL-terminated name and `size` bytes of value, both
+        // owned by the message.
+        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        let value = (!value.is_null())
+            .then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec());
+        out.push((text::header_name(name), value));
+    }
+    out
 }

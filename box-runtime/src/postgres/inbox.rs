@@ -101,26 +101,24 @@ impl InboxStore for PgStore {
         let d = letter.delivery;
         let names: Vec<&str> = d.headers.iter().map(|(n, _)| n.as_str()).collect();
         let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
+        let (payload, payload_size, payload_sha256) = letter.stored_payload();
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
             .bind(letter.group)
-            .bind(
-                letter
-                    .key
-                    .map(|k| k.source.as_str())
-                    .filter(|s| !s.is_empty()),
-            )
+            .bind(letter.stored_source())
             .bind(letter.key.map(|k| k.event_id.as_str()))
-            .bind(letter.event_type)
+            .bind(letter.stored_event_type())
             .bind(&d.topic)
             .bind(d.partition)
             .bind(d.offset)
             .bind(d.key.as_deref())
             .bind(&names)
             .bind(&values)
-            .bind(d.payload.as_deref())
-            .bind(letter.error)
+            .bind(payload)
+            .bind(letter.stored_error())
             .bind(letter.attempts as i32)
+            .bind(payload_size)
+            .bind(payload_sha256)
             .fetch_one(&mut *tx)
             .await?;
         if let Some(key) = letter.key {

@@ -30,6 +30,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "outbox table",
         sql: include_str!("migrations/outbox_v1.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 2,
+        description: "dead letters deduplicated by event, payload size and digest",
+        sql: include_str!("migrations/inbox_v2.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {
@@ -92,13 +98,24 @@ impl Statements {
                 inbox = t.inbox,
                 attempts = t.attempts
             ),
+            // One letter per (group, source, event id): a redelivered or replayed message that
+            // fails again updates its letter.
             dead_letter: format!(
-                "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
-                   message_key, header_names, header_values, payload, error, attempts, first_failed_at, last_failed_at) \
+                "INSERT INTO {dead} AS d (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
+                   message_key, header_names, header_values, payload, error, attempts, first_failed_at, last_failed_at, \
+                   payload_size, payload_sha256) \
                  SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, \
-                   COALESCE(a.first_failed_at, now()), now() \
+                   COALESCE(a.first_failed_at, now()), now(), $14, $15 \
                  FROM (SELECT 1) AS one \
-                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = COALESCE($2, '') AND a.event_id = $3 \
+                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = $2 AND a.event_id = $3 \
+                 ON CONFLICT (consumer_group, source, event_id) WHERE event_id IS NOT NULL DO UPDATE SET \
+                   event_type = EXCLUDED.event_type, topic = EXCLUDED.topic, \"partition\" = EXCLUDED.\"partition\", \
+                   \"offset\" = EXCLUDED.\"offset\", message_key = EXCLUDED.message_key, \
+                   header_names = EXCLUDED.header_names, header_values = EXCLUDED.header_values, \
+                   payload = EXCLUDED.payload, payload_size = EXCLUDED.payload_size, \
+                   payload_sha256 = EXCLUDED.payload_sha256, error = EXCLUDED.error, \
+                   attempts = d.attempts + EXCLUDED.attempts, last_failed_at = now(), \
+                   dead_lettered_at = now(), times = d.times + 1, replayed_at = NULL \
                  RETURNING id",
                 dead = t.dead_letters,
                 attempts = t.attempts

@@ -95,25 +95,23 @@ impl InboxStore for SqliteStore {
 
     async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<i64, StoreError> {
         let d = letter.delivery;
+        let (payload, payload_size, payload_sha256) = letter.stored_payload();
         let mut tx = self.pool.begin().await?;
         let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
             .bind(letter.group)
-            .bind(
-                letter
-                    .key
-                    .map(|k| k.source.as_str())
-                    .filter(|s| !s.is_empty()),
-            )
+            .bind(letter.stored_source())
             .bind(letter.key.map(|k| k.event_id.as_str()))
-            .bind(letter.event_type)
+            .bind(letter.stored_event_type())
             .bind(&d.topic)
             .bind(d.partition)
             .bind(d.offset)
             .bind(d.key.as_deref())
             .bind(encode_headers(&d.headers))
-            .bind(d.payload.as_deref())
-            .bind(letter.error)
+            .bind(payload)
+            .bind(letter.stored_error())
             .bind(letter.attempts as i64)
+            .bind(payload_size)
+            .bind(payload_sha256)
             .fetch_one(&mut *tx)
             .await?;
         if let Some(key) = letter.key {

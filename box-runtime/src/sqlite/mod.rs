@@ -41,6 +41,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "outbox table and relay key leases",
         sql: include_str!("migrations/outbox_v1.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 2,
+        description: "dead letters deduplicated by event, payload size and digest",
+        sql: include_str!("migrations/inbox_v2.sql"),
+    },
 ];
 
 /// SQLite's current time in txbox's timestamp format.
@@ -96,13 +102,23 @@ impl Statements {
                 "SELECT attempts FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
                 t.attempts
             ),
+            // One letter per (group, source, event id): a redelivered or replayed message that
+            // fails again updates its letter.
             dead_letter: format!(
                 "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
-                   message_key, headers, payload, error, attempts, first_failed_at, last_failed_at) \
+                   message_key, headers, payload, error, attempts, first_failed_at, last_failed_at, \
+                   payload_size, payload_sha256) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
                    COALESCE((SELECT first_failed_at FROM {attempts} \
-                             WHERE consumer_group = $1 AND source = COALESCE($2, '') AND event_id = $3), {now}), \
-                   {now}) \
+                             WHERE consumer_group = $1 AND source = $2 AND event_id = $3), {now}), \
+                   {now}, $13, $14) \
+                 ON CONFLICT (consumer_group, source, event_id) WHERE event_id IS NOT NULL DO UPDATE SET \
+                   event_type = excluded.event_type, topic = excluded.topic, \"partition\" = excluded.\"partition\", \
+                   \"offset\" = excluded.\"offset\", message_key = excluded.message_key, headers = excluded.headers, \
+                   payload = excluded.payload, payload_size = excluded.payload_size, \
+                   payload_sha256 = excluded.payload_sha256, error = excluded.error, \
+                   attempts = {dead}.attempts + excluded.attempts, last_failed_at = {now}, \
+                   dead_lettered_at = {now}, times = {dead}.times + 1, replayed_at = NULL \
                  RETURNING id",
                 dead = t.dead_letters,
                 attempts = t.attempts

@@ -10,8 +10,9 @@ mod error;
 pub(crate) mod migrate;
 pub(crate) mod sql;
 mod tables;
+pub mod text;
 
-pub use error::{is_unavailable, StoreError};
+pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
 
 /// The identity of a message in a consumer group's inbox.
@@ -52,6 +53,38 @@ pub struct DeadLetter<'a> {
     pub error: &'a str,
     /// Failed runs (0 when the message never reached a handler).
     pub attempts: u32,
+    /// Payloads longer than this are stored cut to it, with their size and digest.
+    pub max_payload_bytes: usize,
+}
+
+impl DeadLetter<'_> {
+    /// The event type as stored: NUL replaced, length bounded.
+    pub fn stored_event_type(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.event_type
+            .map(|t| text::safe_text(t, text::MAX_LABEL_BYTES))
+    }
+
+    /// The error as stored: NUL replaced, length bounded.
+    pub fn stored_error(&self) -> std::borrow::Cow<'_, str> {
+        text::safe_text(self.error, text::MAX_ERROR_BYTES)
+    }
+
+    /// The source as stored (`""` when the key has none or there is no key).
+    pub fn stored_source(&self) -> &str {
+        self.key.map_or("", |k| k.source.as_str())
+    }
+
+    /// The payload as stored, and, when it was cut, its full size and SHA-256.
+    pub fn stored_payload(&self) -> (Option<&[u8]>, Option<i64>, Option<String>) {
+        match self.delivery.payload.as_deref() {
+            Some(p) if p.len() > self.max_payload_bytes => (
+                Some(&p[..self.max_payload_bytes]),
+                Some(p.len() as i64),
+                Some(text::sha256_hex(p)),
+            ),
+            other => (other, None, None),
+        }
+    }
 }
 
 /// Runs `delete_batch` (a statement deleting at most `batch` rows) until a run deletes fewer:

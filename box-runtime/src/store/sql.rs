@@ -110,7 +110,7 @@ where
             .bind(key.group.as_str())
             .bind(key.source.as_str())
             .bind(key.event_id.as_str())
-            .bind(error)
+            .bind(super::text::safe_text(error, super::text::MAX_ERROR_BYTES).as_ref())
             .fetch_one(&mut *conn)
             .await?;
         Ok(u32::try_from(attempts).unwrap_or(0))
