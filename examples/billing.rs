@@ -10,17 +10,14 @@
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
 //! `content-type: application/json`. It logs one line per message and runs until SIGTERM.
 
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use txbox::prelude::*;
-use uuid::Uuid;
 
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
-pub struct OrderCreated {
-    pub order_id: Uuid,
-    pub total_cents: i64,
-}
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
 
 #[inbox_handler(event = "OrderCreated", group = "billing")]
 async fn create_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
@@ -39,36 +36,14 @@ const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
     total_cents bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now())";
 
-fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value")),
-        None => Ok(default.to_owned()),
-    }
-}
-
-fn env(name: &str) -> Result<String, String> {
-    std::env::var(name).map_err(|_| {
-        format!(
-            "set {name} (e.g. {})",
-            match name {
-                "DATABASE_URL" => "postgres://postgres@127.0.0.1:5432/test",
-                _ => "127.0.0.1:9092",
-            }
-        )
-    })
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let topic = flag(&args, "--topic", "orders")?;
     let group = flag(&args, "--group", "billing")?;
-    let database_url = env("DATABASE_URL")?;
-    let brokers = env("KAFKA_BROKERS")?;
+    let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
+    let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
 
     let pool = PgPoolOptions::new()
         .max_connections(8)
@@ -78,11 +53,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = txbox::PgStore::new(pool);
     store.migrate().await?;
 
-    // A 6 s session (librdkafka's default is 45 s) makes joins and rebalances quick; a member
-    // that dies is noticed after 6 s.
-    let kafka = txbox::KafkaConfig::new(brokers, [topic.as_str()])
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "1000");
+    let kafka = QUICK_GROUP_SETTINGS.iter().fold(
+        txbox::KafkaConfig::new(brokers, [topic.as_str()]),
+        |kafka, (k, v)| kafka.set(*k, *v),
+    );
     txbox::Consumer::builder(group, store, kafka)
         .build()?
         .run_until_signal()

@@ -29,32 +29,26 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::Message as _;
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 use txbox::inbox::Report;
-use txbox::kafka as names;
 use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
 use txbox::prelude::*;
 use txbox::{AckStrategy, Outcome};
 use uuid::Uuid;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
 
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "OrderCreated", topic = "txbox-inbox-bench", key = order_id)]
-pub struct OrderCreated {
-    pub order_id: Uuid,
-    pub total_cents: i64,
-}
+use common::{
+    create_topic, flag, order_created_headers, BoxError, OrderCreated, QUICK_GROUP_SETTINGS,
+};
 
 /// The inbox group of runs B, C and D; each run still has a Kafka group id of its own.
 const GROUP: &str = "bench";
@@ -146,16 +140,6 @@ mod on_sqlite {
     }
 }
 
-fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value")),
-        None => Ok(default.to_owned()),
-    }
-}
-
 /// Where the messages are: the in-process cluster (kept alive here) or `KAFKA_BROKERS`.
 struct Broker {
     brokers: String,
@@ -168,10 +152,7 @@ impl Broker {
         if self.in_process.is_some() {
             CONSUMER_SETTINGS
         } else {
-            &[
-                ("session.timeout.ms", "6000"),
-                ("heartbeat.interval.ms", "1000"),
-            ]
+            QUICK_GROUP_SETTINGS
         }
     }
 
@@ -187,25 +168,7 @@ impl Broker {
 async fn start_broker(topic: &str, partitions: i32) -> Result<Broker, BoxError> {
     match std::env::var("KAFKA_BROKERS") {
         Ok(brokers) => {
-            let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", &brokers)
-                .create()?;
-            for r in admin
-                .create_topics(
-                    [&NewTopic::new(
-                        topic,
-                        partitions,
-                        TopicReplication::Fixed(1),
-                    )],
-                    &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-                )
-                .await?
-            {
-                match r {
-                    Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                    Err((t, e)) => return Err(format!("create topic {t}: {e}").into()),
-                }
-            }
+            create_topic(&brokers, topic, partitions).await?;
             Ok(Broker {
                 brokers,
                 in_process: None,
@@ -230,31 +193,10 @@ fn send(producer: &FutureProducer, topic: &str) -> Result<DeliveryFuture, KafkaE
     let id = Uuid::now_v7().to_string();
     let key = event.order_id.to_string();
     let payload = serde_json::to_string(&event).expect("an OrderCreated serializes");
-    let headers = OwnedHeaders::new()
-        .insert(Header {
-            key: names::HEADER_ID,
-            value: Some(id.as_str()),
-        })
-        .insert(Header {
-            key: names::HEADER_TYPE,
-            value: Some(<OrderCreated as txbox::OutboxEvent>::EVENT_TYPE),
-        })
-        .insert(Header {
-            key: names::HEADER_SOURCE,
-            value: Some("inbox-bench"),
-        })
-        .insert(Header {
-            key: names::HEADER_SPECVERSION,
-            value: Some(names::SPECVERSION),
-        })
-        .insert(Header {
-            key: names::HEADER_CONTENT_TYPE,
-            value: Some(names::CONTENT_TYPE_JSON),
-        });
     let record = FutureRecord::to(topic)
         .key(key.as_str())
         .payload(payload.as_str())
-        .headers(headers);
+        .headers(order_created_headers(&id, "inbox-bench"));
     producer.send_result(record).map_err(|(e, _)| e)
 }
 
@@ -444,12 +386,12 @@ fn print_table(runs: &[Measured]) {
     }
 }
 
-async fn bench(
+/// PostgreSQL in `schema`: the invoices table and txbox's tables.
+async fn open_postgres(
     database_url: &str,
     schema: &str,
-    events: usize,
     partitions: i32,
-) -> Result<(), BoxError> {
+) -> Result<(PgPool, txbox::PgStore), BoxError> {
     let options: PgConnectOptions = database_url.parse()?;
     let pool = PgPoolOptions::new()
         .max_connections(partitions.max(1) as u32 + 2)
@@ -459,7 +401,81 @@ async fn bench(
     let tables = txbox::Tables::with_schema(schema)?;
     let pg = txbox::PgStore::with_tables(pool.clone(), tables);
     pg.migrate().await?;
+    Ok((pool, pg))
+}
 
+/// Runs B and C: txbox's consumer on PostgreSQL, with and without the inbox row.
+async fn postgres_runs(
+    broker: &Broker,
+    topic: &str,
+    pg: &txbox::PgStore,
+    events: usize,
+) -> Result<[Measured; 2], BoxError> {
+    let b = inbox_consumer(
+        "B inbox (ExactlyOnceInbox)",
+        broker,
+        topic,
+        pg.clone(),
+        AckStrategy::ExactlyOnceInbox,
+        events,
+    )
+    .await?;
+    let c = inbox_consumer(
+        "C at least once (OnSuccess)",
+        broker,
+        topic,
+        pg.clone(),
+        AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
+        events,
+    )
+    .await?;
+    Ok([b, c])
+}
+
+/// Run D: B on SQLite; returns its figures and the invoices it wrote.
+#[cfg(feature = "sqlite")]
+async fn sqlite_run(
+    broker: &Broker,
+    topic: &str,
+    events: usize,
+    partitions: i32,
+) -> Result<(Measured, i64), BoxError> {
+    let db = on_sqlite::Db::open(partitions.max(1) as u32 + 2).await?;
+    let d = inbox_consumer(
+        "D inbox on SQLite (WAL)",
+        broker,
+        topic,
+        db.store.clone(),
+        AckStrategy::ExactlyOnceInbox,
+        events,
+    )
+    .await?;
+    Ok((d, db.invoices().await?))
+}
+
+/// The PostgreSQL rows the runs left: one invoice per message and run, one inbox row per message.
+async fn print_postgres_check(pool: &PgPool, events: usize) -> Result<(), BoxError> {
+    let invoices = count(pool, "SELECT count(*) FROM bench_invoices").await?;
+    let inbox_rows = count(
+        pool,
+        &format!("SELECT count(*) FROM {}", txbox::Tables::default().inbox),
+    )
+    .await?;
+    println!(
+        "\ncheck: PostgreSQL bench_invoices = {invoices} (A + B + C, expected {}), inbox rows = \
+         {inbox_rows} (B only, expected {events})",
+        3 * events
+    );
+    Ok(())
+}
+
+async fn bench(
+    database_url: &str,
+    schema: &str,
+    events: usize,
+    partitions: i32,
+) -> Result<(), BoxError> {
+    let (pool, pg) = open_postgres(database_url, schema, partitions).await?;
     let topic = format!(
         "txbox-inbox-bench-{}",
         &Uuid::new_v4().simple().to_string()[..8]
@@ -474,57 +490,16 @@ async fn bench(
     );
 
     let mut runs = vec![raw_consumer(&broker, &topic, &pool, events).await?];
-    runs.push(
-        inbox_consumer(
-            "B inbox (ExactlyOnceInbox)",
-            &broker,
-            &topic,
-            pg.clone(),
-            AckStrategy::ExactlyOnceInbox,
-            events,
-        )
-        .await?,
-    );
-    runs.push(
-        inbox_consumer(
-            "C at least once (OnSuccess)",
-            &broker,
-            &topic,
-            pg.clone(),
-            AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
-            events,
-        )
-        .await?,
-    );
+    runs.extend(postgres_runs(&broker, &topic, &pg, events).await?);
     #[cfg(feature = "sqlite")]
     let sqlite_invoices = {
-        let db = on_sqlite::Db::open(partitions.max(1) as u32 + 2).await?;
-        runs.push(
-            inbox_consumer(
-                "D inbox on SQLite (WAL)",
-                &broker,
-                &topic,
-                db.store.clone(),
-                AckStrategy::ExactlyOnceInbox,
-                events,
-            )
-            .await?,
-        );
-        db.invoices().await?
+        let (d, invoices) = sqlite_run(&broker, &topic, events, partitions).await?;
+        runs.push(d);
+        invoices
     };
 
     print_table(&runs);
-    let invoices = count(&pool, "SELECT count(*) FROM bench_invoices").await?;
-    let inbox_rows = count(
-        &pool,
-        &format!("SELECT count(*) FROM {}", txbox::Tables::default().inbox),
-    )
-    .await?;
-    println!(
-        "\ncheck: PostgreSQL bench_invoices = {invoices} (A + B + C, expected {}), inbox rows = \
-         {inbox_rows} (B only, expected {events})",
-        3 * events
-    );
+    print_postgres_check(&pool, events).await?;
     #[cfg(feature = "sqlite")]
     println!("check: SQLite bench_invoices = {sqlite_invoices} (D, expected {events})");
     pool.close().await;

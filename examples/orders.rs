@@ -11,32 +11,19 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
-use txbox::prelude::*;
 use uuid::Uuid;
 
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
-pub struct OrderCreated {
-    pub order_id: Uuid,
-    pub total_cents: i64,
-}
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{env, flag, OrderCreated};
 
 const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (
     id uuid PRIMARY KEY,
     total_cents bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now())";
-
-fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value")),
-        None => Ok(default.to_owned()),
-    }
-}
 
 /// Creates one order and its event in one transaction.
 async fn create_order(
@@ -69,8 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rate: f64 = flag(&args, "--rate", "5")?.parse()?;
     let count: u64 = flag(&args, "--count", "0")?.parse()?;
-    let database_url = std::env::var("DATABASE_URL")
-        .map_err(|_| "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)")?;
+    let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     if rate <= 0.0 {
         return Err("--rate must be positive".into());
     }

@@ -13,19 +13,11 @@ use std::time::Duration;
 
 use sqlx::postgres::PgPoolOptions;
 
-fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value")),
-        None => Ok(default.to_owned()),
-    }
-}
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
 
-fn env(name: &str, example: &str) -> Result<String, String> {
-    std::env::var(name).map_err(|_| format!("set {name} (e.g. {example})"))
-}
+use common::{env, flag};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

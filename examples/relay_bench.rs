@@ -19,10 +19,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime};
 
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -32,24 +28,22 @@ use txbox::prelude::*;
 use txbox::relay::{Relay, RelayConfig, RelayReport};
 use uuid::Uuid;
 
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{create_topic, env, flag, order_created_headers, BoxError};
+
+/// `OrderCreated` on the bench's own topic (the shared event goes to `orders`).
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "txbox-bench", key = order_id)]
-pub struct OrderCreated {
+pub struct BenchOrderCreated {
     pub order_id: Uuid,
     pub total_cents: i64,
 }
 
+const TOPIC: &str = <BenchOrderCreated as txbox::OutboxEvent>::TOPIC;
 const PARTITIONS: i32 = 4;
-
-fn flag(args: &[String], name: &str, default: &str) -> Result<String, String> {
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .cloned()
-            .ok_or_else(|| format!("{name} needs a value")),
-        None => Ok(default.to_owned()),
-    }
-}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -70,8 +64,8 @@ fn summary(name: &str, mut latencies: Vec<Duration>) -> String {
     )
 }
 
-fn event() -> OrderCreated {
-    OrderCreated {
+fn event() -> BenchOrderCreated {
+    BenchOrderCreated {
         order_id: Uuid::new_v4(),
         total_cents: 1200,
     }
@@ -81,36 +75,15 @@ fn event() -> OrderCreated {
 fn raw_send(
     producer: &FutureProducer,
     topic: &str,
-    e: &OrderCreated,
+    e: &BenchOrderCreated,
 ) -> rdkafka::producer::DeliveryFuture {
     let id = Uuid::now_v7().to_string();
     let key = e.order_id.to_string();
     let payload = serde_json::to_string(e).expect("json");
-    let headers = OwnedHeaders::new()
-        .insert(Header {
-            key: "ce_id",
-            value: Some(id.as_str()),
-        })
-        .insert(Header {
-            key: "ce_type",
-            value: Some("OrderCreated"),
-        })
-        .insert(Header {
-            key: "ce_source",
-            value: Some("bench"),
-        })
-        .insert(Header {
-            key: "ce_specversion",
-            value: Some("1.0"),
-        })
-        .insert(Header {
-            key: "content-type",
-            value: Some("application/json"),
-        });
     let record = FutureRecord::to(topic)
         .key(key.as_str())
         .payload(payload.as_str())
-        .headers(headers);
+        .headers(order_created_headers(&id, "bench"));
     producer
         .send_result(record)
         .map_err(|(e, _)| e)
@@ -174,80 +147,94 @@ async fn published(
     out
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let events: usize = flag(&args, "--events", "5000")?.parse()?;
-    let rate: f64 = flag(&args, "--rate", "200")?.parse()?;
-    let idempotence = !args.iter().any(|a| a == "--no-idempotence");
-    let database_url = std::env::var("DATABASE_URL")
-        .map_err(|_| "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)")?;
-    let brokers =
-        std::env::var("KAFKA_BROKERS").map_err(|_| "set KAFKA_BROKERS (e.g. 127.0.0.1:9092)")?;
-    let latency_events = (rate * 10.0).clamp(100.0, events as f64) as usize;
+/// What to measure, from the command line and the environment.
+struct Settings {
+    events: usize,
+    rate: f64,
+    latency_events: usize,
+    idempotence: bool,
+    database_url: String,
+    brokers: String,
+}
 
-    // A schema of this run's own; the topic is shared between runs.
-    let suffix = &Uuid::new_v4().simple().to_string()[..8];
-    let schema = format!("txbox_bench_{suffix}");
-    let topic = "txbox-bench"; // the topic of `OrderCreated` above
-    let admin_pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&database_url)
-        .await?;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&admin_pool)
-        .await?;
-    let options: PgConnectOptions = database_url.parse()?;
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect_with(options.options([("search_path", schema.as_str())]))
-        .await?;
-    let tables = txbox::Tables::with_schema(&schema)?;
-    txbox::PgStore::with_tables(pool.clone(), tables.clone())
-        .migrate()
-        .await?;
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .create()?;
-    for r in admin
-        .create_topics(
-            [&NewTopic::new(
-                topic,
-                PARTITIONS,
-                TopicReplication::Fixed(1),
-            )],
-            &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-        )
-        .await?
-    {
-        match r {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((t, e)) => return Err(format!("create topic {t}: {e}").into()),
-        }
+impl Settings {
+    fn from_args() -> Result<Self, BoxError> {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let events: usize = flag(&args, "--events", "5000")?.parse()?;
+        let rate: f64 = flag(&args, "--rate", "200")?.parse()?;
+        Ok(Self {
+            events,
+            rate,
+            latency_events: (rate * 10.0).clamp(100.0, events as f64) as usize,
+            idempotence: !args.iter().any(|a| a == "--no-idempotence"),
+            database_url: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?,
+            brokers: env("KAFKA_BROKERS", "127.0.0.1:9092")?,
+        })
     }
 
-    let mut config = RelayConfig::new(brokers.clone());
-    config.idempotence = idempotence;
-    let producer: FutureProducer = config.client_config().create()?;
-    let period = Duration::from_secs_f64(1.0 / rate);
-    println!(
-        "relay bench: {events} events for throughput, {latency_events} at {rate}/s for latency, \
-         {PARTITIONS} partitions, idempotence={idempotence}, poll interval 1 s"
-    );
+    /// One commit (or send) per period at `--rate`.
+    fn period(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.rate)
+    }
+}
 
-    // Warm-up: metadata and connections.
-    raw_send(&producer, topic, &event())
-        .await?
-        .map_err(|(e, _)| e)?;
+/// A schema of this run's own, with txbox's tables in it.
+struct Schema {
+    name: String,
+    admin_pool: PgPool,
+    pool: PgPool,
+    tables: txbox::Tables,
+}
 
-    // 1. Latency, raw rdkafka baseline: send at `rate`, latency = ack - send.
-    let mut raw_latency_paced = Vec::with_capacity(latency_events);
-    let mut tick = tokio::time::interval(period);
+impl Schema {
+    async fn create(database_url: &str) -> Result<Self, BoxError> {
+        let suffix = &Uuid::new_v4().simple().to_string()[..8];
+        let name = format!("txbox_bench_{suffix}");
+        let admin_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(database_url)
+            .await?;
+        sqlx::raw_sql(&format!("CREATE SCHEMA \"{name}\""))
+            .execute(&admin_pool)
+            .await?;
+        let options: PgConnectOptions = database_url.parse()?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options.options([("search_path", name.as_str())]))
+            .await?;
+        let tables = txbox::Tables::with_schema(&name)?;
+        txbox::PgStore::with_tables(pool.clone(), tables.clone())
+            .migrate()
+            .await?;
+        Ok(Self {
+            name,
+            admin_pool,
+            pool,
+            tables,
+        })
+    }
+
+    fn start_relay(&self, config: &RelayConfig) -> Running {
+        start_relay(&self.pool, &self.tables, config)
+    }
+
+    async fn remove(self) -> Result<(), BoxError> {
+        sqlx::raw_sql(&format!("DROP SCHEMA \"{}\" CASCADE", self.name))
+            .execute(&self.admin_pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Latency, raw rdkafka baseline: send at the bench's rate, latency = ack - send.
+async fn raw_latency(producer: &FutureProducer, settings: &Settings) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(settings.latency_events);
+    let mut tick = tokio::time::interval(settings.period());
     let (lat_tx, mut lat_rx) = mpsc::unbounded_channel();
-    for _ in 0..latency_events {
+    for _ in 0..settings.latency_events {
         tick.tick().await;
         let sent = Instant::now();
-        let delivery = raw_send(&producer, topic, &event());
+        let delivery = raw_send(producer, TOPIC, &event());
         let lat_tx = lat_tx.clone();
         tokio::spawn(async move {
             if let Ok(Ok(_)) = delivery.await {
@@ -257,13 +244,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(lat_tx);
     while let Some(l) = lat_rx.recv().await {
-        raw_latency_paced.push(l);
+        latencies.push(l);
     }
+    latencies
+}
 
-    // 2. Latency through the outbox: commit at `rate` with a relay running.
-    let mut relay = start_relay(&pool, &tables, &config);
+/// Latency through the outbox: commit at the bench's rate with a relay running,
+/// latency = ack - commit.
+async fn relay_latency(
+    schema: &Schema,
+    config: &RelayConfig,
+    settings: &Settings,
+) -> Result<Vec<Duration>, BoxError> {
+    let mut relay = schema.start_relay(config);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let writer_pool = pool.clone();
+    let writer_pool = schema.pool.clone();
+    let (period, latency_events) = (settings.period(), settings.latency_events);
     let writer = tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
         let mut commits = HashMap::with_capacity(latency_events);
@@ -276,7 +272,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let acks = published(&mut relay.reports, latency_events).await;
     let commits = writer.await?;
-    let relay_latency: Vec<Duration> = acks
+    let latencies = acks
         .iter()
         .filter_map(|(id, acked)| {
             commits
@@ -286,36 +282,53 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .collect();
     let _ = relay.stop.send(());
     relay.handle.await?;
+    Ok(latencies)
+}
 
-    // 3. Throughput, raw baseline: all messages as fast as possible.
+/// Throughput, raw baseline: all messages as fast as possible.
+async fn raw_throughput(producer: &FutureProducer, events: usize) -> Result<Duration, BoxError> {
     let started = Instant::now();
     let deliveries: Vec<_> = (0..events)
-        .map(|_| raw_send(&producer, topic, &event()))
+        .map(|_| raw_send(producer, TOPIC, &event()))
         .collect();
     for d in deliveries {
         d.await?.map_err(|(e, _)| e)?;
     }
-    let raw_elapsed = started.elapsed();
+    Ok(started.elapsed())
+}
 
-    // 4. Throughput through the relay: `events` committed rows, then one relay drains them.
+/// Throughput through the relay: `events` committed rows, then one relay drains them.
+async fn relay_throughput(
+    schema: &Schema,
+    config: &RelayConfig,
+    events: usize,
+) -> Result<Duration, BoxError> {
     for chunk in 0..events.div_ceil(500) {
         let n = 500.min(events - chunk * 500);
-        let batch: Vec<OrderCreated> = (0..n).map(|_| event()).collect();
-        let mut tx = pool.begin().await?;
+        let batch: Vec<BenchOrderCreated> = (0..n).map(|_| event()).collect();
+        let mut tx = schema.pool.begin().await?;
         txbox::outbox::enqueue_all(&mut tx, &batch).await?;
         tx.commit().await?;
     }
     let started = Instant::now();
-    let mut relay = start_relay(&pool, &tables, &config);
+    let mut relay = schema.start_relay(config);
     published(&mut relay.reports, events).await;
-    let relay_elapsed = started.elapsed();
+    let elapsed = started.elapsed();
     let _ = relay.stop.send(());
     relay.handle.await?;
+    Ok(elapsed)
+}
 
+fn print_results(
+    settings: &Settings,
+    (raw_latency, relay_latency): (Vec<Duration>, Vec<Duration>),
+    (raw_elapsed, relay_elapsed): (Duration, Duration),
+) {
+    let (rate, events) = (settings.rate, settings.events);
     println!("\ncommit-to-broker latency (paced at {rate}/s):");
     println!(
         "{}",
-        summary("  raw rdkafka produce (baseline)", raw_latency_paced)
+        summary("  raw rdkafka produce (baseline)", raw_latency)
     );
     println!(
         "{}",
@@ -332,9 +345,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         events as f64 / relay_elapsed.as_secs_f64(),
         relay_elapsed.as_secs_f64()
     );
+}
 
-    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&admin_pool)
-        .await?;
-    Ok(())
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let settings = Settings::from_args()?;
+    // A schema of this run's own; the topic is shared between runs.
+    let schema = Schema::create(&settings.database_url).await?;
+    create_topic(&settings.brokers, TOPIC, PARTITIONS).await?;
+
+    let mut config = RelayConfig::new(settings.brokers.clone());
+    config.idempotence = settings.idempotence;
+    let producer: FutureProducer = config.client_config().create()?;
+    println!(
+        "relay bench: {} events for throughput, {} at {}/s for latency, \
+         {PARTITIONS} partitions, idempotence={}, poll interval 1 s",
+        settings.events, settings.latency_events, settings.rate, settings.idempotence
+    );
+
+    // Warm-up: metadata and connections.
+    raw_send(&producer, TOPIC, &event())
+        .await?
+        .map_err(|(e, _)| e)?;
+
+    let latency = (
+        raw_latency(&producer, &settings).await,
+        relay_latency(&schema, &config, &settings).await?,
+    );
+    let throughput = (
+        raw_throughput(&producer, settings.events).await?,
+        relay_throughput(&schema, &config, settings.events).await?,
+    );
+    print_results(&settings, latency, throughput);
+    schema.remove().await
 }

@@ -9,25 +9,22 @@
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
-use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use uuid::Uuid;
 
-fn flag(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_owned())
-}
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{env, flag, order_created_headers, OrderCreated};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let brokers =
-        std::env::var("KAFKA_BROKERS").map_err(|_| "set KAFKA_BROKERS (e.g. 127.0.0.1:9092)")?;
-    let topic = flag(&args, "--topic", "orders");
-    let count: u32 = flag(&args, "--count", "10").parse()?;
-    let duplicate_every: u32 = flag(&args, "--duplicate-every", "0").parse()?;
+    let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
+    let topic = flag(&args, "--topic", "orders")?;
+    let count: u32 = flag(&args, "--count", "10")?.parse()?;
+    let duplicate_every: u32 = flag(&args, "--duplicate-every", "0")?.parse()?;
     let producer: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
         .set("enable.idempotence", "false")
@@ -37,42 +34,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for i in 1..=count {
         let id = Uuid::now_v7().to_string();
         let order_id = Uuid::new_v4();
-        let payload = serde_json::to_vec(&serde_json::json!({
-            "order_id": order_id,
-            "total_cents": 1000 + i64::from(i),
-        }))?;
+        let payload = serde_json::to_vec(&OrderCreated {
+            order_id,
+            total_cents: 1000 + i64::from(i),
+        })?;
         let copies = if duplicate_every > 0 && i % duplicate_every == 0 {
             2
         } else {
             1
         };
         for _ in 0..copies {
-            let headers = OwnedHeaders::new()
-                .insert(Header {
-                    key: "ce_id",
-                    value: Some(id.as_str()),
-                })
-                .insert(Header {
-                    key: "ce_type",
-                    value: Some("OrderCreated"),
-                })
-                .insert(Header {
-                    key: "ce_source",
-                    value: Some("send_orders"),
-                })
-                .insert(Header {
-                    key: "ce_specversion",
-                    value: Some("1.0"),
-                })
-                .insert(Header {
-                    key: "content-type",
-                    value: Some("application/json"),
-                });
             let key = order_id.to_string();
             let record = FutureRecord::to(&topic)
                 .key(&key)
                 .payload(&payload)
-                .headers(headers);
+                .headers(order_created_headers(&id, "send_orders"));
             producer
                 .send(record, Duration::from_secs(10))
                 .await

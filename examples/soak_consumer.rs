@@ -7,17 +7,14 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::PgPoolOptions;
 use txbox::prelude::*;
-use uuid::Uuid;
 
-#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
-pub struct OrderCreated {
-    pub order_id: Uuid,
-    pub total_cents: i64,
-}
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
+
+use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
 
 #[inbox_handler(event = "OrderCreated", group = "soak")]
 async fn invoice_with_faults(
@@ -41,20 +38,19 @@ async fn invoice_with_faults(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let topic = args
-        .iter()
-        .position(|a| a == "--topic")
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| "orders".to_owned());
+    let topic = flag(&args, "--topic", "orders")?;
+    let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
+    let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
     let pool = PgPoolOptions::new()
         .max_connections(8)
-        .connect(&std::env::var("DATABASE_URL")?)
+        .connect(&database_url)
         .await?;
     let store = txbox::PgStore::new(pool);
     store.migrate().await?;
-    let kafka = txbox::KafkaConfig::new(std::env::var("KAFKA_BROKERS")?, [topic.as_str()])
-        .set("session.timeout.ms", "6000")
-        .set("heartbeat.interval.ms", "1000");
+    let kafka = QUICK_GROUP_SETTINGS.iter().fold(
+        txbox::KafkaConfig::new(brokers, [topic.as_str()]),
+        |kafka, (k, v)| kafka.set(*k, *v),
+    );
     let retry = txbox::RetryPolicy::default()
         .max_attempts(3)
         .backoff(txbox::inbox::Backoff::new(
