@@ -10,7 +10,6 @@
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
 //! `content-type: application/json`. It logs one line per message and runs until SIGTERM.
 
-use sqlx::postgres::PgPoolOptions;
 use txbox::prelude::*;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -37,7 +36,7 @@ const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
     created_at timestamptz NOT NULL DEFAULT now())";
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), common::Failure> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let topic = flag(&args, "--topic", "orders")?;
@@ -45,12 +44,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
 
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url)
-        .await?;
-    sqlx::query(INVOICES).execute(&pool).await?;
-    let store = txbox::PgStore::new(pool);
+    // Refuses a URL of another database, and names the target (password hidden) if it
+    // cannot connect within a few seconds.
+    let store = txbox::PgStore::connect(&database_url, 8).await?;
+    sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
 
     let kafka = QUICK_GROUP_SETTINGS.iter().fold(

@@ -97,6 +97,9 @@ impl<S: InboxStore> Inbox<S> {
                 "retry.max_attempts must be at least 1".into(),
             ));
         }
+        if let Err(e) = store.tables().validate() {
+            return Err(SetupError::Config(e.to_string()));
+        }
         Ok(Self {
             store,
             handlers,

@@ -42,6 +42,11 @@ impl OffsetTracker {
         }
     }
 
+    /// The lowest offset held (left unacknowledged), if any: the commit position cannot pass it.
+    pub fn lowest_held(&self) -> Option<i64> {
+        self.held.first().copied()
+    }
+
     /// The last commit position handed out.
     pub fn position(&self) -> Option<i64> {
         self.committed

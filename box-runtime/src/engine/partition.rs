@@ -70,7 +70,19 @@ pub async fn run<S: InboxStore, L: PartitionLink>(
 ) {
     let mut tracker = OffsetTracker::default();
     let before = inbox.acknowledges_before_processing();
-    while let Some(d) = deliveries.recv().await {
+    let mut reminder = tokio::time::interval(HELD_REMINDER);
+    reminder.reset();
+    loop {
+        let d = tokio::select! {
+            d = deliveries.recv() => match d {
+                Some(d) => d,
+                None => break,
+            },
+            _ = reminder.tick() => {
+                warn_if_held(&tracker, &link);
+                continue;
+            }
+        };
         if *stop.borrow() || !link.owned() {
             // Shutting down, or the partition was revoked: leave the rest to the next owner.
             break;
@@ -116,6 +128,19 @@ pub async fn run<S: InboxStore, L: PartitionLink>(
     }
     if let Some(position) = tracker.position() {
         link.commit(position);
+    }
+}
+
+/// How often a partition whose commit position is pinned by an unacknowledged message says so.
+const HELD_REMINDER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `OnExhausted::LeaveUncommitted` pins the committed offset at the failed message until a
+/// restart or rebalance: say so periodically, so it is not silent.
+fn warn_if_held<L: PartitionLink>(tracker: &OffsetTracker, link: &L) {
+    if let Some(offset) = tracker.lowest_held() {
+        tracing::warn!(partition = %link.name(), offset,
+            "the committed offset is held at a message left unacknowledged \
+             (OnExhausted::LeaveUncommitted); it is delivered again after a restart or rebalance");
     }
 }
 

@@ -1,5 +1,7 @@
 //! Settings of the Kafka consumer.
 
+use std::time::Duration;
+
 /// Settings of the Kafka consumer.
 ///
 /// ```
@@ -27,6 +29,13 @@ pub struct KafkaConfig {
     /// librdkafka settings of the dead-letter producer (e.g. `enable.idempotence=false` for
     /// brokers without idempotent producers).
     pub producer_settings: Vec<(String, String)>,
+    /// How long the consumer waits at start-up for a broker to answer before it fails
+    /// (default 30 s). After start-up it retries without limit.
+    pub startup_timeout: Duration,
+    /// How long a graceful stop waits for the messages in hand (default 30 s); a handler
+    /// still running then is abandoned: its transaction rolls back and its offset is not
+    /// committed, so the next owner of the partition processes it.
+    pub shutdown_grace: Duration,
 }
 
 impl KafkaConfig {
@@ -43,6 +52,8 @@ impl KafkaConfig {
             partition_buffer: 64,
             dead_letter_topic: None,
             producer_settings: Vec::new(),
+            startup_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 
@@ -69,6 +80,18 @@ impl KafkaConfig {
     /// 64).
     pub fn partition_buffer(mut self, messages: usize) -> Self {
         self.partition_buffer = messages.max(1);
+        self
+    }
+
+    /// How long start-up waits for a broker to answer (default 30 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// How long a graceful stop waits for the messages in hand (default 30 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 

@@ -48,7 +48,8 @@ pub(crate) async fn run<S: InboxStore>(
     mut shutdown: watch::Receiver<bool>,
     reports: Option<mpsc::UnboundedSender<Report>>,
 ) -> Result<(), KafkaTransportError> {
-    let mut member = Member::join(inbox, config, reports)?;
+    let mut member = Member::join(inbox, config, reports).await?;
+    let mut errors = ErrorLog::default();
     loop {
         let message = tokio::select! {
             biased;
@@ -58,7 +59,7 @@ pub(crate) async fn run<S: InboxStore>(
         let delivery = match message {
             Ok(m) => Arc::new(to_delivery(&m)),
             Err(e) => {
-                tracing::warn!(error = %e, "kafka consumer error");
+                errors.log(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -81,7 +82,7 @@ pub(crate) async fn run<S: InboxStore>(
 }
 
 impl<S: InboxStore> Member<S> {
-    fn join(
+    async fn join(
         inbox: Arc<Inbox<S>>,
         config: KafkaConfig,
         reports: Option<mpsc::UnboundedSender<Report>>,
@@ -107,6 +108,8 @@ impl<S: InboxStore> Member<S> {
                 ownership: ownership.clone(),
             })
             .map_err(KafkaTransportError::Setup)?;
+        let consumer = Arc::new(consumer);
+        reach_a_broker(&consumer, &config).await?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
@@ -116,7 +119,7 @@ impl<S: InboxStore> Member<S> {
         Ok(Self {
             inbox,
             config,
-            consumer: Arc::new(consumer),
+            consumer,
             ownership,
             dead_letters,
             reports,
@@ -189,14 +192,76 @@ impl<S: InboxStore> Member<S> {
             "shutting down: finishing messages in hand"
         );
         let _ = self.stop.0.send(true);
+        let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
         let tasks: Vec<_> = self.tasks.drain().collect();
         for (pk, PartitionTask { sender, handle, .. }) in tasks {
             drop(sender);
-            self.reap(handle, &pk).await;
+            let abort = handle.abort_handle();
+            match tokio::time::timeout_at(deadline, self.reap(handle, &pk)).await {
+                Ok(()) => {}
+                Err(_) => {
+                    // The grace period is over: the handler is dropped with its transaction
+                    // (rolled back) and its offset is not committed.
+                    tracing::warn!(topic = %pk.0, partition = pk.1,
+                        grace = ?self.config.shutdown_grace,
+                        "a message was still in hand at the end of the grace period; abandoned");
+                    abort.abort();
+                }
+            }
         }
         self.consumer.unsubscribe();
         tracing::info!(group = self.inbox.group(), "consumer stopped");
         self.first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Fails start-up with a clear error when no broker answers within the start-up timeout (a
+/// wrong address, a broker that is down), instead of retrying silently for ever.
+async fn reach_a_broker(
+    consumer: &Arc<StreamConsumer<RebalanceContext>>,
+    config: &KafkaConfig,
+) -> Result<(), KafkaTransportError> {
+    let probe = consumer.clone();
+    let timeout = config.startup_timeout;
+    let answered =
+        tokio::task::spawn_blocking(move || probe.fetch_metadata(None, timeout).map(|_| ())).await;
+    match answered {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(KafkaTransportError::Unreachable {
+            brokers: config.brokers.clone(),
+            timeout,
+            source,
+        }),
+        Err(join) => Err(KafkaTransportError::Task {
+            topic: String::new(),
+            partition: -1,
+            message: join.to_string(),
+        }),
+    }
+}
+
+/// Consumer errors (e.g. every broker down) are logged once, then at most every 30 s with
+/// how many there were, instead of ten lines a second.
+#[derive(Default)]
+struct ErrorLog {
+    since: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl ErrorLog {
+    fn log(&mut self, error: &rdkafka::error::KafkaError) {
+        let now = std::time::Instant::now();
+        match self.since {
+            Some(since) if now.duration_since(since) < Duration::from_secs(30) => {
+                self.suppressed += 1;
+            }
+            _ => {
+                tracing::warn!(error = %error, repeated = self.suppressed,
+                    "kafka consumer error; retrying");
+                self.since = Some(now);
+                self.suppressed = 0;
+            }
+        }
     }
 }
 

@@ -4,12 +4,16 @@ use sqlx::{Postgres, Row};
 
 use super::PgStore;
 use crate::engine::Delivery;
-use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
+use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables};
 
 impl InboxStore for PgStore {
     type Tx = sqlx::Transaction<'static, Postgres>;
 
     const NAME: &'static str = "postgres";
+
+    fn tables(&self) -> &Tables {
+        &self.tables
+    }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.shared().begin().await

@@ -144,6 +144,21 @@ impl PgStore {
         Self::with_tables(pool, Tables::default())
     }
 
+    /// Connects to the PostgreSQL database at `url` (`postgres://` or `postgresql://`) with a
+    /// pool of up to `max_connections`, failing within [`CONNECT_TIMEOUT`] with the target
+    /// (password hidden) and the cause. Waiting for a pooled connection is bounded the same way.
+    ///
+    /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
+        check_scheme(url, &["postgres", "postgresql"], "PgStore")?;
+        let options = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(CONNECT_TIMEOUT);
+        let pool = bounded(url, options.connect(url)).await?;
+        Ok(Self::new(pool))
+    }
+
     /// A store on `pool` with the given table names.
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
         let sql = Arc::new(Statements::new(&tables));

@@ -4,12 +4,16 @@ use sqlx::{Row, Sqlite};
 
 use super::SqliteStore;
 use crate::engine::Delivery;
-use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
+use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables};
 
 impl InboxStore for SqliteStore {
     type Tx = sqlx::Transaction<'static, Sqlite>;
 
     const NAME: &'static str = "sqlite";
+
+    fn tables(&self) -> &Tables {
+        &self.tables
+    }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.shared().begin().await

@@ -147,6 +147,26 @@ impl SqliteStore {
         Self::build(pool, Tables::default())
     }
 
+    /// Opens (creating it if missing) the SQLite database at `url` (`sqlite:path`), in WAL mode
+    /// with a busy timeout, failing within [`CONNECT_TIMEOUT`] with the target and the cause.
+    ///
+    /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
+        use std::str::FromStr;
+        check_scheme(url, &["sqlite"], "SqliteStore")?;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Config(format!("invalid SQLite URL `{url}`: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(30));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(CONNECT_TIMEOUT);
+        let pool = bounded(url, pool.connect_with(options)).await?;
+        Ok(Self::new(pool))
+    }
+
     /// A store on `pool` with the given table names (without a schema).
     pub fn with_tables(pool: SqlitePool, tables: Tables) -> Result<Self, SchemaNotSupported> {
         if let Some(schema) = tables.schema() {

@@ -6,12 +6,15 @@ use std::future::Future;
 
 use crate::engine::Delivery;
 
+mod connect;
 mod error;
 pub(crate) mod migrate;
 pub(crate) mod sql;
-mod tables;
+pub(crate) mod tables;
 pub mod text;
 
+pub(crate) use connect::{bounded, check_scheme};
+pub use connect::{redact_url, CONNECT_TIMEOUT};
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
 
@@ -118,6 +121,9 @@ pub trait InboxStore: Send + Sync + 'static {
 
     /// A short name for messages (`"postgres"`).
     const NAME: &'static str;
+
+    /// The table names.
+    fn tables(&self) -> &Tables;
 
     /// Opens a transaction.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
