@@ -675,9 +675,17 @@ async fn migrations_race_safely_and_apply_once() {
     let applied = db
         .count(&format!("SELECT count(*) FROM {}", db.tables.migrations))
         .await;
+    let distinct = db
+        .count(&format!(
+            "SELECT count(DISTINCT (component, version)) FROM {}",
+            db.tables.migrations
+        ))
+        .await;
+    // inbox v1, outbox v1, inbox v2: each recorded once
     assert_eq!(
-        applied, 2,
-        "inbox and outbox migrations, each recorded once"
+        (applied, distinct),
+        (3, 3),
+        "every shipped migration, each recorded once"
     );
     let tables = db
         .count(&format!(
