@@ -18,6 +18,9 @@ use crate::event::OutboxEvent;
 /// error made with [`HandlerError::permanent`] is not retried.
 pub struct HandlerError {
     kind: ErrorKind,
+    /// Whether the handler chose the kind (`transient`, `permanent`), rather than `?` on an
+    /// error: only then does txbox's classification of database errors leave it alone.
+    explicit: bool,
     source: Box<dyn StdError + Send + Sync + 'static>,
 }
 
@@ -49,6 +52,7 @@ impl HandlerError {
     pub fn transient(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
         Self {
             kind: ErrorKind::Transient,
+            explicit: true,
             source: error.into(),
         }
     }
@@ -57,6 +61,7 @@ impl HandlerError {
     pub fn permanent(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
         Self {
             kind: ErrorKind::Permanent,
+            explicit: true,
             source: error.into(),
         }
     }
@@ -65,6 +70,7 @@ impl HandlerError {
     pub fn bad_message(reason: impl Into<String>) -> Self {
         Self {
             kind: ErrorKind::BadMessage,
+            explicit: true,
             source: Box::new(Message(reason.into())),
         }
     }
@@ -72,6 +78,20 @@ impl HandlerError {
     /// Which kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+
+    /// Whether the handler chose the kind itself ([`transient`](Self::transient),
+    /// [`permanent`](Self::permanent)), rather than converting an error with `?`.
+    pub(crate) fn is_explicit(&self) -> bool {
+        self.explicit
+    }
+
+    /// The same error, permanent (a database that rejects the data, SQLSTATE class 22 or 23).
+    pub(crate) fn into_permanent(self) -> Self {
+        Self {
+            kind: ErrorKind::Permanent,
+            ..self
+        }
     }
 
     /// Whether retrying the message may succeed.
@@ -84,13 +104,17 @@ impl HandlerError {
         &*self.source
     }
 
-    /// The error and its chain of causes, joined by `: `.
+    /// The error and its chain of causes, joined by `: `; a cause whose text the message
+    /// already holds (many errors repeat their source's text) is not repeated.
     pub fn chain(&self) -> String {
         let mut out = self.source.to_string();
         let mut next = self.source.source();
         while let Some(cause) = next {
-            out.push_str(": ");
-            out.push_str(&cause.to_string());
+            let text = cause.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
             next = cause.source();
         }
         out
@@ -118,7 +142,11 @@ impl fmt::Display for HandlerError {
 
 impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        Self::transient(error)
+        Self {
+            kind: ErrorKind::Transient,
+            explicit: false,
+            source: Box::new(error),
+        }
     }
 }
 
@@ -145,6 +173,7 @@ impl<E: Into<Box<dyn StdError + Send + Sync + 'static>>> IntoHandlerError for E 
             Ok(kinded) => kinded.0,
             Err(source) => HandlerError {
                 kind: ErrorKind::Transient,
+                explicit: false,
                 source,
             },
         }

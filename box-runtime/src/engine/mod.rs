@@ -15,15 +15,18 @@ use crate::handler::{DispatchTable, ErrorKind, HandlerError, MessageMeta};
 use crate::store::{self, Claim, DeadLetter, InboxKey, InboxStore, StoreError};
 use crate::util::CatchUnwind;
 
+mod batch;
 pub(crate) mod config;
 mod delivery;
+mod lanes;
 mod offsets;
 mod outcome;
 pub(crate) mod partition;
 mod prepare;
 
 pub use config::{
-    AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, RetryPolicy, Source, UnknownEvent,
+    AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, Ordering, RetryPolicy, Source,
+    UnknownEvent,
 };
 pub use delivery::Delivery;
 pub use offsets::OffsetTracker;
@@ -134,8 +137,35 @@ enum Attempt {
     Done(Outcome),
     /// The database failed (not the handler): back off and run again, counting nothing.
     Outage(StoreError),
+    /// The handler met a busy database (lock or statement timeout, serialization failure):
+    /// back off and run again, counting nothing.
+    Busy(String),
     /// The handler failed.
     Failed(HandlerError),
+}
+
+/// What a handler's error means, by the class of the database error in its chain (see
+/// [`store::ErrorClass`]), unless the handler chose the kind itself.
+fn classify_failure(error: HandlerError) -> Attempt {
+    let class = store::class_of(error.source_error());
+    if error.is_explicit() {
+        // A transient error that says the database went away is still an outage.
+        return match (error.kind(), class) {
+            (ErrorKind::Transient, Some(store::ErrorClass::Unavailable)) => {
+                Attempt::Outage(StoreError::lost_under_handler())
+            }
+            _ => Attempt::Failed(error),
+        };
+    }
+    match class {
+        Some(store::ErrorClass::Unavailable) => Attempt::Outage(StoreError::lost_under_handler()),
+        Some(store::ErrorClass::Conflict | store::ErrorClass::Timeout) => {
+            Attempt::Busy(error.to_string())
+        }
+        // A constraint or data error can never succeed: dead-letter at once.
+        Some(store::ErrorClass::Rejected) => Attempt::Failed(error.into_permanent()),
+        _ => Attempt::Failed(error),
+    }
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -187,11 +217,26 @@ impl<S: InboxStore> Inbox<S> {
     /// Runs the handler until the message is resolved: outages are waited out, failures
     /// retried or given up on as the policy says.
     async fn run(&self, msg: &Ready<'_>, shutdown: &watch::Receiver<bool>) -> Outcome {
+        self.run_from(msg, None, shutdown).await
+    }
+
+    /// [`run`](Self::run), when the first attempt already happened (in a batch) and `failed`
+    /// is how it ended.
+    async fn run_from(
+        &self,
+        msg: &Ready<'_>,
+        mut failed: Option<Attempt>,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Outcome {
         let mut outage = self.config.outage_backoff.start();
         let mut local_failures = 0u32;
         let mut rejections = 0u32;
         loop {
-            let error = match self.attempt(msg, local_failures).await {
+            let attempt = match failed.take() {
+                Some(attempt) => attempt,
+                None => self.attempt(msg, local_failures).await,
+            };
+            let error = match attempt {
                 Attempt::Done(outcome) => return outcome,
                 Attempt::Outage(e) if e.is_rejected() => {
                     // The database refuses what txbox writes for this message: a few more tries
@@ -211,6 +256,17 @@ impl<S: InboxStore> Inbox<S> {
                 }
                 Attempt::Outage(e) => {
                     if !wait_outage(&mut outage, &e, shutdown).await {
+                        return Outcome::Abandoned;
+                    }
+                    continue;
+                }
+                Attempt::Busy(error) => {
+                    // A lock or statement timeout, a serialization failure: the database is
+                    // busy, the message is fine. Back off; no attempt is counted.
+                    let wait = outage.next_delay();
+                    tracing::warn!(group = self.group(), at = %msg.d.coordinates(),
+                        error = error.as_str(), retry_in = ?wait, "database busy under the handler, retrying");
+                    if !sleep_unless_shutdown(wait, shutdown).await {
                         return Outcome::Abandoned;
                     }
                     continue;
@@ -272,12 +328,7 @@ impl<S: InboxStore> Inbox<S> {
         let attempt = previous_failures + 1;
         if let Err(error) = self.invoke(msg, &mut tx, attempt).await {
             let _ = self.store.rollback(tx).await;
-            if store::is_unavailable(error.source_error()) {
-                // The database went away under the handler: an outage, not a failure of this
-                // message.
-                return Attempt::Outage(StoreError::lost_under_handler());
-            }
-            return Attempt::Failed(error);
+            return classify_failure(error);
         }
         crate::failpoint::hit("after_handler").await;
         let marked = if inbox {

@@ -49,7 +49,7 @@ impl KafkaConfig {
             topics: topics.into_iter().map(Into::into).collect(),
             group_id: None,
             settings: Vec::new(),
-            partition_buffer: 64,
+            partition_buffer: 1000,
             dead_letter_topic: None,
             producer_settings: Vec::new(),
             startup_timeout: Duration::from_secs(30),
@@ -76,8 +76,7 @@ impl KafkaConfig {
         self
     }
 
-    /// Messages buffered per partition before the consumer waits for the partition (default
-    /// 64).
+    /// Messages buffered per partition before the partition is paused (default 1000).
     pub fn partition_buffer(mut self, messages: usize) -> Self {
         self.partition_buffer = messages.max(1);
         self

@@ -1,7 +1,7 @@
 //! The consumer group member: subscribes, routes each message to its partition's run (one task
 //! per owned partition, see [`crate::engine::partition`]), and shuts down gracefully.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,9 +34,11 @@ struct Member<S> {
     dead_letters: Option<Arc<DeadLetterTopic>>,
     reports: Option<mpsc::UnboundedSender<Report>>,
     tasks: HashMap<PartitionKey, PartitionTask>,
-    /// Partition tasks stop after their message in hand when this turns true; the consumer's
-    /// own shutdown signal is only read by the member's loop.
-    stop: (watch::Sender<bool>, watch::Receiver<bool>),
+    /// Tasks of revoked partitions, finishing the message in hand; reaped at shutdown.
+    retired: Vec<(PartitionKey, JoinHandle<()>)>,
+    /// Messages of partitions whose task is busy, in offset order; those partitions are
+    /// paused until their task takes them, so that one slow partition never holds the others.
+    waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
     first_error: Option<KafkaTransportError>,
 }
 
@@ -50,31 +52,25 @@ pub(crate) async fn run<S: InboxStore>(
 ) -> Result<(), KafkaTransportError> {
     let mut member = Member::join(inbox, config, reports).await?;
     let mut errors = ErrorLog::default();
+    let mut retry_waiting = tokio::time::interval(Duration::from_millis(5));
     loop {
+        // The loop only ever waits for the broker (or for room in a busy partition's task,
+        // with that partition paused): it keeps polling, so the member stays in the group
+        // whatever one partition does.
         let message = tokio::select! {
             biased;
             _ = shutdown.wait_for(|s| *s) => break,
+            _ = retry_waiting.tick(), if !member.waiting.is_empty() => {
+                member.drain_waiting();
+                continue;
+            }
             m = member.consumer.recv() => m,
         };
-        let delivery = match message {
-            Ok(m) => Arc::new(to_delivery(&m)),
+        match message {
+            Ok(m) => member.dispatch(Arc::new(to_delivery(&m))),
             Err(e) => {
                 errors.log(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Some(sender) = member.route(&delivery).await else {
-            // Delivered for a partition we no longer own: the next owner reads it again.
-            continue;
-        };
-        tokio::select! {
-            biased;
-            _ = shutdown.wait_for(|s| *s) => break,
-            sent = sender.send(delivery) => {
-                if let Err(mpsc::error::SendError(d)) = sent {
-                    tracing::warn!(topic = %d.topic, partition = d.partition, "partition task ended early");
-                }
             }
         }
     }
@@ -99,7 +95,10 @@ impl<S: InboxStore> Member<S> {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // Prefetched messages are bounded by this (16 MiB) rather than the backlog; with
+            // the partition buffers it bounds the consumer's memory.
+            .set("queued.max.messages.kbytes", "16384");
         for (k, v) in &config.settings {
             client.set(k, v);
         }
@@ -124,16 +123,21 @@ impl<S: InboxStore> Member<S> {
             dead_letters,
             reports,
             tasks: HashMap::new(),
-            stop: watch::channel(false),
+            retired: Vec::new(),
+            waiting: HashMap::new(),
             first_error: None,
         })
     }
 
-    /// The sender of the task running the delivery's partition, started (and a stale one
-    /// reaped) if needed; `None` when the partition is not owned.
-    async fn route(&mut self, delivery: &Delivery) -> Option<mpsc::Sender<Arc<Delivery>>> {
+    /// Hands a message to the task of its partition without ever waiting for it: when the
+    /// task is busy, the message waits here and the partition is paused (librdkafka fetches
+    /// it again from the right place once resumed). Messages of partitions no longer owned are
+    /// dropped: the next owner reads them again.
+    fn dispatch(&mut self, delivery: Arc<Delivery>) {
         let pk = (delivery.topic.clone(), delivery.partition);
-        let generation = lock(&self.ownership).owned.get(&pk).copied()?;
+        let Some(generation) = lock(&self.ownership).owned.get(&pk).copied() else {
+            return;
+        };
         let stale = self
             .tasks
             .get(&pk)
@@ -142,16 +146,79 @@ impl<S: InboxStore> Member<S> {
             if let Some(PartitionTask { sender, handle, .. }) = self.tasks.remove(&pk) {
                 // Its partition was revoked since: it finishes its message without committing.
                 drop(sender);
-                self.reap(handle, &pk).await;
+                self.retired.push((pk.clone(), handle));
             }
+            self.waiting.remove(&pk);
+            self.pause(&pk, false);
             let task = self.start(pk.clone(), generation);
             self.tasks.insert(pk.clone(), task);
         }
-        self.tasks.get(&pk).map(|t| t.sender.clone())
+        if let Some(queue) = self.waiting.get_mut(&pk) {
+            queue.push_back(delivery);
+            return;
+        }
+        let Some(task) = self.tasks.get(&pk) else {
+            return;
+        };
+        match task.sender.try_send(delivery) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(d)) => {
+                self.waiting.entry(pk.clone()).or_default().push_back(d);
+                self.pause(&pk, true);
+            }
+            Err(mpsc::error::TrySendError::Closed(d)) => {
+                tracing::warn!(topic = %d.topic, partition = d.partition, "partition task ended early");
+            }
+        }
+    }
+
+    /// Moves waiting messages to their tasks as they make room; resumes partitions whose
+    /// waiting messages are all taken.
+    fn drain_waiting(&mut self) {
+        let mut resumed = Vec::new();
+        for (pk, queue) in &mut self.waiting {
+            let Some(task) = self.tasks.get(pk) else {
+                queue.clear();
+                resumed.push(pk.clone());
+                continue;
+            };
+            while let Some(d) = queue.pop_front() {
+                match task.sender.try_send(d) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(d)) => {
+                        queue.push_front(d);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => queue.clear(),
+                }
+            }
+            if queue.is_empty() {
+                resumed.push(pk.clone());
+            }
+        }
+        for pk in resumed {
+            self.waiting.remove(&pk);
+            self.pause(&pk, false);
+        }
+    }
+
+    fn pause(&self, pk: &PartitionKey, pause: bool) {
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition(&pk.0, pk.1);
+        let result = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = result {
+            tracing::debug!(topic = %pk.0, partition = pk.1, pause, error = %e, "pause/resume failed");
+        }
     }
 
     fn start(&self, key: PartitionKey, generation: u64) -> PartitionTask {
         let (sender, deliveries) = mpsc::channel(self.config.partition_buffer.max(1));
+        let (stop_tx, stop) = watch::channel(false);
+        lock(&self.ownership).stops.insert(key.clone(), stop_tx);
         let link = KafkaPartition {
             consumer: self.consumer.clone(),
             ownership: self.ownership.clone(),
@@ -163,7 +230,7 @@ impl<S: InboxStore> Member<S> {
             self.inbox.clone(),
             deliveries,
             link,
-            self.stop.1.clone(),
+            stop,
             self.reports.clone(),
         ));
         PartitionTask {
@@ -191,11 +258,18 @@ impl<S: InboxStore> Member<S> {
             group = self.inbox.group(),
             "shutting down: finishing messages in hand"
         );
-        let _ = self.stop.0.send(true);
+        lock(&self.ownership).stop_all();
         let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
-        let tasks: Vec<_> = self.tasks.drain().collect();
-        for (pk, PartitionTask { sender, handle, .. }) in tasks {
-            drop(sender);
+        let mut tasks: Vec<_> = self
+            .tasks
+            .drain()
+            .map(|(pk, t)| {
+                drop(t.sender);
+                (pk, t.handle)
+            })
+            .collect();
+        tasks.append(&mut self.retired);
+        for (pk, handle) in tasks {
             let abort = handle.abort_handle();
             match tokio::time::timeout_at(deadline, self.reap(handle, &pk)).await {
                 Ok(()) => {}

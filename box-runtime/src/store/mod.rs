@@ -41,6 +41,17 @@ pub enum Claim {
     Duplicate,
 }
 
+/// One message of a batch to claim: its key (unique within the batch), type and coordinates.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimRequest<'a> {
+    /// The inbox key (all of one group).
+    pub key: &'a InboxKey,
+    /// The event type.
+    pub event_type: &'a str,
+    /// The message.
+    pub delivery: &'a Delivery,
+}
+
 /// A message given up on, with everything needed to inspect or replay it.
 #[derive(Clone, Debug)]
 pub struct DeadLetter<'a> {
@@ -147,6 +158,22 @@ pub trait InboxStore: Send + Sync + 'static {
         event_type: &'a str,
         delivery: &'a Delivery,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a;
+
+    /// [`claim`](Self::claim) for a batch in one statement: the keys are distinct and of one
+    /// group; returns one [`Claim`] per request, in order.
+    fn claim_batch<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a;
+
+    /// Deletes inbox rows this transaction claimed but whose handlers will not run in it (a
+    /// batch cut short by a graceful stop), so that they commit unclaimed.
+    fn release_claims<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Marks the inbox row processed (if `claim` did not already), in the same transaction;
     /// clears recorded failures when there were some.
