@@ -287,6 +287,17 @@ impl HandlerTx for sqlx::Transaction<'_, sqlx::Postgres> {
     type Static = sqlx::Transaction<'static, sqlx::Postgres>;
 }
 
+/// An erased batch handler: decodes every payload into its event type and runs once for all.
+pub type InvokeBatchFn =
+    for<'a> fn(&'a [&'a [u8]], &'a mut (dyn Any + Send), &'a [MessageMeta]) -> HandlerFuture<'a>;
+
+/// Decodes the payloads of a batch handler's run; the first that does not decode fails the run
+/// (the engine then runs the messages one by one, which finds the bad one).
+#[doc(hidden)]
+pub fn decode_all<E: OutboxEvent>(payloads: &[&[u8]]) -> Result<Vec<E>, HandlerError> {
+    payloads.iter().map(|p| decode::<E>(p)).collect()
+}
+
 /// One `#[inbox_handler]`, as registered through `inventory`.
 pub struct HandlerRegistration {
     /// The event type it handles (`event = "..."`).
@@ -303,6 +314,9 @@ pub struct HandlerRegistration {
     pub tx_type: fn() -> TypeId,
     /// The erased handler.
     pub invoke: InvokeFn,
+    /// For a batch handler (`#[inbox_handler(.., batch)]`): the erased handler of a whole run
+    /// of messages. `invoke` then calls the same function with a one-element batch.
+    pub invoke_batch: Option<InvokeBatchFn>,
 }
 
 impl HandlerRegistration {
@@ -326,6 +340,17 @@ impl HandlerRegistration {
             line,
             tx_type,
             invoke,
+            invoke_batch: None,
+        }
+    }
+
+    /// The registration of a batch handler: `invoke` runs it on one message, `invoke_batch` on
+    /// several. Used by the code `#[inbox_handler(.., batch)]` generates.
+    #[doc(hidden)]
+    pub const fn batch(self, invoke_batch: InvokeBatchFn) -> Self {
+        Self {
+            invoke_batch: Some(invoke_batch),
+            ..self
         }
     }
 

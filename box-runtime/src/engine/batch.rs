@@ -21,6 +21,9 @@ enum BatchEnd {
     Committed(Vec<Outcome>),
     /// The message at this position (among those run) failed: rolled back.
     Failed(usize, Attempt),
+    /// A batch handler failed on the run of messages at these positions (which one is not
+    /// known): rolled back.
+    FailedRun(usize, usize),
     /// The database failed: rolled back.
     Outage(StoreError),
 }
@@ -132,6 +135,17 @@ impl<S: InboxStore> Inbox<S> {
                     }
                     break;
                 }
+                BatchEnd::FailedRun(from, to) => {
+                    // Which message failed the batch handler is not known: the run goes one
+                    // message at a time (one-element batches), which finds it.
+                    for (i, outcome) in Box::pin(self.run_split(&rest[..from], shutdown)).await {
+                        done.push((i, outcome));
+                    }
+                    for (i, msg) in &rest[from..to] {
+                        done.push((*i, self.run(msg, shutdown).await));
+                    }
+                    rest = &rest[to..];
+                }
                 BatchEnd::Failed(k, failure) => {
                     let before = &rest[..k];
                     for (i, outcome) in Box::pin(self.run_split(before, shutdown)).await {
@@ -159,64 +173,33 @@ impl<S: InboxStore> Inbox<S> {
             Ok(tx) => tx,
             Err(e) => return BatchEnd::Outage(e),
         };
-        let claims = if self.config.ack.uses_inbox() {
-            let requests: Vec<ClaimRequest<'_>> = msgs
-                .iter()
-                .map(|(_, m)| ClaimRequest {
-                    key: &m.key,
-                    event_type: m.event_type,
-                    delivery: m.d,
-                })
-                .collect();
-            match self.store.claim_batch(&mut tx, &requests).await {
-                Ok(claims) => {
-                    crate::failpoint::hit("after_inbox_insert").await;
-                    claims
-                }
-                Err(e) => {
-                    let _ = self.store.rollback(tx).await;
-                    return BatchEnd::Outage(e);
-                }
+        let claims = match self.claim_all(&mut tx, msgs).await {
+            Ok(claims) => claims,
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                return BatchEnd::Outage(e);
             }
-        } else {
-            vec![Claim::New { attempts: 0 }; msgs.len()]
         };
         let mut outcomes = Vec::with_capacity(msgs.len());
-        for (k, ((_, msg), claim)) in msgs.iter().zip(&claims).enumerate() {
+        let mut k = 0;
+        while k < msgs.len() {
             if k > 0 && *shutdown.borrow() {
-                let unrun: Vec<&crate::store::InboxKey> = msgs[k..]
-                    .iter()
-                    .zip(&claims[k..])
-                    .filter(|(_, c)| matches!(c, Claim::New { .. }))
-                    .map(|((_, m), _)| &m.key)
-                    .collect();
-                if self.config.ack.uses_inbox() {
-                    if let Err(e) = self.store.release_claims(&mut tx, &unrun).await {
-                        let _ = self.store.rollback(tx).await;
-                        return BatchEnd::Outage(e);
-                    }
+                if let Err(e) = self.release_unrun(&mut tx, &msgs[k..], &claims[k..]).await {
+                    let _ = self.store.rollback(tx).await;
+                    return BatchEnd::Outage(e);
                 }
                 outcomes.resize(msgs.len(), Outcome::Abandoned);
                 break;
             }
-            let Claim::New { attempts } = *claim else {
-                outcomes.push(Outcome::Duplicate);
-                continue;
-            };
-            if let Err(error) = self.invoke(msg, &mut tx, attempts + 1).await {
+            let end = run_end(msgs, &claims, k);
+            if let Err(end) = self
+                .step(&mut tx, &msgs[k..end], &claims[k..end], k, &mut outcomes)
+                .await
+            {
                 let _ = self.store.rollback(tx).await;
-                return BatchEnd::Failed(k, classify_failure(error));
+                return end;
             }
-            crate::failpoint::hit("after_handler").await;
-            if attempts > 0 {
-                if let Err(e) = self.store.mark_processed(&mut tx, &msg.key, true).await {
-                    let _ = self.store.rollback(tx).await;
-                    return BatchEnd::Outage(e);
-                }
-            }
-            outcomes.push(Outcome::Processed {
-                attempt: attempts + 1,
-            });
+            k = end;
         }
         match self.store.commit(tx).await {
             Ok(()) => {
@@ -226,4 +209,105 @@ impl<S: InboxStore> Inbox<S> {
             Err(e) => BatchEnd::Outage(e),
         }
     }
+
+    /// Claims every message's inbox row in one statement (or, without the inbox, takes every
+    /// message as new).
+    async fn claim_all(
+        &self,
+        tx: &mut S::Tx,
+        msgs: &[(usize, &Ready<'_>)],
+    ) -> Result<Vec<Claim>, StoreError> {
+        if !self.config.ack.uses_inbox() {
+            return Ok(vec![Claim::New { attempts: 0 }; msgs.len()]);
+        }
+        let requests: Vec<ClaimRequest<'_>> = msgs
+            .iter()
+            .map(|(_, m)| ClaimRequest {
+                key: &m.key,
+                event_type: m.event_type,
+                delivery: m.d,
+            })
+            .collect();
+        let claims = self.store.claim_batch(tx, &requests).await?;
+        crate::failpoint::hit("after_inbox_insert").await;
+        Ok(claims)
+    }
+
+    /// Gives back the claims of messages a graceful stop left unrun.
+    async fn release_unrun(
+        &self,
+        tx: &mut S::Tx,
+        msgs: &[(usize, &Ready<'_>)],
+        claims: &[Claim],
+    ) -> Result<(), StoreError> {
+        if !self.config.ack.uses_inbox() {
+            return Ok(());
+        }
+        let unrun: Vec<&crate::store::InboxKey> = msgs
+            .iter()
+            .zip(claims)
+            .filter(|(_, c)| matches!(c, Claim::New { .. }))
+            .map(|((_, m), _)| &m.key)
+            .collect();
+        self.store.release_claims(tx, &unrun).await
+    }
+
+    /// Runs one message, or one run of messages of a batch handler, in `tx`; `at` is the
+    /// position of the first in the batch. On failure, how the batch ends.
+    async fn step(
+        &self,
+        tx: &mut S::Tx,
+        msgs: &[(usize, &Ready<'_>)],
+        claims: &[Claim],
+        at: usize,
+        outcomes: &mut Vec<Outcome>,
+    ) -> Result<(), BatchEnd> {
+        let attempts: Vec<u32> = claims
+            .iter()
+            .map(|c| match c {
+                Claim::New { attempts } => *attempts,
+                Claim::Duplicate => 0,
+            })
+            .collect();
+        if claims == [Claim::Duplicate] {
+            outcomes.push(Outcome::Duplicate);
+            return Ok(());
+        }
+        let result = match msgs {
+            [(_, msg)] => self.invoke(msg, tx, attempts[0] + 1).await,
+            run => self.invoke_run(run, tx, &attempts).await,
+        };
+        if let Err(error) = result {
+            return Err(match msgs.len() {
+                1 => BatchEnd::Failed(at, classify_failure(error)),
+                n => BatchEnd::FailedRun(at, at + n),
+            });
+        }
+        for ((_, msg), failed_before) in msgs.iter().zip(&attempts) {
+            crate::failpoint::hit("after_handler").await;
+            if *failed_before > 0 {
+                self.store
+                    .mark_processed(tx, &msg.key, true)
+                    .await
+                    .map_err(BatchEnd::Outage)?;
+            }
+            outcomes.push(Outcome::Processed {
+                attempt: failed_before + 1,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where the step starting at `k` ends: after a run of new messages handled by one batch
+/// handler, or after `k` alone.
+fn run_end(msgs: &[(usize, &Ready<'_>)], claims: &[Claim], k: usize) -> usize {
+    let new = |j: usize| matches!(claims[j], Claim::New { .. });
+    let reg = msgs[k].1.reg;
+    if reg.invoke_batch.is_none() || !new(k) {
+        return k + 1;
+    }
+    (k + 1..msgs.len())
+        .find(|&j| !new(j) || !std::ptr::eq(msgs[j].1.reg, reg))
+        .unwrap_or(msgs.len())
 }

@@ -373,6 +373,32 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
+    /// Calls a batch handler once for a run of its messages in `tx` (`attempts`: earlier failed
+    /// runs of each), turning a panic into a transient error.
+    async fn invoke_run(
+        &self,
+        run: &[(usize, &Ready<'_>)],
+        tx: &mut S::Tx,
+        attempts: &[u32],
+    ) -> Result<(), HandlerError> {
+        let Some(invoke_batch) = run.first().and_then(|(_, m)| m.reg.invoke_batch) else {
+            return Err(HandlerError::permanent("not a batch handler"));
+        };
+        let metas: Vec<MessageMeta> = run
+            .iter()
+            .zip(attempts)
+            .map(|((_, m), a)| self.meta(m, a + 1))
+            .collect();
+        let payloads: Vec<&[u8]> = run.iter().map(|(_, m)| m.payload).collect();
+        let fut = invoke_batch(&payloads, tx, &metas);
+        match CatchUnwind(fut).await {
+            Ok(result) => result,
+            Err(panic) => Err(HandlerError::transient(format!(
+                "handler panicked: {panic}"
+            ))),
+        }
+    }
+
     /// After a failed run counted as `attempts`: `None` to run again (after the backoff), or
     /// the outcome when the message is given up on.
     async fn after_failure(
