@@ -47,5 +47,6 @@ pub mod __private {
         tx_type_id, DispatchTable, HandlerFuture, HandlerOutput, HandlerRegistration, HandlerTx,
         IntoHandlerError, MessageMeta, MetaParam, Probe, ProbeFallback, RegistryError,
     };
+    pub use crate::handler::{event_type_mismatch, ConstMessage};
     pub use inventory;
 }
