@@ -264,3 +264,66 @@ fn expansion_registers_through_the_facade_only() {
         "{out}"
     );
 }
+
+#[test]
+fn parameters_in_the_wrong_order_are_one_error() {
+    let message = single_error(
+        good_args(),
+        quote!(
+            async fn h(tx: &mut PgTx<'_>, event: OrderCreated) -> Result<(), X> {
+                Ok(())
+            }
+        ),
+    );
+    assert_eq!(
+        message,
+        "the event comes first and the transaction second: swap the parameters: write \
+         `async fn h(event: OrderCreated, tx: &mut PgTx<'_>)`"
+    );
+    let message = single_error(
+        good_args(),
+        quote!(
+            async fn h(e: E, meta: &MessageMeta, tx: &mut PgTx<'_>) -> Result<(), X> {
+                Ok(())
+            }
+        ),
+    );
+    assert_eq!(
+        message,
+        "the parameters go in the order event, transaction, metadata: write \
+         `async fn h(e: E, tx: &mut PgTx<'_>, meta: &MessageMeta)`"
+    );
+}
+
+#[test]
+fn self_in_the_signature_says_to_move_the_function() {
+    let message = single_error(
+        good_args(),
+        quote!(
+            async fn h(e: E, tx: &mut PgTx<'_>) -> Result<(), Self> {
+                Ok(())
+            }
+        ),
+    );
+    assert_eq!(
+        message,
+        "`#[inbox_handler]` goes on a free function, not on an associated function: move `h` \
+         out of the `impl` block and name its types instead of `Self`"
+    );
+}
+
+#[test]
+fn types_in_messages_are_printed_as_written() {
+    let message = single_error(
+        good_args(),
+        quote!(
+            async fn h(e: &Vec<(String, Vec<u8>)>, tx: &mut PgTx<'_>) -> Result<(), X> {
+                Ok(())
+            }
+        ),
+    );
+    assert_eq!(
+        message,
+        "the event is passed by value: write `event: Vec<(String, Vec<u8>)>` without `&`"
+    );
+}
