@@ -46,20 +46,24 @@ use proc_macro::TokenStream;
 /// # What is generated
 ///
 /// The function is emitted unchanged, so it stays callable (tests call handlers directly).
-/// Next to it, in `const _: () = { .. };`, an erased wrapper that decodes the payload, downcasts
-/// the transaction and calls the function, and one `inventory::submit!` of a
-/// `HandlerRegistration` naming the function (`module::path::name`), its file and the line of
-/// its name. Every handler linked into the binary is found at start-up; two handlers for one
-/// (event, group) are a start-up error naming both.
+/// Next to it, in `const __txbox_register_<name>: () = { .. };`, the type checks, an erased
+/// wrapper that decodes the payload, downcasts the transaction and calls the function, and one
+/// `inventory::submit!` of a `HandlerRegistration` naming the function (`module::path::name`),
+/// its file and the line of its name. Every handler linked into the binary is found at
+/// start-up; two handlers for one (event, group) are a start-up error naming both. (The const is
+/// named rather than `_` so that it is also valid in an `impl` block, where the one error is
+/// then that the wrapper cannot name an associated function.)
 ///
 /// # Compile-time checks
 ///
 /// Attribute and signature mistakes are reported by the macro on the offending tokens, all at
 /// once, with the function kept as written (so no follow-on errors). Type requirements are
-/// reported by rustc on the type you wrote: an event type that is not an `OutboxEvent`, a
-/// transaction type txbox does not hand out, an error type that does not convert, and an
-/// `event = "..."` that disagrees with the type's declared event type (a const-evaluation error
-/// naming both strings).
+/// reported by rustc on the type you wrote, each once, with a note that says the fix: an event
+/// type that is not an `OutboxEvent`, a transaction type txbox does not hand out, an error type
+/// that does not convert (a boxed error needs `+ Send + Sync`), a future that is not `Send`,
+/// and an `event = "..."` that disagrees with the type's declared event type (a
+/// const-evaluation error naming both strings). The checks are trait-qualified paths on those
+/// types, so no note points into txbox.
 #[proc_macro_attribute]
 pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     inbox_handler::expand(args.into(), item.into()).into()

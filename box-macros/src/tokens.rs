@@ -1,6 +1,6 @@
-//! Printing tokens for messages.
+//! Printing and re-spanning tokens for messages and generated code.
 
-use proc_macro2::{Delimiter, TokenStream, TokenTree};
+use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 
 /// Tokens as a human writes them, for messages: `PgTx<'_>`, `&mut PgTx<'_>`,
@@ -85,6 +85,27 @@ enum Prev {
     Glued,
     /// `,`, `;`, `+`, `=`, `->`: the next token follows a space.
     SpaceAfter,
+}
+
+/// The same tokens with every span set to `span`, so that an error rustc reports on them
+/// points at `span` (e.g. at `key = order_id` in the attribute rather than at the field).
+pub(crate) fn respan(tokens: impl ToTokens, span: Span) -> TokenStream {
+    tokens
+        .into_token_stream()
+        .into_iter()
+        .map(|tt| match tt {
+            TokenTree::Group(group) => {
+                let mut new =
+                    proc_macro2::Group::new(group.delimiter(), respan(group.stream(), span));
+                new.set_span(span);
+                TokenTree::Group(new)
+            }
+            mut other => {
+                other.set_span(span);
+                other
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -246,15 +246,17 @@ fn expansion_registers_through_the_facade_only() {
         "the function is kept as written: {out}"
     );
     for expected in [
+        "const __txbox_register_create_invoice : () =",
         ":: txbox :: __private :: inventory :: submit !",
         ":: txbox :: __private :: HandlerRegistration :: new",
-        ":: txbox :: __private :: decode :: < OrderCreated >",
-        ":: txbox :: __private :: tx_type_id :: < PgTx < '_ > >",
-        ":: txbox :: __private :: into_future :: < _ , Result < () , HandlerError > >",
-        ":: txbox :: __private :: check_event_type",
+        ":: txbox :: __private :: Probe :: < OrderCreated > :: decode",
+        "< OrderCreated as :: txbox :: __private :: OutboxEvent > :: key",
+        "< PgTx < '_ > as __txbox_Transaction > :: CHECK",
+        ":: txbox :: __private :: Probe :: < PgTx < '_ > > :: tx_type_id ()",
+        ":: txbox :: __private :: Probe :: < Result < () , HandlerError > > :: into_future",
+        ":: txbox :: __private :: event_type_mismatch",
         ":: core :: line ! ()",
         "\"create_invoice\"",
-        "const _ : () =",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in {out}");
     }
