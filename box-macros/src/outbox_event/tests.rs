@@ -159,7 +159,8 @@ fn expansion_implements_the_trait_through_the_facade() {
         "impl :: txbox :: __private :: OutboxEvent for OrderCreated",
         "const EVENT_TYPE : & 'static str = \"OrderCreated\"",
         "const TOPIC : & 'static str = \"orders\"",
-        ":: txbox :: __private :: key_string (& self . order_id)",
+        "< u64 as __txbox_Key > :: CHECK",
+        ":: txbox :: __private :: Probe :: < u64 > :: key_string (& self . order_id)",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in {out}");
     }

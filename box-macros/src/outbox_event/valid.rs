@@ -122,10 +122,10 @@ fn check_fields(cx: &Ctxt, input: &Input, key: &str, field: Option<&Ident>) {
     let ident = &input.ident;
     match &input.shape {
         Shape::Named(fields) => {
-            if fields.iter().any(|f| f == field) {
+            if fields.iter().any(|f| f.ident == *field) {
                 return;
             }
-            let list: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
+            let list: Vec<String> = fields.iter().map(|f| format!("`{}`", f.ident)).collect();
             let expected = if list.is_empty() {
                 format!("`{ident}` has no fields; remove `{key}`")
             } else {
