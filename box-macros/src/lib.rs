@@ -11,6 +11,7 @@ mod inbox_handler;
 mod kv;
 mod names;
 mod outbox_event;
+mod suggest;
 mod tokens;
 
 use proc_macro::TokenStream;

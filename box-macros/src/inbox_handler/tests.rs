@@ -329,3 +329,32 @@ fn types_in_messages_are_printed_as_written() {
         "the event is passed by value: write `event: Vec<(String, Vec<u8>)>` without `&`"
     );
 }
+
+#[test]
+fn misspelled_key_is_one_error_with_a_suggestion() {
+    for (args, expected) in [
+        (
+            quote!(evnt = "A", group = "b"),
+            "unknown key `evnt` in `#[inbox_handler(...)]`; did you mean `event`?",
+        ),
+        (
+            quote!(event = "A", consumer_group = "b"),
+            "unknown key `consumer_group` in `#[inbox_handler(...)]`; did you mean `group`?",
+        ),
+        (
+            quote!(event_type = "A", group = "b"),
+            "unknown key `event_type` in `#[inbox_handler(...)]`; did you mean `event`?",
+        ),
+    ] {
+        assert_eq!(single_error(args, good_fn()), expected);
+    }
+}
+
+#[test]
+fn a_misspelling_next_to_the_right_key_is_not_a_duplicate() {
+    let message = single_error(quote!(evnt = "A", event = "A", group = "b"), good_fn());
+    assert_eq!(
+        message,
+        "unknown key `evnt` in `#[inbox_handler(...)]`; did you mean `event`?"
+    );
+}

@@ -3,7 +3,7 @@
 use syn::{Attribute, Ident, LitStr};
 
 use crate::ctxt::Ctxt;
-use crate::kv;
+use crate::kv::{self, ListSpec};
 
 /// The attribute's name.
 pub(crate) const OUTBOX: &str = "outbox";
@@ -21,6 +21,16 @@ pub(crate) const AGGREGATE_ID: &str = "aggregate_id";
 /// Every key, in the order messages list them.
 pub(crate) const KEYS: &[&str] = &[EVENT_TYPE, TOPIC, KEY, AGGREGATE_TYPE, AGGREGATE_ID];
 
+/// Words written for a key, and the key meant (the handler's `event` is this `event_type`).
+const ALIASES: &[(&str, &str)] = &[
+    ("event", EVENT_TYPE),
+    ("type", EVENT_TYPE),
+    ("ce_type", EVENT_TYPE),
+    ("topic_name", TOPIC),
+    ("partition_key", KEY),
+    ("message_key", KEY),
+];
+
 /// How the attribute looks when written in full, for messages.
 pub(crate) const EXAMPLE: &str = "#[outbox(event_type = \"OrderCreated\", topic = \"orders\")]";
 
@@ -34,7 +44,8 @@ pub(crate) struct Attrs {
     pub(crate) key: Option<Ident>,
     pub(crate) aggregate_type: Option<LitStr>,
     pub(crate) aggregate_id: Option<Ident>,
-    /// Every known key written, even with a rejected value (so it is not also "missing").
+    /// Every key written, even with a rejected value, and every key an unknown one was probably
+    /// meant to be: none of them is also reported as missing.
     pub(crate) seen: Vec<&'static str>,
     /// An attribute did not parse (reported): which keys are missing is then unknown.
     pub(crate) broken: bool,
@@ -56,7 +67,11 @@ impl Attrs {
                     continue;
                 }
             };
-            let list = kv::parse_list(cx, list.tokens.clone(), "event_type = \"OrderCreated\"");
+            let spec = ListSpec {
+                example: "event_type = \"OrderCreated\"",
+                field_keys: &[KEY, AGGREGATE_ID],
+            };
+            let list = kv::parse_list(cx, list.tokens.clone(), spec);
             out.broken |= !list.complete;
             for pair in list.pairs {
                 out.take(cx, pair);
@@ -96,13 +111,11 @@ impl Attrs {
                     self.aggregate_id = kv::field_ident(cx, &pair);
                 }
             }
-            _ => cx.error_spanned_by(
-                &pair.key,
-                format!(
-                    "unknown key `{key}` in `#[outbox(...)]`; {}",
-                    kv::one_of(KEYS)
-                ),
-            ),
+            _ => {
+                let place = "`#[outbox(...)]`";
+                self.seen
+                    .extend(kv::unknown_key(cx, &pair.key, place, KEYS, ALIASES));
+            }
         }
     }
 }

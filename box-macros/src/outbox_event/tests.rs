@@ -182,3 +182,34 @@ fn an_error_emits_a_placeholder_impl_so_uses_of_the_type_stay_quiet() {
     let out = super::derive(quote!(#[outbox(event_type = "A", topic = "t")] union A { x: u8 }));
     assert!(!out.to_string().contains("impl"), "{out}");
 }
+
+#[test]
+fn a_key_meant_for_the_handler_suggests_the_derive_key() {
+    let message = single_error(quote! {
+        #[outbox(event = "A", topic = "t")]
+        struct A { x: u64 }
+    });
+    assert_eq!(
+        message,
+        "unknown key `event` in `#[outbox(...)]`; did you mean `event_type`?"
+    );
+}
+
+#[test]
+fn a_keyword_field_is_named_by_its_raw_identifier() {
+    let message = single_error(quote! {
+        #[outbox(event_type = "A", topic = "t", key = type)]
+        struct A { r#type: String }
+    });
+    assert_eq!(
+        message,
+        "`type` is a keyword: to name the field `r#type`, write `key = r#type`"
+    );
+    assert_eq!(
+        errors(quote! {
+            #[outbox(event_type = "A", topic = "t", key = r#type)]
+            struct A { r#type: String }
+        }),
+        Vec::<String>::new()
+    );
+}
