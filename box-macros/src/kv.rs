@@ -9,10 +9,12 @@ use crate::ctxt::Ctxt;
 use crate::suggest;
 
 /// One `key = value` pair, kept with its tokens for error spans. `value` is `None` when the key
-/// was written without one, or with one already reported.
+/// was written without one (`bare`, where a list allows that) or with one already reported.
 pub(crate) struct KeyValue {
     pub(crate) key: Ident,
     pub(crate) value: Option<Expr>,
+    /// Written as a lone `key`, in a list that allows it (not reported).
+    pub(crate) bare: bool,
 }
 
 /// The pairs of a list, and whether the whole list parsed (when it did not, the error is
@@ -22,12 +24,22 @@ pub(crate) struct KvList {
     pub(crate) complete: bool,
 }
 
-/// How a list is read: its example (for messages), and which keys name a field (their value
-/// may be a keyword that needs its raw form).
+/// How a list is read: its example (for messages), whether keys may stand alone, and which keys
+/// name a field (their value may be a keyword that needs its raw form).
 #[derive(Clone, Copy)]
 pub(crate) struct ListSpec<'a> {
     pub(crate) example: &'a str,
+    pub(crate) bare: Bare,
     pub(crate) field_keys: &'a [&'a str],
+}
+
+/// Whether a key may stand alone, without `= value`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bare {
+    /// `key,` is an error ("give `key` a value"): the type-level lists and the handler's.
+    Error,
+    /// `key,` is a flag: a field's `#[outbox(key)]`.
+    Allowed,
 }
 
 /// Parses `key = value, ...`. Syntax errors go to `cx`; what parsed before the error is returned.
@@ -72,6 +84,13 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
     let key = input.call(Ident::parse_any)?;
     if !input.peek(Token![=]) {
         let at_end = input.is_empty() || input.peek(Token![,]);
+        if spec.bare == Bare::Allowed && at_end {
+            return Ok(KeyValue {
+                key,
+                value: None,
+                bare: true,
+            });
+        }
         let error = syn::Error::new(
             key.span(),
             format!("expected `{key} = ...`: give `{key}` a value, e.g. `{example}`"),
@@ -81,7 +100,11 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
         }
         // `key,`: report it and go on with the rest of the list.
         cx.syn_error(error);
-        return Ok(KeyValue { key, value: None });
+        return Ok(KeyValue {
+            key,
+            value: None,
+            bare: false,
+        });
     }
     input.parse::<Token![=]>()?;
     if spec.field_keys.contains(&key.to_string().as_str()) && is_keyword_value(input) {
@@ -91,7 +114,11 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
             &keyword,
             format!("`{keyword}` is a keyword: to name the field `r#{keyword}`, write `{key} = r#{keyword}`"),
         );
-        return Ok(KeyValue { key, value: None });
+        return Ok(KeyValue {
+            key,
+            value: None,
+            bare: false,
+        });
     }
     let value: Expr = input
         .parse()
@@ -99,6 +126,7 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
     Ok(KeyValue {
         key,
         value: Some(value),
+        bare: false,
     })
 }
 

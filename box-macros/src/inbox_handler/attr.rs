@@ -4,7 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use syn::LitStr;
 
 use crate::ctxt::Ctxt;
-use crate::kv::{self, ListSpec};
+use crate::kv::{self, Bare, ListSpec};
 use crate::names;
 
 /// `event = "OrderCreated"`: the event type handled; must equal the parameter type's
@@ -47,6 +47,7 @@ impl HandlerAttr {
         let mut meant: Vec<&str> = Vec::new();
         let spec = ListSpec {
             example: "event = \"OrderCreated\"",
+            bare: Bare::Error,
             field_keys: &[],
         };
         let list = kv::parse_list(cx, tokens, spec);

@@ -4,7 +4,7 @@ use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
 use syn::{Data, DeriveInput, Fields, Generics, Ident, Type};
 
-use super::attr::{self, Attrs};
+use super::attr::{self, Attrs, FieldFlags};
 use crate::ctxt::Ctxt;
 
 /// A type `#[derive(OutboxEvent)]` was put on.
@@ -29,18 +29,20 @@ pub(crate) enum Shape {
     Union(TokenStream),
 }
 
-/// A named field.
+/// A named field, with what its own `#[outbox(...)]` says.
 pub(crate) struct Field {
     pub(crate) ident: Ident,
     pub(crate) ty: Type,
+    pub(crate) flags: FieldFlags,
 }
 
-/// The field a key (`key` or `aggregate_id`) names.
+/// The field a key (`key` or `aggregate_id`) names, by either form.
 pub(crate) struct KeyField<'a> {
     pub(crate) field: &'a Field,
-    /// Where an error about the key goes: the field name in `key = order_id`.
+    /// Where an error about the key goes: the field name in `key = order_id`, or `key` in the
+    /// field's `#[outbox(key)]`.
     pub(crate) span: Span,
-    /// The form written, for messages: `key = order_id`.
+    /// The form written, for messages: `key = order_id` or `#[outbox(key)]`.
     pub(crate) written: String,
 }
 
@@ -56,6 +58,7 @@ impl Input {
                             Some(Field {
                                 ident: f.ident.clone()?,
                                 ty: f.ty.clone(),
+                                flags: FieldFlags::from_attrs(cx, &f.attrs),
                             })
                         })
                         .collect(),
@@ -69,7 +72,13 @@ impl Input {
             ),
             Data::Union(data) => Shape::Union(data.union_token.to_token_stream()),
         };
-        let attrs = Attrs::from_attrs(cx, &input.attrs);
+        let mut attrs = Attrs::from_attrs(cx, &input.attrs);
+        if let Shape::Named(fields) = &shape {
+            // A struct key written on a field is reported there, not also as missing.
+            for field in fields {
+                attrs.seen.extend(field.flags.misplaced.iter().copied());
+            }
+        }
         Input {
             ident: input.ident.clone(),
             generics: input.generics.clone(),
@@ -91,19 +100,29 @@ impl Input {
         }
     }
 
-    /// The field `key` (`attr::KEY` or `attr::AGGREGATE_ID`) names by `key = field` on the
-    /// struct. `None` when it names no existing field.
+    /// The field `key` (`attr::KEY` or `attr::AGGREGATE_ID`) names: by `key = field` on the
+    /// struct, else by `#[outbox(key)]` on a field. `None` when neither names an existing field.
     pub(crate) fn key_field(&self, key: &str) -> Option<KeyField<'_>> {
-        let name = if key == attr::KEY {
+        let by_name = if key == attr::KEY {
             self.attrs.key.as_ref()
         } else {
             self.attrs.aggregate_id.as_ref()
-        }?;
-        let field = self.fields().iter().find(|f| f.ident == *name)?;
-        Some(KeyField {
-            field,
-            span: name.span(),
-            written: format!("{key} = {name}"),
+        };
+        if let Some(name) = by_name {
+            let field = self.fields().iter().find(|f| f.ident == *name)?;
+            return Some(KeyField {
+                field,
+                span: name.span(),
+                written: format!("{key} = {name}"),
+            });
+        }
+        self.fields().iter().find_map(|field| {
+            let flag = field.flags.get(key)?;
+            Some(KeyField {
+                field,
+                span: flag.span(),
+                written: format!("#[outbox({key})]"),
+            })
         })
     }
 }

@@ -96,7 +96,7 @@ fn check_trait(key: &str) -> syn::Ident {
 }
 
 /// `Some(text of self.field)`, after the field type's check. The check names the type with
-/// every token at the key as written (the field name in `key = order_id`), so that
+/// every token at the key as written (`key = order_id`, or `key` in `#[outbox(key)]`), so that
 /// rustc reports a missing `Display` there.
 fn key_string(private: &TokenStream, key: &str, field: &KeyField) -> TokenStream {
     let check = check_trait(key);
