@@ -12,8 +12,14 @@ use crate::names;
 pub(crate) const EVENT: &str = "event";
 /// `group = "billing"`: the consumer group the handler belongs to.
 pub(crate) const GROUP: &str = "group";
-/// Every key, in the order messages list them (all required).
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP];
+/// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
+pub(crate) const CRATE: &str = "crate";
+
+/// Every key, in the order messages list them.
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, CRATE];
+
+/// The required keys.
+const REQUIRED: &[&str] = &[EVENT, GROUP];
 
 /// Words written for a key, and the key meant (the derive's `event_type` is this `event`).
 const ALIASES: &[(&str, &str)] = &[
@@ -33,6 +39,8 @@ const PLACE: &str = "`#[inbox_handler(...)]`";
 pub(crate) struct HandlerAttr {
     pub(crate) event: Option<LitStr>,
     pub(crate) group: Option<LitStr>,
+    /// `crate = "..."`, parsed; `None` for the default `::txbox`.
+    pub(crate) krate: Option<syn::Path>,
 }
 
 impl HandlerAttr {
@@ -40,6 +48,7 @@ impl HandlerAttr {
         let mut attr = HandlerAttr {
             event: None,
             group: None,
+            krate: None,
         };
         // Keys written, and the keys unknown ones were probably meant to be: neither is
         // reported as missing (the "did you mean" says it already).
@@ -64,7 +73,7 @@ impl HandlerAttr {
             seen.push(known);
             attr.take(cx, known, &pair);
         }
-        let missing: Vec<&str> = KEYS
+        let missing: Vec<&str> = REQUIRED
             .iter()
             .copied()
             .filter(|k| !seen.contains(k) && !meant.contains(k))
@@ -85,7 +94,11 @@ impl HandlerAttr {
     fn take(&mut self, cx: &Ctxt, key: &str, pair: &kv::KeyValue) {
         let (slot, example) = match key {
             EVENT => (&mut self.event, "OrderCreated"),
-            _ => (&mut self.group, "billing"),
+            GROUP => (&mut self.group, "billing"),
+            _ => {
+                self.krate = kv::crate_path(cx, pair);
+                return;
+            }
         };
         let Some(lit) = kv::lit_str(cx, pair, &format!("\"{example}\"")) else {
             return;

@@ -34,7 +34,7 @@ struct Parts<'a> {
     tx_ty: &'a Type,
     meta_ty: Option<&'a Type>,
     output: &'a Type,
-    /// `::txbox`.
+    /// `::txbox` or the `crate = "..."` path.
     krate: TokenStream,
 }
 
@@ -59,7 +59,10 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
         tx_ty,
         meta_ty: handler.param_referent(2),
         output,
-        krate: quote!(::txbox),
+        krate: match &attr.krate {
+            Some(path) => path.to_token_stream(),
+            None => quote!(::txbox),
+        },
     };
     let register = format_ident!("__txbox_register_{}", parts.name.unraw());
     let private = parts.private();
@@ -95,7 +98,7 @@ impl Parts<'_> {
         respan(self.private(), span)
     }
 
-    /// The crate as messages name it: `txbox`.
+    /// The crate as messages name it: `txbox`, or the `crate = "..."` path.
     fn krate_name(&self) -> String {
         compact(&self.krate).trim_start_matches("::").to_owned()
     }

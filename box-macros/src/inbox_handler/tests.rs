@@ -78,7 +78,7 @@ fn unknown_key_lists_the_valid_keys() {
     let message = single_error(quote!(event = "A", group = "b", topic = "t"), good_fn());
     assert_eq!(
         message,
-        "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`"
+        "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `crate`"
     );
 }
 
@@ -356,5 +356,46 @@ fn a_misspelling_next_to_the_right_key_is_not_a_duplicate() {
     assert_eq!(
         message,
         "unknown key `evnt` in `#[inbox_handler(...)]`; did you mean `event`?"
+    );
+}
+
+#[test]
+fn crate_path_replaces_txbox_in_the_expansion() {
+    let args = quote!(
+        event = "OrderCreated",
+        group = "billing",
+        crate = "my_txbox"
+    );
+    let out = super::expand(args, good_fn()).to_string();
+    assert!(
+        out.contains("my_txbox :: __private :: inventory :: submit !"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(":: txbox"),
+        "names `::txbox` despite `crate`: {out}"
+    );
+    assert!(out.contains("`tx: &mut my_txbox::PgTx<'_>`"), "{out}");
+}
+
+#[test]
+fn malformed_crate_path_is_an_error_on_the_string() {
+    let message = single_error(
+        quote!(event = "A", group = "b", crate = "my txbox"),
+        good_fn(),
+    );
+    assert!(
+        message.starts_with(
+            "`crate` must be the path the txbox crate is reachable by, not `my txbox`"
+        ),
+        "{message}"
+    );
+    let message = single_error(
+        quote!(event = "A", group = "b", crate = my_txbox),
+        good_fn(),
+    );
+    assert_eq!(
+        message,
+        "expected a string literal for `crate`, e.g. `crate = \"my_txbox\"`"
     );
 }

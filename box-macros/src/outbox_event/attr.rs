@@ -19,8 +19,11 @@ pub(crate) const KEY: &str = "key";
 pub(crate) const AGGREGATE_TYPE: &str = "aggregate_type";
 /// `aggregate_id = field`; optional, defaults to the key. On a field: `#[outbox(aggregate_id)]`.
 pub(crate) const AGGREGATE_ID: &str = "aggregate_id";
+/// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
+pub(crate) const CRATE: &str = "crate";
+
 /// Every key of the struct's attribute, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT_TYPE, TOPIC, KEY, AGGREGATE_TYPE, AGGREGATE_ID];
+pub(crate) const KEYS: &[&str] = &[EVENT_TYPE, TOPIC, KEY, AGGREGATE_TYPE, AGGREGATE_ID, CRATE];
 
 /// The keys a field's attribute takes.
 pub(crate) const FIELD_KEYS: &[&str] = &[KEY, AGGREGATE_ID];
@@ -48,6 +51,8 @@ pub(crate) struct Attrs {
     pub(crate) key: Option<Ident>,
     pub(crate) aggregate_type: Option<LitStr>,
     pub(crate) aggregate_id: Option<Ident>,
+    /// `crate = "..."`, parsed.
+    pub(crate) krate: Option<syn::Path>,
     /// Every key written, even with a rejected value, and every key an unknown one was probably
     /// meant to be: none of them is also reported as missing.
     pub(crate) seen: Vec<&'static str>,
@@ -106,9 +111,14 @@ impl Attrs {
                     self.key = kv::field_ident(cx, &pair);
                 }
             }
-            _ => {
+            AGGREGATE_ID => {
                 if kv::first_time(cx, &self.aggregate_id, &pair.key) {
                     self.aggregate_id = kv::field_ident(cx, &pair);
+                }
+            }
+            _ => {
+                if kv::first_time(cx, &self.krate, &pair.key) {
+                    self.krate = kv::crate_path(cx, &pair);
                 }
             }
         }
@@ -126,7 +136,8 @@ fn example_value(key: &str) -> &'static str {
     match key {
         EVENT_TYPE => "\"OrderCreated\"",
         TOPIC => "\"orders\"",
-        _ => "\"Order\"",
+        AGGREGATE_TYPE => "\"Order\"",
+        _ => "\"my_txbox\"",
     }
 }
 

@@ -1,4 +1,5 @@
-//! The generated impl. It names only `::txbox::__private` and fully qualified std paths.
+//! The generated impl. It names only `<krate>::__private` (`::txbox::__private` unless
+//! `crate = "..."` says otherwise) and fully qualified std paths.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
@@ -59,9 +60,12 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
     }
 }
 
-/// `::txbox::__private`.
-fn private(_input: &Input) -> TokenStream {
-    quote!(::txbox::__private)
+/// `<krate>::__private`.
+fn private(input: &Input) -> TokenStream {
+    match &input.attrs.krate {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::txbox::__private),
+    }
 }
 
 /// The trait a key field's type must implement (`Display`, under a name and a message of this

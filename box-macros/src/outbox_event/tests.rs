@@ -63,7 +63,7 @@ fn unknown_key_lists_the_valid_keys() {
     assert_eq!(
         message,
         "unknown key `partition` in `#[outbox(...)]`; expected one of: `event_type`, `topic`, \
-         `key`, `aggregate_type`, `aggregate_id`"
+         `key`, `aggregate_type`, `aggregate_id`, `crate`"
     );
 }
 
@@ -329,5 +329,22 @@ fn a_bare_key_on_the_struct_points_to_both_forms() {
     assert_eq!(
         message,
         "`key` names a field: write `key = order_id`, or put `#[outbox(key)]` on the field"
+    );
+}
+
+#[test]
+fn crate_path_replaces_txbox_in_the_expansion() {
+    let out = super::derive(quote! {
+        #[outbox(event_type = "A", topic = "t", key = x, crate = "my_txbox")]
+        struct A { x: u64 }
+    })
+    .to_string();
+    assert!(
+        out.contains("impl my_txbox :: __private :: OutboxEvent for A"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(":: txbox"),
+        "names `::txbox` despite `crate`: {out}"
     );
 }
