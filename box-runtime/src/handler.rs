@@ -157,7 +157,8 @@ impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
     message = "`{Self}` cannot be used as the error type of an inbox handler",
     label = "this error type does not convert into `txbox::HandlerError`",
     note = "return `Result<(), HandlerError>`, `anyhow::Result<()>`, or an error type that \
-            implements `std::error::Error + Send + Sync + 'static`"
+            implements `std::error::Error + Send + Sync + 'static`; a boxed error must be \
+            `Send + Sync` too: add `+ Send + Sync`, as in `Box<dyn std::error::Error + Send + Sync>`"
 )]
 pub trait IntoHandlerError {
     /// Performs the conversion.
@@ -509,20 +510,24 @@ impl DispatchTable {
     }
 }
 
-/// The `TypeId` of the store transaction behind a handler's transaction parameter. Called by
-/// generated code.
+/// The `TypeId` of the store transaction behind a handler's transaction parameter.
 #[doc(hidden)]
 pub fn tx_type_id<T: HandlerTx + ?Sized>() -> TypeId {
     TypeId::of::<T::Static>()
 }
 
 // ---------------------------------------------------------------------------------------------
-// Used by the code `#[inbox_handler]` generates. Each bound sits on its own function, called with
-// the user's type as a turbofish argument, so that rustc reports an unmet bound on that type.
+// Used by the code `#[inbox_handler]` and `#[derive(OutboxEvent)]` generate.
+//
+// The generated code checks the user's types itself, with trait-qualified paths
+// (`<Type as Trait>::item`) on traits whose `#[diagnostic::on_unimplemented]` text is written for
+// the user: rustc then reports one error on the type the user wrote, and no "required by a bound
+// in" note pointing in here. What else the generated code needs from those types goes through
+// `Probe`, whose fallback answers for a type that failed its check, so that the failed check
+// stays the only error.
 // ---------------------------------------------------------------------------------------------
 
-/// Decodes a payload into the handler's event type. The `E: OutboxEvent` bound is the check on
-/// the handler's first parameter.
+/// Decodes a payload into the handler's event type.
 #[doc(hidden)]
 pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
     serde_json::from_slice::<E>(payload).map_err(|error| {
@@ -534,8 +539,7 @@ pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
     })
 }
 
-/// Downcasts the store's transaction to the one the handler takes. The `T: HandlerTx` bound is
-/// the check on the handler's second parameter (`tx: &mut T`).
+/// Downcasts the store's transaction to the one the handler takes (`tx: &mut T`).
 #[doc(hidden)]
 pub fn downcast_tx<T: HandlerTx + ?Sized>(
     tx: &mut (dyn Any + Send),
@@ -548,14 +552,13 @@ pub fn downcast_tx<T: HandlerTx + ?Sized>(
     })
 }
 
-/// The metadata as the type the handler's third parameter names. The bound is the check.
+/// The metadata as the type the handler's third parameter names.
 #[doc(hidden)]
 pub fn meta_param<M: MetaParam + ?Sized>(meta: &MessageMeta) -> &M {
     M::from_meta(meta)
 }
 
-/// Boxes a handler's future, converting its error. The `O: HandlerOutput` bound is the check on
-/// the handler's return type.
+/// Boxes a handler's future, converting its error.
 #[doc(hidden)]
 pub fn into_future<'a, Fut, O>(fut: Fut) -> HandlerFuture<'a>
 where
@@ -609,13 +612,18 @@ impl MetaParam for MessageMeta {
 
 /// Reads facts about a type that may not implement the traits involved, without a second error:
 /// the inherent items apply when the bound holds, else [`ProbeFallback`]'s defaults do. Generated
-/// code uses it where the type has already been checked elsewhere.
+/// code uses it for every use of a type that it checks separately (see above).
 #[doc(hidden)]
 pub struct Probe<T: ?Sized>(std::marker::PhantomData<T>);
 
 impl<E: OutboxEvent> Probe<E> {
     /// The declared event type.
     pub const EVENT_TYPE: Option<&'static str> = Some(E::EVENT_TYPE);
+
+    /// See [`decode`].
+    pub fn decode(payload: &[u8]) -> Result<E, HandlerError> {
+        decode::<E>(payload)
+    }
 }
 
 impl<T: HandlerTx + ?Sized> Probe<T> {
@@ -623,21 +631,83 @@ impl<T: HandlerTx + ?Sized> Probe<T> {
     pub fn downcast_tx(tx: &mut (dyn Any + Send)) -> Result<&mut T::Static, HandlerError> {
         downcast_tx::<T>(tx)
     }
+
+    /// See [`tx_type_id`].
+    pub fn tx_type_id() -> TypeId {
+        tx_type_id::<T>()
+    }
+}
+
+impl<M: MetaParam + ?Sized> Probe<M> {
+    /// See [`meta_param`].
+    pub fn meta(meta: &MessageMeta) -> Result<&M, HandlerError> {
+        Ok(meta_param::<M>(meta))
+    }
+}
+
+impl<O: HandlerOutput> Probe<O> {
+    /// Boxes the handler's future (already `Send`: the generated code coerces it to
+    /// `dyn Future + Send` on the handler's name), converting its error.
+    pub fn into_future<'a>(fut: Pin<Box<dyn Future<Output = O> + Send + 'a>>) -> HandlerFuture<'a>
+    where
+        O: 'a,
+    {
+        into_future(fut)
+    }
+}
+
+impl<K: fmt::Display + ?Sized> Probe<K> {
+    /// The `Display` text of a field named by `key` or `aggregate_id` (`#[derive(OutboxEvent)]`).
+    pub fn key_string(key: &K) -> String {
+        key.to_string()
+    }
 }
 
 /// The defaults of [`Probe`] for types that miss the bound (the build fails on that elsewhere,
-/// once: these keep the rest of the generated code free of follow-on errors).
+/// once: these keep the rest of the generated code free of follow-on errors). Nothing here runs:
+/// a build that selects one of them fails.
 #[doc(hidden)]
 pub trait ProbeFallback {
     /// No event type known.
     const EVENT_TYPE: Option<&'static str> = None;
     /// The probed type.
     type Target: ?Sized;
+
+    /// Never succeeds.
+    fn decode(_payload: &[u8]) -> Result<Self::Target, HandlerError>
+    where
+        Self::Target: Sized,
+    {
+        Err(HandlerError::bad_message("not an outbox event"))
+    }
+
     /// Never succeeds.
     fn downcast_tx(_tx: &mut (dyn Any + Send)) -> Result<&mut Self::Target, HandlerError> {
         Err(HandlerError::permanent(
             "not a transaction type txbox can hand to a handler",
         ))
+    }
+
+    /// A type no store hands out.
+    fn tx_type_id() -> TypeId {
+        TypeId::of::<ProbeFailed>()
+    }
+
+    /// Never succeeds.
+    fn meta(_meta: &MessageMeta) -> Result<&Self::Target, HandlerError> {
+        Err(HandlerError::permanent("not the message metadata"))
+    }
+
+    /// Fails at once.
+    fn into_future<'a, F>(_fut: F) -> HandlerFuture<'a> {
+        fail(HandlerError::permanent(
+            "not a return type an inbox handler can have",
+        ))
+    }
+
+    /// No key.
+    fn key_string(_key: &Self::Target) -> String {
+        String::new()
     }
 }
 
@@ -645,21 +715,37 @@ impl<T: ?Sized> ProbeFallback for Probe<T> {
     type Target = T;
 }
 
+/// The type whose `TypeId` stands for "no transaction type" in [`ProbeFallback`].
+struct ProbeFailed;
+
 /// Fails the build (in const evaluation) when `#[inbox_handler(event = "...")]` disagrees with
-/// the event type declared by the handler's parameter type. The message names both strings.
+/// the event type declared by the handler's parameter type. The generated code panics with
+/// [`event_type_mismatch`] itself, so that the error shows no frame in here; this is the same
+/// check as one call.
 #[doc(hidden)]
 pub const fn check_event_type(declared: &str, actual: Option<&str>, type_name: &str) {
+    if let Some(message) = &event_type_mismatch(declared, actual, type_name) {
+        panic!("{}", message.as_str())
+    }
+}
+
+/// Why `#[inbox_handler(event = "...")]` disagrees with the event type of the parameter's type,
+/// or `None` when it agrees (or the type declares none: its own error says why).
+#[doc(hidden)]
+pub const fn event_type_mismatch(
+    declared: &str,
+    actual: Option<&str>,
+    type_name: &str,
+) -> Option<ConstMessage> {
     let actual = match actual {
         // An empty event type is the derive's placeholder after its own error: nothing to add.
         Some(actual) if !actual.is_empty() => actual,
-        _ => return,
+        _ => return None,
     };
     if str_eq(declared, actual) {
-        return;
+        return None;
     }
-    let mut buf = [0u8; 1024];
-    let mut len = 0;
-    let parts = [
+    Some(ConstMessage::concat(&[
         "`event = \"",
         declared,
         "\"` does not match the event type of `",
@@ -671,26 +757,45 @@ pub const fn check_event_type(declared: &str, actual: Option<&str>, type_name: &
         "\"`, or take an event type declared with `#[outbox(event_type = \"",
         declared,
         "\")]`",
-    ];
-    let mut part = 0;
-    while part < parts.len() {
-        let bytes = parts[part].as_bytes();
-        let mut i = 0;
-        while i < bytes.len() && len < buf.len() {
-            buf[len] = bytes[i];
-            len += 1;
-            i += 1;
+    ]))
+}
+
+/// A message built in const evaluation (at most 1 KiB; longer ones are cut at a character).
+#[doc(hidden)]
+pub struct ConstMessage {
+    buf: [u8; 1024],
+    len: usize,
+}
+
+impl ConstMessage {
+    const fn concat(parts: &[&str]) -> Self {
+        let mut buf = [0u8; 1024];
+        let mut len = 0;
+        let mut part = 0;
+        while part < parts.len() {
+            let bytes = parts[part].as_bytes();
+            let mut i = 0;
+            while i < bytes.len() && len < buf.len() {
+                buf[len] = bytes[i];
+                len += 1;
+                i += 1;
+            }
+            part += 1;
         }
-        part += 1;
+        Self { buf, len }
     }
-    let (message, _) = buf.split_at(len);
-    match std::str::from_utf8(message) {
-        Ok(message) => panic!("{}", message),
-        Err(error) => {
-            let (valid, _) = message.split_at(error.valid_up_to());
-            match std::str::from_utf8(valid) {
-                Ok(message) => panic!("{}", message),
-                Err(_) => panic!("`event = \"...\"` does not match the parameter's event type"),
+
+    /// The message.
+    pub const fn as_str(&self) -> &str {
+        let (message, _) = self.buf.split_at(self.len);
+        match std::str::from_utf8(message) {
+            Ok(message) => message,
+            Err(error) => {
+                let (valid, _) = message.split_at(error.valid_up_to());
+                match std::str::from_utf8(valid) {
+                    Ok(valid) => valid,
+                    Err(_) => "",
+                }
             }
         }
     }

@@ -49,5 +49,6 @@ pub mod __private {
         HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
         ProbeFallback, RegistryError,
     };
+    pub use crate::handler::{event_type_mismatch, ConstMessage};
     pub use inventory;
 }

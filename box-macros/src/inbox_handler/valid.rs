@@ -2,11 +2,13 @@
 //! parameter list and the reference kinds. Type requirements are checked by the expansion, on
 //! the user's types (see `expand.rs`).
 
+use proc_macro2::{TokenStream, TokenTree};
 use quote::{quote, ToTokens};
 use syn::{FnArg, Type};
 
 use super::ast::Handler;
 use crate::ctxt::Ctxt;
+use crate::tokens::compact;
 
 /// The signature written in full, for messages.
 const SIGNATURE: &str = "(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError>";
@@ -14,9 +16,11 @@ const SIGNATURE: &str = "(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), 
 pub(crate) fn check(cx: &Ctxt, handler: &Handler) {
     check_qualifiers(cx, handler);
     check_generics(cx, handler);
-    if check_receiver(cx, handler) {
+    if check_receiver(cx, handler) && check_no_self_type(cx, handler) {
         check_arity(cx, handler);
-        check_params(cx, handler);
+        if check_order(cx, handler) {
+            check_params(cx, handler);
+        }
     }
     check_output(cx, handler);
 }
@@ -89,6 +93,34 @@ fn check_receiver(cx: &Ctxt, handler: &Handler) -> bool {
     true
 }
 
+/// Reports `Self` in the signature: the function is an associated function, which txbox cannot
+/// name from the registration it generates. Returns whether there was none.
+fn check_no_self_type(cx: &Ctxt, handler: &Handler) -> bool {
+    let sig = &handler.func.sig;
+    let mut types: Vec<TokenStream> = handler.inputs().map(ToTokens::to_token_stream).collect();
+    types.push(sig.output.to_token_stream());
+    if !types.into_iter().any(mentions_self) {
+        return true;
+    }
+    cx.error_spanned_by(
+        &sig.ident,
+        format!(
+            "`#[inbox_handler]` goes on a free function, not on an associated function: move \
+             `{}` out of the `impl` block and name its types instead of `Self`",
+            sig.ident
+        ),
+    );
+    false
+}
+
+fn mentions_self(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        TokenTree::Ident(ident) => ident == "Self",
+        TokenTree::Group(group) => mentions_self(group.stream()),
+        _ => false,
+    })
+}
+
 fn check_arity(cx: &Ctxt, handler: &Handler) {
     let sig = &handler.func.sig;
     match sig.inputs.len() {
@@ -122,13 +154,84 @@ fn check_arity(cx: &Ctxt, handler: &Handler) {
     }
 }
 
+/// What a parameter's type says it is meant to be.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    /// By value: the event.
+    Event,
+    /// `&mut T`: the transaction.
+    Tx,
+    /// `&T`: the metadata.
+    Meta,
+}
+
+fn role(ty: &Type) -> Option<Role> {
+    match ty {
+        Type::Reference(reference) if reference.mutability.is_some() => Some(Role::Tx),
+        Type::Reference(_) => Some(Role::Meta),
+        Type::ImplTrait(_) => None,
+        _ => Some(Role::Event),
+    }
+}
+
+/// Reports the right parameters in the wrong order (`tx` before the event, `meta` before `tx`)
+/// as one mistake, with the signature in order. Returns whether the order was right (or the
+/// parameters are not just a permutation of the right ones: the other checks say why).
+fn check_order(cx: &Ctxt, handler: &Handler) -> bool {
+    let sig = &handler.func.sig;
+    let typed: Vec<&syn::PatType> = handler
+        .inputs()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(typed) => Some(typed),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let Some(roles) = typed
+        .iter()
+        .map(|t| role(&t.ty))
+        .collect::<Option<Vec<Role>>>()
+    else {
+        return true;
+    };
+    let mut sorted = roles.clone();
+    sorted.sort();
+    let expected: &[Role] = match roles.len() {
+        2 => &[Role::Event, Role::Tx],
+        3 => &[Role::Event, Role::Tx, Role::Meta],
+        _ => return true,
+    };
+    if roles == expected || sorted != expected {
+        return true;
+    }
+    let mut in_order: Vec<(Role, &syn::PatType)> = roles.into_iter().zip(typed).collect();
+    in_order.sort_by_key(|(role, _)| *role);
+    let written: Vec<String> = in_order
+        .iter()
+        .map(|(_, t)| format!("{}: {}", compact(&t.pat), compact(&t.ty)))
+        .collect();
+    let message = if expected.len() == 2 {
+        "the event comes first and the transaction second: swap the parameters"
+    } else {
+        "the parameters go in the order event, transaction, metadata"
+    };
+    cx.error_spanned_by(
+        &sig.inputs,
+        format!(
+            "{message}: write `async fn {}({})`",
+            sig.ident,
+            written.join(", ")
+        ),
+    );
+    false
+}
+
 fn check_params(cx: &Ctxt, handler: &Handler) {
     if let Some(Type::Reference(reference)) = handler.param_ty(0) {
         cx.error_spanned_by(
             quote!(#reference),
             format!(
                 "the event is passed by value: write `event: {}` without `&`",
-                reference.elem.to_token_stream()
+                compact(&reference.elem)
             ),
         );
     }
@@ -165,7 +268,7 @@ fn check_output(cx: &Ctxt, handler: &Handler) {
     };
     let found = match ty {
         Type::Tuple(_) | Type::Never(_) | Type::Reference(_) | Type::Slice(_) | Type::Array(_) => {
-            ty.to_token_stream().to_string().replace(' ', "")
+            compact(ty)
         }
         Type::ImplTrait(_) => "`impl Trait`".to_owned(),
         _ => return, // checked on the type by the expansion
