@@ -425,6 +425,12 @@ fn print_table(runs: &[Measured]) {
     }
 }
 
+/// Whether run `letter` is selected by `INBOX_BENCH_RUNS` (default: all of `ABCDEL`; `L` is
+/// the latency and black-box part).
+fn selected(letter: &str) -> bool {
+    std::env::var("INBOX_BENCH_RUNS").map_or(true, |runs| runs.contains(letter))
+}
+
 /// PostgreSQL in `schema`: the invoices table and txbox's tables.
 async fn open_postgres(
     database_url: &str,
@@ -481,6 +487,9 @@ async fn postgres_runs(
             500,
         ),
     ] {
+        if !selected(&name[..1]) {
+            continue;
+        }
         let run = inbox_consumer(name, broker, topic, store.clone(), ack, max_batch, events);
         runs.push(run.await?);
     }
@@ -749,19 +758,24 @@ async fn bench(
         std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    let mut runs = vec![handwritten(&broker, &topic, &pool, events, partitions).await?];
+    let mut runs = Vec::new();
+    if selected("A") {
+        runs.push(handwritten(&broker, &topic, &pool, events, partitions).await?);
+    }
     runs.extend(postgres_runs(&broker, &topic, &pg, events).await?);
     #[cfg(feature = "sqlite")]
-    let sqlite_invoices = {
+    if selected("E") {
         let (d, invoices) = sqlite_run(&broker, &topic, events, partitions).await?;
         runs.push(d);
-        invoices
-    };
-
+        println!("check: SQLite bench_invoices = {invoices} (E, expected {events})");
+    }
     print_table(&runs);
-    print_postgres_check(&pool, events).await?;
-    #[cfg(feature = "sqlite")]
-    println!("check: SQLite bench_invoices = {sqlite_invoices} (E, expected {events})");
+    if selected("A") && selected("B") && selected("C") && selected("D") {
+        print_postgres_check(&pool, events).await?;
+    }
+    if !selected("L") {
+        return Ok(());
+    }
 
     let (p50, p99) = latency(&broker, &pg, 1000, 10).await?;
     println!(
@@ -770,7 +784,7 @@ async fn bench(
         p50.as_secs_f64() * 1e3,
         p99.as_secs_f64() * 1e3
     );
-    let baseline = runs[0].rate();
+    let baseline = runs.first().map_or(1.0, Measured::rate);
     for parts in [partitions, 12] {
         let (rate, _) = billing_blackbox(database_url, &broker, events, parts).await?;
         println!(
