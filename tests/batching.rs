@@ -439,3 +439,93 @@ async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() 
     assert_eq!(committed, Some(400), "the committed offset reached the end");
     assert_eq!(s.db.invoices().await, 400);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Revocation while a message of the revoked partition is failing and retrying: the old owner
+// stops at once; it neither dead-letters nor commits it, and the new owner applies it.
+
+static OLD_OWNER_RUNS: AtomicUsize = AtomicUsize::new(0);
+static OLD_OWNER_FAILED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[inbox_handler(event = "OrderCreated", group = "batch-revoke")]
+async fn fails_on_the_old_owner(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+) -> Result<(), HandlerError> {
+    let owner: String = sqlx::query_scalar("SELECT current_setting('application_name')")
+        .fetch_one(&mut **tx)
+        .await?;
+    if owner == "old-owner" {
+        OLD_OWNER_RUNS.fetch_add(1, AtomicOrdering::SeqCst);
+        OLD_OWNER_FAILED.notify_one();
+        return Err(HandlerError::transient("the old owner cannot apply it"));
+    }
+    insert_invoice(&event, tx).await
+}
+
+/// A store whose sessions are named `name` (the handler tells the two owners apart by it).
+async fn named_store(db: &TestDb, name: &str) -> txbox::PgStore {
+    let options: sqlx::postgres::PgConnectOptions =
+        db.url().parse().expect("database url");
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.application_name(name))
+        .await
+        .expect("connect");
+    txbox::PgStore::with_tables(pool, db.tables.clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_partition_stops_retrying_at_once_and_is_neither_dead_lettered_nor_committed() {
+    let s = Setup::new("batchrevoke", 2).await;
+    let orders = [s.send_orders(1, 0).await, s.send_orders(1, 1).await].concat();
+    // Retries far apart: left alone, the old owner would dead-letter after its third run.
+    let retry = RetryPolicy::default()
+        .max_attempts(3)
+        .backoff(Backoff::new(Duration::from_secs(4), Duration::from_secs(4)));
+    let consumer = |store: txbox::PgStore| {
+        Consumer::builder(
+            "batch-revoke",
+            store,
+            support::kafka(&s.broker.brokers, &s.topic),
+        )
+        .retry(retry.clone())
+    };
+    let mut old = Running::start(consumer(named_store(&s.db, "old-owner").await));
+    tokio::time::timeout(Duration::from_secs(30), OLD_OWNER_FAILED.notified())
+        .await
+        .expect("the old owner fails its first run");
+    // A second member joins: one of the two partitions is revoked from the old owner.
+    let mut new = Running::start(consumer(named_store(&s.db, "new-owner").await));
+    let taken = new.take(1).await.remove(0);
+    assert!(matches!(taken.outcome, Outcome::Processed { .. }), "{taken:?}");
+    let moved = taken.delivery.partition;
+    // Longer than the old owner's remaining retries would take.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let mut old_reports = old.stop().await;
+    new.stop().await;
+
+    while let Ok(r) = old_reports.try_recv() {
+        assert!(
+            r.delivery.partition != moved,
+            "the old owner resolved the revoked partition's message: {r:?}"
+        );
+    }
+    let dead_on_moved = s
+        .db
+        .count(&format!(
+            "SELECT count(*) FROM {} WHERE \"partition\" = {moved}",
+            s.db.tables.dead_letters
+        ))
+        .await;
+    assert_eq!(dead_on_moved, 0, "the revoked message was not dead-lettered");
+    assert_eq!(
+        s.invoices_of(orders[moved as usize]).await,
+        1,
+        "the new owner applied it once"
+    );
+    println!(
+        "partition {moved} moved; the old owner ran its handler {} times in all",
+        OLD_OWNER_RUNS.load(AtomicOrdering::SeqCst)
+    );
+}

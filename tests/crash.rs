@@ -24,6 +24,10 @@ async fn wait_until(db: &TestDb, sql: &str, target: i64, within: Duration) -> i6
     }
 }
 
+/// Five messages wait in the topic, so the consumer takes them as one batch (one transaction).
+/// The failpoint counts per message for `after_handler` (the third handler of the batch) and
+/// per transaction for the others: the batch is killed after its inbox rows were written,
+/// after its third handler, or after its commit and before the offset commit.
 async fn crash_at(failpoint: &str) {
     let broker = Broker::start();
     let db = TestDb::new("crash").await;
@@ -41,8 +45,9 @@ async fn crash_at(failpoint: &str) {
         .await;
     }
 
-    // The third message reaches the failpoint; the process is killed right there.
-    let spec = format!("{failpoint}:3");
+    // The process is killed right at the failpoint.
+    let hit = if failpoint == "after_handler" { 3 } else { 1 };
+    let spec = format!("{failpoint}:{hit}");
     let mut first = ChildConsumer::start(
         "billing",
         &db,
@@ -95,18 +100,20 @@ async fn crash_at(failpoint: &str) {
         );
     }
     if failpoint == "after_db_commit" {
-        assert_eq!(
-            committed_before_restart, 3,
-            "the third transaction committed before the kill"
+        assert!(
+            committed_before_restart >= 3,
+            "the transaction holding the third message committed before the kill \
+             ({committed_before_restart} committed)"
         );
         assert!(
             second.count(" duplicate ") >= 1,
-            "the committed but unacknowledged message came back as a duplicate"
+            "the committed but unacknowledged messages came back as duplicates"
         );
     } else {
-        assert_eq!(
-            committed_before_restart, 2,
-            "the third transaction died with the process"
+        assert!(
+            committed_before_restart < 3,
+            "the transaction holding the third message died with the process \
+             ({committed_before_restart} committed)"
         );
     }
 }

@@ -178,9 +178,13 @@ impl PgStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
         check_scheme(url, &["postgres", "postgresql"], "PgStore")?;
+        // No ping before each acquire: a broken connection fails its first statement, which
+        // the engine treats as an outage (back off, retry), so the ping would only add a round
+        // trip to every transaction.
         let options = sqlx::postgres::PgPoolOptions::new()
             .max_connections(max_connections.max(1))
-            .acquire_timeout(CONNECT_TIMEOUT);
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .test_before_acquire(false);
         let pool = bounded(url, options.connect(url)).await?;
         Ok(Self::new(pool))
     }
