@@ -9,11 +9,11 @@ use crate::ctxt::Ctxt;
 use crate::suggest;
 
 /// One `key = value` pair, kept with its tokens for error spans. `value` is `None` when the key
-/// was written without one (`bare`, where a list allows that) or with one already reported.
+/// was written without one (`bare`) or with one already reported.
 pub(crate) struct KeyValue {
     pub(crate) key: Ident,
     pub(crate) value: Option<Expr>,
-    /// Written as a lone `key`, in a list that allows it (not reported).
+    /// Written as a lone `key` (not reported: the caller knows which keys are flags).
     pub(crate) bare: bool,
 }
 
@@ -24,22 +24,12 @@ pub(crate) struct KvList {
     pub(crate) complete: bool,
 }
 
-/// How a list is read: its example (for messages), whether keys may stand alone, and which keys
-/// name a field (their value may be a keyword that needs its raw form).
+/// How a list is read: its example (for messages), and which keys name a field (their value
+/// may be a keyword that needs its raw form).
 #[derive(Clone, Copy)]
 pub(crate) struct ListSpec<'a> {
     pub(crate) example: &'a str,
-    pub(crate) bare: Bare,
     pub(crate) field_keys: &'a [&'a str],
-}
-
-/// Whether a key may stand alone, without `= value`.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Bare {
-    /// `key,` is an error ("give `key` a value"): the type-level lists and the handler's.
-    Error,
-    /// `key,` is a flag: a field's `#[outbox(key)]`.
-    Allowed,
 }
 
 /// Parses `key = value, ...`. Syntax errors go to `cx`; what parsed before the error is returned.
@@ -70,7 +60,8 @@ pub(crate) fn parse_list(cx: &Ctxt, tokens: proc_macro2::TokenStream, spec: List
     }
 }
 
-/// One `key = value` (or a bare `key`). An error that leaves the rest of the list readable is
+/// One `key = value` (or a bare `key`, followed by `,` or the end: a flag, or a key whose value
+/// is missing; the caller tells which). An error that leaves the rest of the list readable is
 /// reported to `cx` and parsing goes on; any other ends the list.
 fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyValue> {
     let example = spec.example;
@@ -83,28 +74,14 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
     }
     let key = input.call(Ident::parse_any)?;
     if !input.peek(Token![=]) {
-        let at_end = input.is_empty() || input.peek(Token![,]);
-        if spec.bare == Bare::Allowed && at_end {
+        if input.is_empty() || input.peek(Token![,]) {
             return Ok(KeyValue {
                 key,
                 value: None,
                 bare: true,
             });
         }
-        let error = syn::Error::new(
-            key.span(),
-            format!("expected `{key} = ...`: give `{key}` a value, e.g. `{example}`"),
-        );
-        if !at_end {
-            return Err(error);
-        }
-        // `key,`: report it and go on with the rest of the list.
-        cx.syn_error(error);
-        return Ok(KeyValue {
-            key,
-            value: None,
-            bare: false,
-        });
+        return Err(syn::Error::new(key.span(), missing_value(&key, example)));
     }
     input.parse::<Token![=]>()?;
     if spec.field_keys.contains(&key.to_string().as_str()) && is_keyword_value(input) {
@@ -142,6 +119,11 @@ fn is_keyword_value(input: ParseStream) -> bool {
     };
     let no_raw_form = ["_", "true", "false", "self", "Self", "super", "crate"];
     !no_raw_form.contains(&ident.to_string().as_str()) && (fork.is_empty() || fork.peek(Token![,]))
+}
+
+/// The message for a key written without the value it needs (`example` is `key = value`).
+pub(crate) fn missing_value(key: &Ident, example: &str) -> String {
+    format!("expected `{key} = ...`: give `{key}` a value, e.g. `{example}`")
 }
 
 /// The value as a string literal, or an error on it that shows the expected form.

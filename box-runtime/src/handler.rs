@@ -624,6 +624,11 @@ impl<E: OutboxEvent> Probe<E> {
     pub fn decode(payload: &[u8]) -> Result<E, HandlerError> {
         decode::<E>(payload)
     }
+
+    /// See [`decode_all`] (a batch handler's events).
+    pub fn decode_all(payloads: &[&[u8]]) -> Result<Vec<E>, HandlerError> {
+        decode_all::<E>(payloads)
+    }
 }
 
 impl<T: HandlerTx + ?Sized> Probe<T> {
@@ -642,6 +647,13 @@ impl<M: MetaParam + ?Sized> Probe<M> {
     /// See [`meta_param`].
     pub fn meta(meta: &MessageMeta) -> Result<&M, HandlerError> {
         Ok(meta_param::<M>(meta))
+    }
+}
+
+impl Probe<MessageMeta> {
+    /// The metadata of a batch handler's events (`metas: &[MessageMeta]`), one per event.
+    pub fn metas(metas: &[MessageMeta]) -> Result<&[MessageMeta], HandlerError> {
+        Ok(metas)
     }
 }
 
@@ -682,6 +694,14 @@ pub trait ProbeFallback {
     }
 
     /// Never succeeds.
+    fn decode_all(_payloads: &[&[u8]]) -> Result<Vec<Self::Target>, HandlerError>
+    where
+        Self::Target: Sized,
+    {
+        Err(HandlerError::bad_message("not an outbox event"))
+    }
+
+    /// Never succeeds.
     fn downcast_tx(_tx: &mut (dyn Any + Send)) -> Result<&mut Self::Target, HandlerError> {
         Err(HandlerError::permanent(
             "not a transaction type txbox can hand to a handler",
@@ -695,6 +715,14 @@ pub trait ProbeFallback {
 
     /// Never succeeds.
     fn meta(_meta: &MessageMeta) -> Result<&Self::Target, HandlerError> {
+        Err(HandlerError::permanent("not the message metadata"))
+    }
+
+    /// Never succeeds.
+    fn metas(_metas: &[MessageMeta]) -> Result<&[Self::Target], HandlerError>
+    where
+        Self::Target: Sized,
+    {
         Err(HandlerError::permanent("not the message metadata"))
     }
 

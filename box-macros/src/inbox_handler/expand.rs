@@ -12,6 +12,11 @@
 //! free of follow-on errors; the future's `Send` is required by coercing it to
 //! `dyn Future + Send` on the function's name.
 //!
+//! A batch handler (`#[inbox_handler(.., batch)]`) gets `__txbox_invoke_batch`, which decodes a
+//! run of payloads and calls the function once with all the events (and their metadata), and a
+//! `__txbox_invoke` that runs it on one message: the function is called in one place only, so
+//! each type error and the `Send` requirement are reported once.
+//!
 //! The registration is a *named* const rather than `const _`: a named const is also valid in an
 //! `impl` block, so `#[inbox_handler]` on an associated function fails with one error (the
 //! wrapper cannot name the function) instead of a parse error first.
@@ -22,16 +27,19 @@ use syn::ext::IdentExt;
 use syn::{Ident, LitStr, Type};
 
 use super::ast::Handler;
-use super::attr::HandlerAttr;
+use super::attr::{Form, HandlerAttr};
 use crate::tokens::{compact, respan};
 
 /// What the expansion is made of, once the attribute and the signature have been checked.
 struct Parts<'a> {
     name: &'a Ident,
+    form: Form,
     event: &'a LitStr,
     group: &'a LitStr,
+    /// The event type; for a batch handler, the `E` of `Vec<E>`.
     event_ty: &'a Type,
     tx_ty: &'a Type,
+    /// The metadata type; for a batch handler, the `M` of `&[M]`.
     meta_ty: Option<&'a Type>,
     output: &'a Type,
     /// `::txbox` or the `crate = "..."` path.
@@ -40,12 +48,13 @@ struct Parts<'a> {
 
 pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     let func = &handler.func;
+    let form = attr.form();
     // Not reached without all of them: a missing key or parameter is an error, and errors skip
     // the expansion.
     let (Some(event), Some(group), Some(event_ty), Some(tx_ty), Some(output)) = (
         &attr.event,
         &attr.group,
-        handler.param_ty(0),
+        handler.event_ty(form),
         handler.param_referent(1),
         handler.output(),
     ) else {
@@ -53,11 +62,12 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     };
     let parts = Parts {
         name: &func.sig.ident,
+        form,
         event,
         group,
         event_ty,
         tx_ty,
-        meta_ty: handler.param_referent(2),
+        meta_ty: handler.meta_ty(form),
         output,
         krate: match &attr.krate {
             Some(path) => path.to_token_stream(),
@@ -142,13 +152,20 @@ impl Parts<'_> {
                  `tx: &mut {krate}::SqliteTx<'_>` for SQLite"
             ),
         );
-        let meta = on_unimplemented(
-            "`{Self}` is not the message metadata",
-            "expected `MessageMeta` here",
-            &format!(
+        let meta_note = match self.form {
+            Form::Single => format!(
                 "the optional third parameter of an inbox handler is the message metadata: \
                  write `meta: &{krate}::MessageMeta`"
             ),
+            Form::Batch => format!(
+                "the optional third parameter of a batch handler is the metadata of its \
+                 events, one per event: write `metas: &[{krate}::MessageMeta]`"
+            ),
+        };
+        let meta = on_unimplemented(
+            "`{Self}` is not the message metadata",
+            "expected `MessageMeta` here",
+            &meta_note,
         );
         let ret = on_unimplemented(
             "`{Self}` is not a return type an inbox handler can have",
@@ -185,10 +202,27 @@ impl Parts<'_> {
         }
     }
 
-    /// The erased wrapper: decodes the payload, downcasts the transaction and calls the function.
+    /// The erased wrappers, and the transaction type's `TypeId`.
     fn invoke(&self) -> TokenStream {
         let private = self.private();
-        let (name, event_ty, tx_ty, output) = (self.name, self.event_ty, self.tx_ty, self.output);
+        let tx_ty = self.tx_ty;
+        let wrappers = match self.form {
+            Form::Single => self.invoke_single(),
+            Form::Batch => self.invoke_batch(),
+        };
+        quote! {
+            #wrappers
+
+            fn __txbox_tx_type() -> ::core::any::TypeId {
+                #private::Probe::<#tx_ty>::tx_type_id()
+            }
+        }
+    }
+
+    /// `__txbox_invoke`: decodes the payload, downcasts the transaction and calls the function.
+    fn invoke_single(&self) -> TokenStream {
+        let private = self.private();
+        let event_ty = self.event_ty;
         let (meta_let, meta_arg) = match self.meta_ty {
             Some(meta_ty) => (
                 quote! {
@@ -201,11 +235,8 @@ impl Parts<'_> {
             ),
             None => (quote! { let _ = __txbox_meta; }, TokenStream::new()),
         };
-        // Coerced to `dyn Future + Send` with the function name's span: a future that is not
-        // `Send` is reported on the name.
-        let boxed = quote_spanned! {name.span()=>
-            ::std::boxed::Box::pin(#name(__txbox_event, __txbox_tx #meta_arg))
-        };
+        let downcast = self.downcast_tx();
+        let call = self.call(quote!(__txbox_event), meta_arg);
         quote! {
             fn __txbox_invoke<'__txbox>(
                 __txbox_payload: &'__txbox [u8],
@@ -216,22 +247,91 @@ impl Parts<'_> {
                     ::core::result::Result::Ok(event) => event,
                     ::core::result::Result::Err(error) => return #private::fail(error),
                 };
-                let __txbox_tx = match #private::Probe::<#tx_ty>::downcast_tx(__txbox_tx) {
-                    ::core::result::Result::Ok(tx) => tx,
-                    ::core::result::Result::Err(error) => return #private::fail(error),
-                };
+                #downcast
                 #meta_let
-                let __txbox_future: ::core::pin::Pin<::std::boxed::Box<
-                    dyn ::core::future::Future<Output = #output>
-                        + ::core::marker::Send
-                        + '__txbox,
-                >> = #boxed;
-                #private::Probe::<#output>::into_future(__txbox_future)
+                #call
+            }
+        }
+    }
+
+    /// `__txbox_invoke_batch`: decodes every payload, downcasts the transaction and calls the
+    /// function once with all the events; `__txbox_invoke` runs it on one message. The payloads
+    /// have a lifetime of their own: they are decoded before the future is made, so
+    /// `__txbox_invoke` can pass a slice of its one payload that lives only for the call.
+    fn invoke_batch(&self) -> TokenStream {
+        let private = self.private();
+        let event_ty = self.event_ty;
+        let (metas_let, metas_arg) = match self.meta_ty {
+            Some(meta_ty) => (
+                quote! {
+                    let __txbox_metas = match #private::Probe::<#meta_ty>::metas(__txbox_metas) {
+                        ::core::result::Result::Ok(metas) => metas,
+                        ::core::result::Result::Err(error) => return #private::fail(error),
+                    };
+                },
+                quote!(, __txbox_metas),
+            ),
+            None => (quote! { let _ = __txbox_metas; }, TokenStream::new()),
+        };
+        let downcast = self.downcast_tx();
+        let call = self.call(quote!(__txbox_events), metas_arg);
+        quote! {
+            fn __txbox_invoke_batch<'__txbox_payloads, '__txbox>(
+                __txbox_payloads: &'__txbox_payloads [&'__txbox_payloads [u8]],
+                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __txbox_metas: &'__txbox [#private::MessageMeta],
+            ) -> #private::HandlerFuture<'__txbox> {
+                let __txbox_events =
+                    match #private::Probe::<#event_ty>::decode_all(__txbox_payloads) {
+                        ::core::result::Result::Ok(events) => events,
+                        ::core::result::Result::Err(error) => return #private::fail(error),
+                    };
+                #downcast
+                #metas_let
+                #call
             }
 
-            fn __txbox_tx_type() -> ::core::any::TypeId {
-                #private::Probe::<#tx_ty>::tx_type_id()
+            fn __txbox_invoke<'__txbox>(
+                __txbox_payload: &'__txbox [u8],
+                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __txbox_meta: &'__txbox #private::MessageMeta,
+            ) -> #private::HandlerFuture<'__txbox> {
+                __txbox_invoke_batch(
+                    ::core::slice::from_ref(&__txbox_payload),
+                    __txbox_tx,
+                    ::core::slice::from_ref(__txbox_meta),
+                )
             }
+        }
+    }
+
+    /// `let __txbox_tx = ..;`: the store's transaction as the one the function takes.
+    fn downcast_tx(&self) -> TokenStream {
+        let private = self.private();
+        let tx_ty = self.tx_ty;
+        quote! {
+            let __txbox_tx = match #private::Probe::<#tx_ty>::downcast_tx(__txbox_tx) {
+                ::core::result::Result::Ok(tx) => tx,
+                ::core::result::Result::Err(error) => return #private::fail(error),
+            };
+        }
+    }
+
+    /// The call of the function, boxed as the handler future. Coerced to `dyn Future + Send`
+    /// with the function name's span: a future that is not `Send` is reported on the name.
+    fn call(&self, events: TokenStream, meta_arg: TokenStream) -> TokenStream {
+        let private = self.private();
+        let (name, output) = (self.name, self.output);
+        let boxed = quote_spanned! {name.span()=>
+            ::std::boxed::Box::pin(#name(#events, __txbox_tx #meta_arg))
+        };
+        quote! {
+            let __txbox_future: ::core::pin::Pin<::std::boxed::Box<
+                dyn ::core::future::Future<Output = #output>
+                    + ::core::marker::Send
+                    + '__txbox,
+            >> = #boxed;
+            #private::Probe::<#output>::into_future(__txbox_future)
         }
     }
 
@@ -254,7 +354,8 @@ impl Parts<'_> {
         }
     }
 
-    /// The one `inventory::submit!`, with the function's path, file and line.
+    /// The one `inventory::submit!`, with the function's path, file and line (and, for a batch
+    /// handler, `.batch(__txbox_invoke_batch)`).
     fn submit(&self) -> TokenStream {
         let private = self.private();
         let (name, event, group) = (self.name, self.event, self.group);
@@ -263,6 +364,10 @@ impl Parts<'_> {
             ::core::concat!(::core::module_path!(), "::", #name_str),
             ::core::file!(),
             ::core::line!(),
+        };
+        let batch = match self.form {
+            Form::Single => TokenStream::new(),
+            Form::Batch => quote!(.batch(__txbox_invoke_batch)),
         };
         quote! {
             #private::inventory::submit! {
@@ -273,6 +378,7 @@ impl Parts<'_> {
                     __txbox_tx_type,
                     __txbox_invoke,
                 )
+                #batch
             }
         }
     }

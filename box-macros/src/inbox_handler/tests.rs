@@ -9,9 +9,9 @@ use crate::ctxt::Ctxt;
 /// The messages `#[inbox_handler(args)]` on `item` reports, in order.
 fn errors(args: TokenStream, item: TokenStream) -> Vec<String> {
     let cx = Ctxt::new();
-    let _ = attr::HandlerAttr::from_tokens(&cx, args);
+    let attr = attr::HandlerAttr::from_tokens(&cx, args);
     if let Some(handler) = ast::Handler::from_tokens(&cx, item) {
-        valid::check(&cx, &handler);
+        valid::check(&cx, &handler, &attr);
     }
     match cx.check() {
         Ok(()) => Vec::new(),
@@ -78,7 +78,8 @@ fn unknown_key_lists_the_valid_keys() {
     let message = single_error(quote!(event = "A", group = "b", topic = "t"), good_fn());
     assert_eq!(
         message,
-        "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `crate`"
+        "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `batch`, \
+         `crate`"
     );
 }
 
@@ -339,14 +340,30 @@ fn types_in_messages_are_printed_as_written() {
     let message = single_error(
         good_args(),
         quote!(
-            async fn h(e: &Vec<(String, Vec<u8>)>, tx: &mut PgTx<'_>) -> Result<(), X> {
+            async fn h(e: &Option<(String, Vec<u8>)>, tx: &mut PgTx<'_>) -> Result<(), X> {
                 Ok(())
             }
         ),
     );
     assert_eq!(
         message,
-        "the event is passed by value: write `event: Vec<(String, Vec<u8>)>` without `&`"
+        "the event is passed by value: write `event: Option<(String, Vec<u8>)>` without `&`"
+    );
+    // `&Vec<..>` is several events: see `events_by_reference_are_one_error_in_either_form`.
+    let message = single_error(
+        good_args(),
+        quote!(
+            async fn h(e: &Vec<(String, Vec<u8>)>, tx: &mut PgTx<'_>) -> Result<(), X> {
+                Ok(())
+            }
+        ),
+    );
+    assert!(
+        message.ends_with(
+            "and write `events: Vec<(String, Vec<u8>)>`; or take one event: \
+             `event: (String, Vec<u8>)`"
+        ),
+        "{message}"
     );
 }
 
@@ -418,4 +435,211 @@ fn malformed_crate_path_is_an_error_on_the_string() {
         message,
         "expected a string literal for `crate`, e.g. `crate = \"my_txbox\"`"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch handlers: `#[inbox_handler(.., batch)]`.
+
+fn batch_args() -> TokenStream {
+    quote!(event = "OrderCreated", group = "billing", batch)
+}
+
+fn batch_fn() -> TokenStream {
+    quote! {
+        async fn create_invoices(
+            events: Vec<OrderCreated>,
+            tx: &mut PgTx<'_>,
+        ) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    }
+}
+
+#[test]
+fn accepts_a_batch_handler_with_and_without_metadata() {
+    assert_eq!(errors(batch_args(), batch_fn()), Vec::<String>::new());
+    let item = quote! {
+        async fn h(
+            events: std::vec::Vec<E>,
+            tx: &mut PgTx<'_>,
+            metas: &[MessageMeta],
+        ) -> anyhow::Result<()> {
+            Ok(())
+        }
+    };
+    assert_eq!(errors(batch_args(), item), Vec::<String>::new());
+}
+
+#[test]
+fn batch_is_a_flag() {
+    let cx = Ctxt::new();
+    let attr = attr::HandlerAttr::from_tokens(&cx, batch_args());
+    assert!(cx.check().is_ok());
+    assert!(attr.form() == attr::Form::Batch);
+    for (args, expected) in [
+        (
+            quote!(event = "A", group = "b", batch = true),
+            "`batch` is a flag and takes no value: write `batch`, not `batch = true`",
+        ),
+        (
+            quote!(event = "A", group = "b", batch = "yes"),
+            "`batch` is a flag and takes no value: write `batch`, not `batch = \"yes\"`",
+        ),
+    ] {
+        // Still a batch handler: the signature raises no second error.
+        assert_eq!(single_error(args, batch_fn()), expected);
+    }
+    assert_eq!(
+        single_error(quote!(event = "A", group = "b", batch = false), good_fn()),
+        "`batch` is a flag and takes no value: a handler of one event per call has no `batch`; \
+         remove `batch = false`"
+    );
+}
+
+#[test]
+fn batch_given_twice_is_reported_once() {
+    let message = single_error(quote!(event = "A", group = "b", batch, batch), batch_fn());
+    assert_eq!(message, "`batch` is given twice; keep one");
+}
+
+#[test]
+fn a_key_without_its_value_names_an_example_of_that_key() {
+    let message = single_error(quote!(event = "A", group, batch), batch_fn());
+    assert_eq!(
+        message,
+        "expected `group = ...`: give `group` a value, e.g. `group = \"billing\"`"
+    );
+}
+
+#[test]
+fn batch_without_a_vec_of_events_says_how_to_write_it() {
+    let message = single_error(batch_args(), good_fn());
+    assert_eq!(
+        message,
+        "a batch handler takes its events as `events: Vec<OrderCreated>`; write that instead of \
+         `OrderCreated`, or remove `batch` for a handler of one event per call"
+    );
+}
+
+#[test]
+fn a_vec_of_events_without_batch_says_to_add_it() {
+    let message = single_error(good_args(), batch_fn());
+    assert_eq!(
+        message,
+        "a handler that takes `Vec<OrderCreated>` is a batch handler: add `batch` to the \
+         attribute, as in `#[inbox_handler(event = \"OrderCreated\", group = \"billing\", \
+         batch)]`; or take one event: `event: OrderCreated`"
+    );
+}
+
+#[test]
+fn events_by_reference_are_one_error_in_either_form() {
+    for ty in [quote!(&[OrderCreated]), quote!(&Vec<OrderCreated>)] {
+        let item = quote! {
+            async fn h(events: #ty, tx: &mut PgTx<'_>) -> Result<(), X> {
+                Ok(())
+            }
+        };
+        assert_eq!(
+            single_error(batch_args(), item.clone()),
+            "the events are passed by value: write `events: Vec<OrderCreated>` without `&`"
+        );
+        let message = single_error(good_args(), item);
+        assert!(
+            message.starts_with(
+                "a handler of several events is a batch handler, and takes them by value: add \
+                 `batch` to the attribute"
+            ),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn metadata_of_a_batch_is_a_slice() {
+    let item = quote! {
+        async fn h(events: Vec<E>, tx: &mut PgTx<'_>, meta: &MessageMeta) -> Result<(), X> {
+            Ok(())
+        }
+    };
+    assert_eq!(
+        single_error(batch_args(), item),
+        "a batch handler takes the metadata of its events as a slice, one per event: write \
+         `metas: &[MessageMeta]`"
+    );
+    let item = quote! {
+        async fn h(event: E, tx: &mut PgTx<'_>, metas: &[MessageMeta]) -> Result<(), X> {
+            Ok(())
+        }
+    };
+    let message = single_error(good_args(), item);
+    assert!(
+        message.starts_with("a handler of one event takes that event's metadata"),
+        "{message}"
+    );
+}
+
+#[test]
+fn batch_signature_messages_speak_of_events() {
+    let item = quote! {
+        async fn h(tx: &mut PgTx<'_>, events: Vec<E>) -> Result<(), X> {
+            Ok(())
+        }
+    };
+    assert_eq!(
+        single_error(batch_args(), item),
+        "the events come first and the transaction second: swap the parameters: write \
+         `async fn h(events: Vec<E>, tx: &mut PgTx<'_>)`"
+    );
+    let item = quote! {
+        async fn h(events: Vec<E>, tx: &mut T, m: &[M], x: u8) -> Result<(), X> {
+            Ok(())
+        }
+    };
+    assert!(single_error(batch_args(), item).starts_with(
+        "too many parameters: a batch handler takes `(events, tx)` or \
+         `(events, tx, metas: &[MessageMeta])`"
+    ));
+}
+
+#[test]
+fn batch_expansion_calls_the_function_once_from_both_wrappers() {
+    let item = quote! {
+        async fn create_invoices(
+            events: Vec<OrderCreated>,
+            tx: &mut PgTx<'_>,
+            metas: &[MessageMeta],
+        ) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    };
+    let out = super::expand(batch_args(), item.clone()).to_string();
+    assert!(out.starts_with(&item.to_string()), "{out}");
+    for expected in [
+        ":: txbox :: __private :: Probe :: < OrderCreated > :: decode_all",
+        ":: txbox :: __private :: Probe :: < MessageMeta > :: metas",
+        "< OrderCreated as :: txbox :: __private :: OutboxEvent > :: key",
+        "< MessageMeta as __txbox_Metadata > :: CHECK",
+        ":: core :: slice :: from_ref (& __txbox_payload)",
+        ":: core :: slice :: from_ref (__txbox_meta)",
+        ". batch (__txbox_invoke_batch)",
+        "`metas: &[txbox::MessageMeta]`",
+    ] {
+        assert!(out.contains(expected), "missing `{expected}` in {out}");
+    }
+    // The user's function is called once, by `__txbox_invoke_batch`; `__txbox_invoke` calls that.
+    assert_eq!(
+        out.matches("create_invoices (__txbox_events , __txbox_tx , __txbox_metas)")
+            .count(),
+        1,
+        "{out}"
+    );
+    assert_eq!(out.matches("create_invoices (").count(), 2, "{out}");
+    assert_eq!(out.matches("inventory :: submit !").count(), 1, "{out}");
+}
+
+#[test]
+fn single_expansion_has_no_batch_wrapper() {
+    let out = super::expand(good_args(), good_fn()).to_string();
+    assert!(!out.contains("batch"), "{out}");
 }

@@ -4,7 +4,7 @@
 use syn::{Attribute, Ident, LitStr};
 
 use crate::ctxt::Ctxt;
-use crate::kv::{self, Bare, ListSpec};
+use crate::kv::{self, ListSpec};
 
 /// The attribute's name.
 pub(crate) const OUTBOX: &str = "outbox";
@@ -78,7 +78,6 @@ impl Attrs {
             };
             let spec = ListSpec {
                 example: "event_type = \"OrderCreated\"",
-                bare: Bare::Allowed,
                 field_keys: &[KEY, AGGREGATE_ID],
             };
             let list = kv::parse_list(cx, list.tokens.clone(), spec);
@@ -147,10 +146,7 @@ fn no_value(cx: &Ctxt, key: &Ident) {
         k @ (KEY | AGGREGATE_ID) => format!(
             "`{k}` names a field: write `{k} = order_id`, or put `#[outbox({k})]` on the field"
         ),
-        k => format!(
-            "expected `{k} = ...`: give `{k}` a value, e.g. `{k} = {}`",
-            example_value(k)
-        ),
+        k => kv::missing_value(key, &format!("{k} = {}", example_value(k))),
     };
     cx.error_spanned_by(key, message);
 }
@@ -181,7 +177,6 @@ impl FieldFlags {
             };
             let spec = ListSpec {
                 example: "key",
-                bare: Bare::Allowed,
                 field_keys: &[],
             };
             for pair in kv::parse_list(cx, list.tokens.clone(), spec).pairs {
