@@ -465,8 +465,7 @@ async fn fails_on_the_old_owner(
 
 /// A store whose sessions are named `name` (the handler tells the two owners apart by it).
 async fn named_store(db: &TestDb, name: &str) -> txbox::PgStore {
-    let options: sqlx::postgres::PgConnectOptions =
-        db.url().parse().expect("database url");
+    let options: sqlx::postgres::PgConnectOptions = db.url().parse().expect("database url");
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect_with(options.application_name(name))
@@ -491,14 +490,17 @@ async fn a_revoked_partition_stops_retrying_at_once_and_is_neither_dead_lettered
         )
         .retry(retry.clone())
     };
-    let mut old = Running::start(consumer(named_store(&s.db, "old-owner").await));
+    let old = Running::start(consumer(named_store(&s.db, "old-owner").await));
     tokio::time::timeout(Duration::from_secs(30), OLD_OWNER_FAILED.notified())
         .await
         .expect("the old owner fails its first run");
     // A second member joins: one of the two partitions is revoked from the old owner.
     let mut new = Running::start(consumer(named_store(&s.db, "new-owner").await));
     let taken = new.take(1).await.remove(0);
-    assert!(matches!(taken.outcome, Outcome::Processed { .. }), "{taken:?}");
+    assert!(
+        matches!(taken.outcome, Outcome::Processed { .. }),
+        "{taken:?}"
+    );
     let moved = taken.delivery.partition;
     // Longer than the old owner's remaining retries would take.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -511,14 +513,16 @@ async fn a_revoked_partition_stops_retrying_at_once_and_is_neither_dead_lettered
             "the old owner resolved the revoked partition's message: {r:?}"
         );
     }
-    let dead_on_moved = s
-        .db
-        .count(&format!(
+    let dead_on_moved =
+        s.db.count(&format!(
             "SELECT count(*) FROM {} WHERE \"partition\" = {moved}",
             s.db.tables.dead_letters
         ))
         .await;
-    assert_eq!(dead_on_moved, 0, "the revoked message was not dead-lettered");
+    assert_eq!(
+        dead_on_moved, 0,
+        "the revoked message was not dead-lettered"
+    );
     assert_eq!(
         s.invoices_of(orders[moved as usize]).await,
         1,
