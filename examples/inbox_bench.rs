@@ -372,7 +372,8 @@ async fn handwritten(
     ))
 }
 
-/// Runs B, C, D: txbox's consumer until every message is processed, then a graceful stop.
+/// Runs B to F: txbox's consumer until every message is processed, then a graceful stop.
+#[allow(clippy::too_many_arguments)] // the settings of one run, named at each call
 async fn inbox_consumer<S: txbox::store::InboxStore>(
     group: &str,
     name: &str,
