@@ -283,7 +283,23 @@ impl<S: InboxStore> Member<S> {
                 }
             }
         }
-        self.consumer.unsubscribe();
+        // Leaving the group waits for the group coordinator (and closing flushes the queued
+        // commits): with the broker gone that could take for ever, so it gets what is left of
+        // the grace period, on a thread of its own, and is left behind after that.
+        let consumer = self.consumer;
+        let close = tokio::task::spawn_blocking(move || {
+            consumer.unsubscribe();
+            drop(consumer);
+        });
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_secs(1));
+        if tokio::time::timeout(left, close).await.is_err() {
+            tracing::warn!(
+                group = self.inbox.group(),
+                "leaving the group did not finish within the grace period (broker unreachable?)"
+            );
+        }
         tracing::info!(group = self.inbox.group(), "consumer stopped");
         self.first_error.map_or(Ok(()), Err)
     }
