@@ -318,6 +318,9 @@ pub struct HandlerRegistration {
     /// For a batch handler (`#[inbox_handler(.., batch)]`): the erased handler of a whole run
     /// of messages. `invoke` then calls the same function with a one-element batch.
     pub invoke_batch: Option<InvokeBatchFn>,
+    /// Whether the handler takes the message metadata (when it does not, the runtime does not
+    /// build it).
+    pub takes_meta: bool,
 }
 
 impl HandlerRegistration {
@@ -342,6 +345,16 @@ impl HandlerRegistration {
             tx_type,
             invoke,
             invoke_batch: None,
+            takes_meta: true,
+        }
+    }
+
+    /// The registration of a handler that takes no metadata. Used by generated code.
+    #[doc(hidden)]
+    pub const fn no_meta(self) -> Self {
+        Self {
+            takes_meta: false,
+            ..self
         }
     }
 

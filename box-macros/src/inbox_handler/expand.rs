@@ -355,7 +355,7 @@ impl Parts<'_> {
     }
 
     /// The one `inventory::submit!`, with the function's path, file and line (and, for a batch
-    /// handler, `.batch(__txbox_invoke_batch)`).
+    /// handler, `.batch(__txbox_invoke_batch)`; for a handler without metadata, `.no_meta()`).
     fn submit(&self) -> TokenStream {
         let private = self.private();
         let (name, event, group) = (self.name, self.event, self.group);
@@ -369,6 +369,11 @@ impl Parts<'_> {
             Form::Single => TokenStream::new(),
             Form::Batch => quote!(.batch(__txbox_invoke_batch)),
         };
+        // A handler without the metadata parameter spares the runtime building it.
+        let no_meta = match self.meta_ty {
+            Some(_) => TokenStream::new(),
+            None => quote!(.no_meta()),
+        };
         quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
@@ -379,6 +384,7 @@ impl Parts<'_> {
                     __txbox_invoke,
                 )
                 #batch
+                #no_meta
             }
         }
     }

@@ -576,6 +576,10 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     fn meta(&self, msg: &Ready<'_>, attempt: u32) -> MessageMeta {
+        if !msg.reg.takes_meta {
+            // The handler never sees it: no copies of ids, topic and headers.
+            return MessageMeta::new(String::new(), String::new(), String::new());
+        }
         let (d, key) = (msg.d, &msg.key);
         // The handler sees the id as sent, even when the inbox keys on its digest.
         let event_id = match &self.config.event_id {
