@@ -566,7 +566,7 @@ impl<S: InboxStore> Inbox<S> {
             Ok(id) => Outcome::DeadLettered { reason, id },
             Err(e) => {
                 tracing::error!(group = self.group(), at = %letter.delivery.coordinates(),
-                    reason = reason.as_str(), error = %e,
+                    reason = reason.as_str(), error = e.to_string().as_str(),
                     "a dead letter could not be stored; the message is skipped");
                 Outcome::Skipped {
                     reason: format!("{reason}; the dead letter could not be stored: {e}"),

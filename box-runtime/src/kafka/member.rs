@@ -285,16 +285,19 @@ impl<S: InboxStore> Member<S> {
         }
         // Leaving the group waits for the group coordinator (and closing flushes the queued
         // commits): with the broker gone that could take for ever, so it gets what is left of
-        // the grace period, on a thread of its own, and is left behind after that.
+        // the grace period, on a detached thread of its own (a blocking task would hold up the
+        // runtime's own shutdown), and is left behind after that.
         let consumer = self.consumer;
-        let close = tokio::task::spawn_blocking(move || {
+        let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
             consumer.unsubscribe();
             drop(consumer);
+            let _ = closed.send(());
         });
         let left = deadline
             .saturating_duration_since(tokio::time::Instant::now())
-            .max(Duration::from_secs(1));
-        if tokio::time::timeout(left, close).await.is_err() {
+            .max(Duration::from_secs(5));
+        if tokio::time::timeout(left, is_closed).await.is_err() {
             tracing::warn!(
                 group = self.inbox.group(),
                 "leaving the group did not finish within the grace period (broker unreachable?)"
