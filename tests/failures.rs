@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
@@ -100,7 +100,8 @@ impl Setup {
 // Retries: the attempt count is stored outside the rolled-back transaction and seen by the
 // handler; a panic is an error like any other.
 
-static RETRY_ATTEMPTS_SEEN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// Each run of the `retry` handler: the attempt it was told, and when it started.
+static RETRY_ATTEMPTS_SEEN: Mutex<Vec<(u32, Instant)>> = Mutex::new(Vec::new());
 
 #[inbox_handler(event = "OrderCreated", group = "retry")]
 async fn fails_twice(
@@ -108,7 +109,10 @@ async fn fails_twice(
     tx: &mut PgTx<'_>,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
-    RETRY_ATTEMPTS_SEEN.lock().unwrap().push(meta.attempt);
+    RETRY_ATTEMPTS_SEEN
+        .lock()
+        .unwrap()
+        .push((meta.attempt, Instant::now()));
     insert_invoice(&event, tx).await?;
     if meta.attempt < 3 {
         return Err(HandlerError::transient(format!(
@@ -123,11 +127,37 @@ async fn fails_twice(
 async fn transient_failures_are_retried_with_backoff_and_counted() {
     let s = setup("retry", 1).await;
     s.send_order(100).await;
-    let mut c = Running::start(s.consumer("retry").retry(fast_retries(5)));
+    // Waits of 300 ms then 600 ms, each shortened by at most a quarter (the jitter).
+    let (jitter, backoff) = (
+        0.25,
+        Backoff::new(Duration::from_millis(300), Duration::from_secs(5)),
+    );
+    let policy = RetryPolicy::default()
+        .max_attempts(5)
+        .backoff(backoff.jitter(jitter));
+    let mut c = Running::start(s.consumer("retry").retry(policy));
     let report = c.take(1).await.remove(0);
     c.stop().await;
     assert_eq!(report.outcome, Outcome::Processed { attempt: 3 });
-    assert_eq!(*RETRY_ATTEMPTS_SEEN.lock().unwrap(), vec![1, 2, 3]);
+    let runs = RETRY_ATTEMPTS_SEEN.lock().unwrap().clone();
+    let attempts: Vec<u32> = runs.iter().map(|(a, _)| *a).collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+    for (failed, pair) in runs.windows(2).enumerate() {
+        let gap = pair[1].1 - pair[0].1;
+        let configured = backoff.delay(failed as u32 + 1);
+        let shortest = configured.mul_f64(1.0 - jitter);
+        println!("wait after failed run {}: {gap:?} (configured {configured:?}, jitter may shorten it to {shortest:?})", failed + 1);
+        assert!(
+            gap >= shortest,
+            "run {} started {gap:?} after run {}: the backoff is {configured:?} less at most {jitter} jitter",
+            failed + 2,
+            failed + 1
+        );
+        assert!(
+            gap < configured + Duration::from_secs(5),
+            "a wait of {gap:?} for a backoff of {configured:?}"
+        );
+    }
     assert_eq!(
         s.db.invoices().await,
         1,
@@ -606,10 +636,14 @@ async fn broker_killed_and_restarted_nothing_doubled() {
         send(&s.producer, &s.topic, Msg::order(id, *order, 1)).await;
     }
     let mut c = Running::start(s.consumer("broker-outage"));
-    c.take(first.len()).await;
+    for r in c.take(first.len()).await {
+        assert!(matches!(r.outcome, Outcome::Processed { .. }), "{r:?}");
+    }
 
     // Kill the broker; its memory storage is gone. Restart it on the same port and produce the
-    // same events again, plus new ones.
+    // first events again, then new ones, then the first ones once more: offsets 0-19, 20-39,
+    // 40-59. Whether the consumer resumes at its old position (20) or from the beginning (the
+    // group's offsets were lost with the broker), it reads 40-59: at least 20 duplicates.
     let port = s.broker.port();
     s.broker.kill();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -619,24 +653,63 @@ async fn broker_killed_and_restarted_nothing_doubled() {
     let second: Vec<(String, Uuid)> = (0..20)
         .map(|_| (Uuid::new_v4().to_string(), Uuid::new_v4()))
         .collect();
-    for (id, order) in first.iter().chain(&second) {
+    let resent: Vec<_> = first.iter().chain(&second).chain(&first).collect();
+    for (id, order) in &resent {
         send(&s.producer, &s.topic, Msg::order(id, *order, 2)).await;
     }
-    let mut duplicates = 0;
-    let mut processed = 0;
-    while processed < second.len() {
+    let last = resent.len() as i64 - 1;
+    let mut reports = Vec::new();
+    loop {
         let r = c
             .next(Duration::from_secs(90))
             .await
             .expect("the consumer recovers after the broker restart");
-        match r.outcome {
-            Outcome::Processed { .. } => processed += 1,
-            Outcome::Duplicate => duplicates += 1,
-            other => panic!("unexpected {other:?}"),
+        let done = r.delivery.offset == last;
+        reports.push(r);
+        if done {
+            break;
         }
     }
+    // Anything delivered again after that (a late rebalance) is accounted for too.
+    while let Some(r) = c.next(Duration::from_secs(3)).await {
+        reports.push(r);
+    }
     c.stop().await;
-    println!("after the broker restart: {processed} processed, {duplicates} duplicates");
+
+    // Every delivery of an event already applied must be skipped by the inbox, every first
+    // delivery of a new one applied: the duplicates are counted exactly.
+    let mut applied: std::collections::HashSet<String> =
+        first.iter().map(|(id, _)| id.clone()).collect();
+    let (mut processed, mut duplicates, mut expected_duplicates) = (0, 0, 0);
+    for r in &reports {
+        let id = r.delivery.header_str("ce_id").expect("ce_id").to_owned();
+        let already = applied.contains(&id);
+        expected_duplicates += usize::from(already);
+        match &r.outcome {
+            Outcome::Duplicate if already => duplicates += 1,
+            Outcome::Processed { .. } if !already => {
+                processed += 1;
+                applied.insert(id);
+            }
+            other => panic!(
+                "offset {}: {other:?} for an event {} before",
+                r.delivery.offset,
+                if already { "applied" } else { "never applied" }
+            ),
+        }
+    }
+    let resumed_at = reports.first().map(|r| r.delivery.offset);
+    println!(
+        "after the broker restart: resumed at offset {resumed_at:?}; {} deliveries: {processed} processed, \
+         {duplicates} duplicates skipped (expected {expected_duplicates})",
+        reports.len()
+    );
+    assert_eq!(processed, second.len(), "each new event applied once");
+    assert_eq!(duplicates, expected_duplicates);
+    assert!(
+        duplicates >= first.len(),
+        "the events produced again after offset 40 were delivered and skipped"
+    );
     assert_eq!(s.db.invoices().await, 40);
     assert_eq!(
         s.db.count("SELECT count(DISTINCT order_id) FROM invoices")
