@@ -782,3 +782,207 @@ fn configured_table_names_are_validated_never_interpolated() {
         .unwrap();
     assert_eq!(t.inbox.to_string(), "\"billing\".\"billing_inbox\"");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Shutdown and start-up bounds: a handler that never finishes is abandoned after the grace
+// period (rolled back, not committed, applied once by the next member); a consumer with no
+// broker fails start-up with a clear error.
+
+static GRACE_BLOCKED: AtomicBool = AtomicBool::new(false);
+static GRACE_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[inbox_handler(event = "OrderCreated", group = "grace")]
+async fn blocks_the_first_time(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    if !GRACE_BLOCKED.swap(true, Ordering::SeqCst) {
+        GRACE_STARTED.notify_one();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_grace_abandons_a_blocked_handler_rolls_it_back_and_a_restart_applies_it_once() {
+    let s = setup("grace", 1).await;
+    s.send_order(1).await;
+    let grace = Duration::from_secs(2);
+    let kafka = support::kafka(&s.broker.brokers, &s.topic).shutdown_grace(grace);
+    let c = Running::start(Consumer::builder("grace", s.store.clone(), kafka));
+    tokio::time::timeout(Duration::from_secs(30), GRACE_STARTED.notified())
+        .await
+        .expect("the handler starts");
+    let stopping = Instant::now();
+    let mut reports = c.stop().await; // the handler has 58 s left to sleep
+    let took = stopping.elapsed();
+    println!("stop with a {grace:?} grace and a handler blocked for 60 s: returned in {took:?}");
+    assert!(
+        took >= grace - Duration::from_millis(100) && took < grace + Duration::from_secs(4),
+        "the stop took {took:?} for a grace of {grace:?}"
+    );
+    assert!(
+        reports.try_recv().is_err(),
+        "the abandoned message is not reported as resolved"
+    );
+    assert_eq!(s.db.invoices().await, 0, "its effect was rolled back");
+    let inbox = format!("SELECT count(*) FROM {}", s.db.tables.inbox);
+    assert_eq!(s.db.count(&inbox).await, 0, "no inbox row either");
+    let committed = support::committed(&s.broker.brokers, "grace", &s.topic, 0);
+    assert_eq!(committed, None, "its offset is not committed");
+
+    let mut again = Running::start(s.consumer("grace"));
+    let report = again.take(1).await.remove(0);
+    let committed = support::wait_committed(&s.broker.brokers, "grace", &s.topic, 0, 1).await;
+    again.stop().await;
+    assert_eq!(report.delivery.offset, 0);
+    assert_eq!(report.outcome, Outcome::Processed { attempt: 1 });
+    assert_eq!(committed, Some(1));
+    assert_eq!(s.db.invoices().await, 1, "applied once after the restart");
+}
+
+#[inbox_handler(event = "OrderCreated", group = "no-broker")]
+async fn never_called(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_with_no_reachable_broker_fails_start_up_within_its_timeout() {
+    let db = TestDb::new("nobroker").await;
+    let store = db.migrated_store().await;
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let brokers = format!("127.0.0.1:{port}");
+    let timeout = Duration::from_secs(2);
+    let kafka = txbox::KafkaConfig::new(&brokers, ["orders"]).startup_timeout(timeout);
+    let consumer = Consumer::builder("no-broker", store, kafka)
+        .build()
+        .expect("build");
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        consumer.run(std::future::pending()),
+    )
+    .await
+    .expect("start-up gives up instead of waiting for a broker for ever");
+    let took = started.elapsed();
+    let error = result.expect_err("no broker answered");
+    println!("after {took:?}: {error}");
+    assert!(
+        matches!(error, txbox::kafka::KafkaTransportError::Unreachable { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(&brokers) && message.contains("2s"),
+        "the error names the brokers and the timeout: {message}"
+    );
+    assert!(
+        took >= timeout - Duration::from_millis(100) && took < timeout + Duration::from_secs(5),
+        "start-up failed after {took:?} with a timeout of {timeout:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dead letters are one row per event: a redelivered poison message, or a replay that fails
+// again, updates its row (`times`, attempts) instead of adding one.
+
+static DEAD_DEDUP_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "dead-dedup")]
+async fn rejects_everything(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    let _ = (event, tx);
+    DEAD_DEDUP_RUNS.fetch_add(1, Ordering::SeqCst);
+    Err(HandlerError::permanent("rejected for good"))
+}
+
+/// `(rows, times, attempts)` of the dead letters of the test's schema.
+async fn letter_counts(s: &Setup) -> (i64, i64, i64) {
+    sqlx::query_as(&format!(
+        "SELECT count(*), COALESCE(sum(times), 0)::bigint, COALESCE(sum(attempts), 0)::bigint FROM {}",
+        s.db.tables.dead_letters
+    ))
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("dead letters")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_poison_event_delivered_twice_is_one_dead_letter_seen_twice() {
+    let s = setup("deaddedup", 1).await;
+    let (id, order) = (Uuid::new_v4().to_string(), Uuid::new_v4());
+    send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
+    send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
+    let mut c = Running::start(s.consumer("dead-dedup"));
+    let reports = c.take(2).await;
+    let committed = support::wait_committed(&s.broker.brokers, "dead-dedup", &s.topic, 0, 2).await;
+    c.stop().await;
+    let ids: Vec<i64> = reports
+        .iter()
+        .map(|r| match &r.outcome {
+            Outcome::DeadLettered { id, .. } => *id,
+            other => panic!("expected a dead letter, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids[0], ids[1], "both deliveries went to one letter");
+    assert_eq!(DEAD_DEDUP_RUNS.load(Ordering::SeqCst), 2);
+    assert_eq!(committed, Some(2), "the partition moved on");
+    assert_eq!(
+        letter_counts(&s).await,
+        (1, 2, 2),
+        "one row, dead-lettered twice, one run each time"
+    );
+}
+
+static REPLAY_FIXED: AtomicBool = AtomicBool::new(false);
+
+#[inbox_handler(event = "OrderCreated", group = "replay-failing")]
+async fn broken_until_fixed(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    if !REPLAY_FIXED.load(Ordering::SeqCst) {
+        return Err(HandlerError::permanent("still broken"));
+    }
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_a_letter_that_still_fails_updates_the_same_row() {
+    let s = setup("replayfail", 1).await;
+    s.send_order(7).await;
+    let mut c = Running::start(s.consumer("replay-failing"));
+    let report = c.take(1).await.remove(0);
+    c.stop().await;
+    let Outcome::DeadLettered { id, .. } = report.outcome else {
+        panic!("{report:?}")
+    };
+    assert_eq!(letter_counts(&s).await, (1, 1, 1));
+
+    let inbox = Inbox::new(s.store.clone(), "replay-failing", Default::default()).unwrap();
+    let outcome = inbox.replay(id).await.unwrap();
+    assert!(
+        matches!(&outcome, Outcome::DeadLettered { id: again, reason } if *again == id && reason.contains("still broken")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        letter_counts(&s).await,
+        (1, 2, 2),
+        "the failed replay updated the letter"
+    );
+    let replayed: Option<bool> = sqlx::query_scalar(&format!(
+        "SELECT replayed_at IS NOT NULL FROM {} WHERE id = $1",
+        s.db.tables.dead_letters
+    ))
+    .bind(id)
+    .fetch_optional(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(replayed, Some(false), "not marked replayed");
+
+    REPLAY_FIXED.store(true, Ordering::SeqCst);
+    assert_eq!(
+        inbox.replay(id).await.unwrap(),
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(s.db.invoices().await, 1);
+    assert_eq!(letter_counts(&s).await, (1, 2, 2), "still one row");
+}
