@@ -340,7 +340,9 @@ async fn one_event_two_groups_each_handler_runs_once<K: Kit>() {
 
 // ---------------------------------------------------------------------------------------------
 // d. Racing: one event id in flight in two consumers at once (each reads both partitions, the
-// handler is slow), so four transactions try to claim it concurrently.
+// handler is slow), so four transactions claim it concurrently. The store is observed: the four
+// claims of an event meet before any goes on, and their recorded times show that every one of
+// them ran while the winner's transaction, holding the uncommitted inbox row, was open.
 
 static RUNS_RACE: Counter = counter();
 
@@ -352,14 +354,16 @@ handlers!("race", |event, tx, meta, store| {
 });
 
 async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
+    use support::observe::Observed;
     let broker = Broker::start();
     let kit = K::new("race").await;
     let topic = support::unique("race");
     broker.create_topic(&topic, 2).await;
+    let store = Observed::new(kit.store(), 4);
     let consumer = |kafka_group: &str| {
         Running::start(Consumer::builder(
             "race",
-            kit.store(),
+            store.clone(),
             support::kafka(&broker.brokers, &topic).group_id(kafka_group),
         ))
     };
@@ -392,6 +396,44 @@ async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
             "round {round}: {outcomes:#?}"
         );
         assert_eq!(kit.invoices().await, round + 1);
+
+        // The claims overlapped: the winner's transaction was committed only after all four
+        // claims had begun (a loser's claim waited for it, or lost a busy race and came back).
+        let claims: Vec<_> = store
+            .claims()
+            .into_iter()
+            .filter(|c| c.event_id == id)
+            .collect();
+        let winner = claims
+            .iter()
+            .find(|c| matches!(c.result, Ok(txbox::store::Claim::New { .. })))
+            .unwrap_or_else(|| panic!("round {round}: no claim won: {claims:#?}"));
+        let committed = store
+            .commits()
+            .into_iter()
+            .find(|t| *t >= winner.ended)
+            .expect("the winner committed");
+        let in_flight = claims.iter().filter(|c| c.started < committed).count();
+        let first = claims.iter().map(|c| c.started).min().expect("claims");
+        let spread = claims
+            .iter()
+            .filter(|c| c.started < committed)
+            .map(|c| c.started - first)
+            .max()
+            .unwrap_or_default();
+        println!(
+            "{} round {round}: {} claims, {in_flight} begun before the winner committed \
+             ({:?} after the first; the winner's claim took {:?}, its commit came {:?} after it)",
+            K::NAME,
+            claims.len(),
+            spread,
+            winner.ended - winner.started,
+            committed - winner.ended
+        );
+        assert!(
+            in_flight >= 4,
+            "round {round}: only {in_flight} claims ran while the winner's transaction was open: {claims:#?}"
+        );
     }
     a.stop().await;
     b.stop().await;
