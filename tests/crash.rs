@@ -126,6 +126,66 @@ async fn sigkill_after_db_commit_before_offset_commit_applies_each_event_once() 
     crash_at("after_db_commit").await;
 }
 
+/// A real SIGTERM while a message is in the handler: the billing example (its handler made to
+/// finish slowly) finishes that message, commits its offset, handles nothing more and exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_message_in_hand_and_commits_it() {
+    let broker = Broker::start();
+    let db = TestDb::new("sigterm").await;
+    db.migrated_store().await;
+    let topic = support::unique("sigterm");
+    broker.create_topic(&topic, 1).await;
+    let producer = support::producer(&broker.brokers);
+    let orders: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
+    for (i, order) in orders.iter().enumerate() {
+        let msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+        send(&producer, &topic, msg).await;
+    }
+    let mut child = ChildConsumer::start(
+        "billing",
+        &db,
+        &broker.brokers,
+        &["--topic", &topic, "--finish-slowly-ms", "3000"],
+        None,
+    );
+    child.wait_for(
+        &format!("invoice written for order {}", orders[0]),
+        Duration::from_secs(60),
+    );
+    let signalled = Instant::now();
+    let status = child.terminate(); // the handler has about 3 s left
+    let took = signalled.elapsed();
+    println!("SIGTERM with a message in hand: exited {status} after {took:?}");
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "the process waited for the message in hand ({took:?})"
+    );
+    assert_eq!(
+        child.count(" processed "),
+        1,
+        "the message in hand, and only it"
+    );
+    assert_eq!(
+        child.count("shutdown signal received"),
+        1,
+        "it stopped on the signal"
+    );
+    assert_eq!(db.invoices().await, 1);
+    let invoiced = db
+        .count(&format!(
+            "SELECT count(*) FROM invoices WHERE order_id = '{}'",
+            orders[0]
+        ))
+        .await;
+    assert_eq!(invoiced, 1, "the message in hand was finished");
+    assert_eq!(
+        support::committed(&broker.brokers, "billing", &topic, 0),
+        Some(1),
+        "its offset was committed before the process left the group"
+    );
+}
+
 /// The soak: 20 000 events on 3 partitions, 1 % delivered twice, 5 % failing transiently on the
 /// first attempt, 0.5 % failing permanently, and the consumer SIGKILLed three times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
