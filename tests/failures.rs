@@ -839,6 +839,50 @@ async fn shutdown_grace_abandons_a_blocked_handler_rolls_it_back_and_a_restart_a
     assert_eq!(s.db.invoices().await, 1, "applied once after the restart");
 }
 
+#[inbox_handler(event = "OrderCreated", group = "broker-gone")]
+async fn broker_gone_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+/// The consumer runs in a runtime on a thread of its own: if its stop never returns, the test
+/// fails after a bound instead of hanging with it.
+#[test]
+fn a_stop_with_the_broker_gone_returns_within_the_grace() {
+    let grace = Duration::from_secs(2);
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Duration, String>>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut s = setup("brokergone", 1).await;
+            s.send_order(1).await;
+            let kafka = support::kafka(&s.broker.brokers, &s.topic).shutdown_grace(grace);
+            let mut c = Running::start(Consumer::builder("broker-gone", s.store.clone(), kafka));
+            let report = c.take(1).await.remove(0);
+            let _ = tx.send(Err(format!("{:?}", report.outcome)));
+            s.broker.kill();
+            let stopping = Instant::now();
+            c.stop().await;
+            let _ = tx.send(Ok(stopping.elapsed()));
+        });
+    });
+    let processed = rx.recv_timeout(Duration::from_secs(60));
+    assert!(
+        matches!(&processed, Ok(Err(outcome)) if outcome.starts_with("Processed")),
+        "the consumer processed the message: {processed:?}"
+    );
+    let bound = grace + Duration::from_secs(10);
+    match rx.recv_timeout(bound) {
+        Ok(Ok(took)) => println!("stop with the broker gone returned after {took:?}"),
+        other => panic!(
+            "a graceful stop with the broker gone did not return within {bound:?} (grace {grace:?}): {other:?}"
+        ),
+    }
+}
+
 #[inbox_handler(event = "OrderCreated", group = "no-broker")]
 async fn never_called(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
     insert_invoice(&event, tx).await
