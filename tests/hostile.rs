@@ -211,19 +211,23 @@ struct Letter {
     times: i32,
 }
 
+/// A dead-letter row: partition, offset, event id, event type, error, header names, stored
+/// payload length, payload size, payload digest, times.
+type LetterRow = (
+    i32,
+    i64,
+    Option<String>,
+    Option<String>,
+    String,
+    Vec<String>,
+    Option<i64>,
+    Option<i64>,
+    Option<String>,
+    i32,
+);
+
 async fn letters(db: &TestDb) -> BTreeMap<(i32, i64), Letter> {
-    let rows: Vec<(
-        i32,
-        i64,
-        Option<String>,
-        Option<String>,
-        String,
-        Vec<String>,
-        Option<i64>,
-        Option<i64>,
-        Option<String>,
-        i32,
-    )> = sqlx::query_as(
+    let rows: Vec<LetterRow> = sqlx::query_as(
         "SELECT \"partition\", \"offset\", event_id, event_type, error, header_names, \
          octet_length(payload)::bigint, payload_size, payload_sha256, times FROM txbox_dead_letters",
     )

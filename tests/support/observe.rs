@@ -111,26 +111,24 @@ impl<S: InboxStore> InboxStore for Observed<S> {
         self.inner.rollback(tx)
     }
 
-    fn claim<'a>(
+    async fn claim<'a>(
         &'a self,
         tx: &'a mut Self::Tx,
         key: &'a InboxKey,
         event_type: &'a str,
         delivery: &'a Delivery,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a {
-        async move {
-            self.meet(&key.event_id).await;
-            let started = Instant::now();
-            let result = self.inner.claim(tx, key, event_type, delivery).await;
-            let span = ClaimSpan {
-                event_id: key.event_id.clone(),
-                started,
-                ended: Instant::now(),
-                result: result.as_ref().map(|c| *c).map_err(|e| e.to_string()),
-            };
-            self.shared.claims.lock().unwrap().push(span);
-            result
-        }
+    ) -> Result<Claim, StoreError> {
+        self.meet(&key.event_id).await;
+        let started = Instant::now();
+        let result = self.inner.claim(tx, key, event_type, delivery).await;
+        let span = ClaimSpan {
+            event_id: key.event_id.clone(),
+            started,
+            ended: Instant::now(),
+            result: result.as_ref().map(|c| *c).map_err(|e| e.to_string()),
+        };
+        self.shared.claims.lock().unwrap().push(span);
+        result
     }
 
     fn mark_processed<'a>(
