@@ -749,8 +749,8 @@ async fn migrations_race_safely_and_apply_once() {
         .count(&format!("SELECT count(*) FROM {}", db.tables.migrations))
         .await;
     assert_eq!(
-        applied, 2,
-        "inbox and outbox migrations, each recorded once"
+        applied, 3,
+        "the shipped migrations (inbox 1, outbox 1, inbox 2), each recorded once"
     );
     let tables = db
         .count(&format!(
