@@ -643,3 +643,158 @@ fn single_expansion_has_no_batch_wrapper() {
     let out = super::expand(good_args(), good_fn()).to_string();
     assert!(!out.contains("batch"), "{out}");
 }
+
+/// Property tests: random token streams into the attribute parsers and the whole expansions of
+/// both macros. Whatever the tokens, parsing reports errors and never panics; an expansion
+/// that fails still emits the user's item.
+mod prop {
+    use proc_macro2::{
+        Delimiter, Group, Ident, Literal, Punct, Spacing, Span, TokenStream, TokenTree,
+    };
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use quote::quote;
+
+    use super::{attr, good_fn};
+    use crate::ctxt::Ctxt;
+
+    const CASES: u32 = 1500;
+
+    fn leaf() -> impl Strategy<Value = TokenTree> {
+        let keys = prop_oneof![
+            Just("event"),
+            Just("group"),
+            Just("event_type"),
+            Just("topic"),
+            Just("key"),
+            Just("aggregate_type"),
+            Just("aggregate_id"),
+            Just("fn"),
+            Just("async"),
+            Just("self"),
+            Just("r#type"),
+        ];
+        prop_oneof![
+            4 => keys.prop_map(|k| match k.strip_prefix("r#") {
+                Some(raw) => TokenTree::Ident(Ident::new_raw(raw, Span::call_site())),
+                None => TokenTree::Ident(Ident::new(k, Span::call_site())),
+            }),
+            2 => "[a-zA-Z][a-zA-Z0-9_]{0,8}"
+                .prop_map(|s| TokenTree::Ident(Ident::new(&s, Span::call_site()))),
+            3 => any::<String>().prop_map(|s| TokenTree::Literal(Literal::string(&s))),
+            1 => "[A-Za-z0-9._\\-]{0,300}".prop_map(|s| TokenTree::Literal(Literal::string(&s))),
+            1 => any::<Vec<u8>>().prop_map(|b| TokenTree::Literal(Literal::byte_string(&b))),
+            1 => any::<i64>().prop_map(|n| TokenTree::Literal(Literal::i64_unsuffixed(n))),
+            1 => any::<char>().prop_map(|c| TokenTree::Literal(Literal::character(c))),
+            4 => (prop::sample::select(&['=', ',', ';', ':', '#', '!', '&', '<', '>', '.', '-', '\''][..]), any::<bool>())
+                .prop_map(|(c, joint)| TokenTree::Punct(Punct::new(
+                    c,
+                    if joint { Spacing::Joint } else { Spacing::Alone },
+                ))),
+        ]
+    }
+
+    fn tree() -> impl Strategy<Value = TokenTree> {
+        leaf().prop_recursive(3, 48, 6, |inner| {
+            (
+                prop::sample::select(
+                    &[
+                        Delimiter::Parenthesis,
+                        Delimiter::Brace,
+                        Delimiter::Bracket,
+                        Delimiter::None,
+                    ][..],
+                ),
+                prop::collection::vec(inner, 0..6),
+            )
+                .prop_map(|(d, trees)| TokenTree::Group(Group::new(d, trees.into_iter().collect())))
+        })
+    }
+
+    /// Random tokens, some shaped like `key = value, ...` lists.
+    fn tokens() -> impl Strategy<Value = TokenStream> {
+        prop_oneof![
+            prop::collection::vec(tree(), 0..12).prop_map(|t| t.into_iter().collect()),
+            prop::collection::vec((leaf(), tree()), 0..5).prop_map(|pairs| {
+                let mut out = TokenStream::new();
+                for (i, (key, value)) in pairs.into_iter().enumerate() {
+                    if i > 0 {
+                        out.extend(quote!(,));
+                    }
+                    out.extend([key]);
+                    out.extend(quote!(=));
+                    out.extend([value]);
+                }
+                out
+            }),
+            "[a-z_=, \"()\\[\\]#:<>'0-9]{0,40}".prop_filter_map("lexes", |s| s.parse().ok()),
+        ]
+    }
+
+    fn run(name: &str, test: impl Fn(TokenStream) -> Result<(), TestCaseError>) {
+        let mut runner = TestRunner::new(Config {
+            cases: CASES,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let runs = std::cell::Cell::new(0u32);
+        runner
+            .run(&tokens(), |t| {
+                runs.set(runs.get() + 1);
+                test(t)
+            })
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        println!("{name}: {} random token streams, no panic", runs.get());
+        assert!(runs.get() >= CASES);
+    }
+
+    #[test]
+    fn handler_attribute_parser_never_panics_on_random_tokens() {
+        run("#[inbox_handler(..)] arguments", |t| {
+            let cx = Ctxt::new();
+            let parsed = attr::HandlerAttr::from_tokens(&cx, t);
+            // A value is kept only when it is valid.
+            for lit in [parsed.event, parsed.group].into_iter().flatten() {
+                prop_assert!(crate::names::invalid_name("event", &lit.value(), "x").is_none());
+            }
+            let _ = cx.check();
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn handler_expansion_keeps_the_item_whatever_the_arguments() {
+        run("#[inbox_handler(..)] expansion", |t| {
+            let item = good_fn();
+            let out = super::super::expand(t, item.clone()).to_string();
+            prop_assert!(out.starts_with(&item.to_string()), "{out}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn handler_expansion_never_panics_on_a_random_item() {
+        run("#[inbox_handler] on random items", |t| {
+            let item = quote!(async fn h #t);
+            let _ = super::super::expand(quote!(event = "E", group = "g"), item);
+            let _ = super::super::expand(quote!(event = "E", group = "g"), t);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn outbox_attribute_never_panics_on_random_tokens() {
+        run("#[outbox(..)] derive", |t| {
+            let input = quote! {
+                #[outbox(#t)]
+                struct OrderCreated { order_id: u64, total_cents: i64 }
+            };
+            let out = crate::outbox_event::derive(input).to_string();
+            prop_assert!(!out.is_empty());
+            let _ = crate::outbox_event::derive(quote!(#[outbox = #t] struct S;));
+            let _ =
+                crate::outbox_event::derive(quote!(#[outbox(event_type = "E", topic = "t")] #t));
+            Ok(())
+        });
+    }
+}
