@@ -397,12 +397,11 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
         poison_twice.len(),
         "each twice-delivered poison event has its letter"
     );
+    // A copy delivered in the same batch as the first is a duplicate of it (the batch sees the
+    // id once), so a twice-delivered poison event is dead-lettered once or twice: one letter
+    // either way.
     for (id, times, attempts) in &letters {
-        let least = if poison_twice.contains(id) { 2 } else { 1 };
-        assert!(
-            *times >= least,
-            "letter of {id}: dead-lettered {times} times, delivered at least {least}"
-        );
+        assert!(*times >= 1, "letter of {id}: dead-lettered {times} times");
         assert!(
             attempts >= times,
             "letter of {id}: {attempts} attempts for {times} times"

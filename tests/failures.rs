@@ -964,10 +964,13 @@ async fn letter_counts(s: &Setup) -> (i64, i64, i64) {
 async fn the_same_poison_event_delivered_twice_is_one_dead_letter_seen_twice() {
     let s = setup("deaddedup", 1).await;
     let (id, order) = (Uuid::new_v4().to_string(), Uuid::new_v4());
-    send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
+    // The redelivery comes after the first copy was dead-lettered (in the same batch it would
+    // be a duplicate of it, and never run).
     send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
     let mut c = Running::start(s.consumer("dead-dedup"));
-    let reports = c.take(2).await;
+    let mut reports = c.take(1).await;
+    send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
+    reports.extend(c.take(1).await);
     let committed = support::wait_committed(&s.broker.brokers, "dead-dedup", &s.topic, 0, 2).await;
     c.stop().await;
     let ids: Vec<i64> = reports
