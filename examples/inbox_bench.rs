@@ -735,10 +735,10 @@ async fn billing_blackbox(
     let url = format!("{database_url}{sep}options=-c%20search_path%3D{schema}");
     let mut child = std::process::Command::new(&exe)
         .args([
+            // The group is billing's own (`--group` names its handlers' group); the topic is
+            // new, so nothing is committed for it yet.
             "--topic",
             &topic,
-            "--group",
-            &format!("billing-bench-{suffix}"),
         ])
         .env("DATABASE_URL", &url)
         .env("KAFKA_BROKERS", &broker.brokers)
