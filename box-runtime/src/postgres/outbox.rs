@@ -1,5 +1,14 @@
 //! The PostgreSQL outbox writer: one statement per enqueue (advisory lock on the key, insert,
-//! `NOTIFY`), in the caller's transaction. Why the lock: see the outbox module's docs.
+//! a coalesced `NOTIFY`), in the caller's transaction. Why the lock: see the outbox module's
+//! docs.
+//!
+//! **Wake-ups that do not serialise writers.** PostgreSQL commits the transactions that queued a
+//! `NOTIFY` one at a time, under one cluster-wide lock held through the commit's WAL flush: if
+//! every enqueue notified, the outbox would cap the application's own commit rate. So an
+//! enqueue notifies only if it takes the table's *wake lock* (`pg_try_advisory_xact_lock`,
+//! never waiting, held until commit): at most one transaction in flight notifies, the others
+//! ride on its notification (or on the next one, or on the relays' poll), and notifying commits
+//! never queue behind each other.
 
 use std::collections::BTreeSet;
 
@@ -19,6 +28,7 @@ pub struct Outbox {
     table: String,
     channel: String,
     lock_scope: String,
+    wake_lock: i64,
     insert_one: String,
     insert_many: String,
 }
@@ -54,6 +64,11 @@ pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
     ])
 }
 
+/// The advisory lock that elects the one transaction in flight that sends the wake-up `NOTIFY`.
+pub(crate) fn wake_lock_id(scope: &str) -> i64 {
+    fnv1a64(&[b"txbox-wake", scope.as_bytes()])
+}
+
 /// The NOTIFY channel of an outbox table: its unqualified name, so an enqueue through the
 /// `search_path` and a relay configured with a schema-qualified name meet on one channel.
 pub fn notify_channel(tables: &Tables) -> String {
@@ -65,8 +80,12 @@ impl Outbox {
     pub fn new(tables: &Tables) -> Self {
         let table = tables.outbox.to_string();
         let insert = |source: &str| {
+            // `l` is evaluated before any row is produced, so the key locks are held before
+            // `seq` (the column default) is drawn; `n` notifies only if this transaction takes
+            // the wake lock ($11), and always yields one row.
             format!(
-                "WITH l AS (SELECT {lock}), n AS (SELECT pg_notify($1, '')) \
+                "WITH l AS (SELECT {lock}), \
+                      n AS (SELECT count(pg_notify($1, '')) FROM (SELECT WHERE pg_try_advisory_xact_lock($11)) AS w) \
                  INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
                  SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, r.payload, r.headers \
                  FROM l, n, {source}",
@@ -77,20 +96,23 @@ impl Outbox {
                 },
             )
         };
+        let lock_scope = tables.outbox.name().as_str().to_owned();
         Self {
             channel: notify_channel(tables),
-            lock_scope: tables.outbox.name().as_str().to_owned(),
+            wake_lock: wake_lock_id(&lock_scope),
+            lock_scope,
             insert_one: insert(
                 "(SELECT $3::uuid AS id, $4::text AS aggregatetype, $5::text AS aggregateid, \
                  $6::text AS type, $7::text AS topic, $8::text AS message_key, \
                  $9::jsonb AS payload, $10::jsonb AS headers) AS r",
             ),
-            // WITH ORDINALITY keeps the caller's order, so `seq` (the column default, evaluated
-            // per row as the rows come) follows it.
+            // `seq` (the column default) is drawn per row in the order the rows come; ORDER BY
+            // the ordinality makes that the caller's order.
             insert_many: insert(
                 "unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
                  $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
-                 AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord)",
+                 AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
+                 ORDER BY r.ord",
             ),
             table,
         }
@@ -133,6 +155,7 @@ impl Outbox {
             .bind(&row.key)
             .bind(&row.payload)
             .bind(Value::Object(row.headers))
+            .bind(self.wake_lock)
             .execute(conn)
             .await
             .map_err(|e| self.store_error(e))?;
@@ -203,6 +226,7 @@ impl Outbox {
             .bind(&keys)
             .bind(&payloads)
             .bind(&headers)
+            .bind(self.wake_lock)
             .execute(conn)
             .await
             .map_err(|e| self.store_error(e))?;
