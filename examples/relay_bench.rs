@@ -4,7 +4,8 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --release --example relay_bench -- --no-idempotence \
-//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 5] [--workers 4]
+//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 5] [--workers 4] \
+//!     [--batch 1000] [--phases latency,drain,writers]
 //! ```
 //!
 //! * **Latency**: a writer commits one event per transaction at `--rate` events/s (10 s) while
@@ -110,6 +111,8 @@ struct Settings {
     writers: usize,
     writer_secs: f64,
     workers: usize,
+    batch: usize,
+    phases: String,
     idempotence: bool,
     database_url: String,
     brokers: String,
@@ -128,6 +131,8 @@ impl Settings {
             writers: flag(&args, "--writers", "16")?.parse()?,
             writer_secs: flag(&args, "--writer-secs", "5")?.parse()?,
             workers: flag(&args, "--workers", "4")?.parse()?,
+            batch: flag(&args, "--batch", "1000")?.parse()?,
+            phases: flag(&args, "--phases", "latency,drain,writers")?,
             idempotence: !args.iter().any(|a| a == "--no-idempotence"),
             database_url: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?,
             brokers: env("KAFKA_BROKERS", "127.0.0.1:9092")?,
@@ -148,6 +153,7 @@ impl Settings {
         config.idempotence = self.idempotence;
         config.source = "bench".to_owned();
         config.workers = self.workers;
+        config.batch_size = self.batch;
         config.retention = None;
         config
     }
@@ -444,6 +450,12 @@ fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let settings = Settings::from_args()?;
+    if std::env::args().any(|a| a == "--log") {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_target(false)
+            .init();
+    }
     let schema = Schema::create(&settings).await?;
     create_topic(&settings.brokers, TOPIC, PARTITIONS).await?;
     let producer: FutureProducer = settings.relay_config().client_config().create()?;
@@ -458,37 +470,49 @@ async fn main() -> Result<(), BoxError> {
     raw_send(&producer, TOPIC, &event())
         .await?
         .map_err(|(e, _)| e)?; // warm-up: metadata and connections
+    if settings.phases.contains("latency") {
+        let raw_lat = raw_latency(&producer, &settings).await;
+        let relay_lat = relay_latency(&schema, &settings).await?;
+        println!("\ncommit-to-broker latency (paced at {}/s):", settings.rate);
+        println!("{}", summary("  raw rdkafka produce (baseline)", raw_lat));
+        println!(
+            "{}",
+            summary("  outbox + relay (NOTIFY, 1 s poll)", relay_lat)
+        );
+    }
+    if settings.phases.contains("drain") {
+        drains(&schema, &settings, &producer).await?;
+    }
+    if settings.phases.contains("writers") {
+        schema.exec("TRUNCATE txbox_outbox").await?;
+        let (plain, with_outbox) = measure_writers(&schema, &settings).await?;
+        println!(
+            "\n{} writers, {} s each, alternated twice (transactions/s):",
+            settings.writers, settings.writer_secs
+        );
+        println!("  business insert only                  {plain:>9.0}");
+        println!("  business insert + enqueue             {with_outbox:>9.0}");
+        println!(
+            "  ratio                                 {:>9.1} %",
+            100.0 * with_outbox / plain
+        );
+    }
+    schema.remove().await
+}
 
-    let raw_lat = raw_latency(&producer, &settings).await;
-    let relay_lat = relay_latency(&schema, &settings).await?;
-    println!("\ncommit-to-broker latency (paced at {}/s):", settings.rate);
-    println!("{}", summary("  raw rdkafka produce (baseline)", raw_lat));
-    println!(
-        "{}",
-        summary("  outbox + relay (NOTIFY, 1 s poll)", relay_lat)
-    );
-
-    let raw = raw_throughput(&producer).await?;
+async fn drains(
+    schema: &Schema,
+    settings: &Settings,
+    producer: &FutureProducer,
+) -> Result<(), BoxError> {
+    let raw = raw_throughput(producer).await?;
     let mut drains = Vec::new();
     for &rows in &settings.sizes {
-        let one = drain(&schema, &settings, rows, 1).await?;
-        let two = drain(&schema, &settings, rows, 2).await?;
+        let one = drain(schema, settings, rows, 1).await?;
+        let two = drain(schema, settings, rows, 2).await?;
         println!("  ... {rows} rows: 1 relay {one:.0}/s, 2 relays {two:.0}/s");
         drains.push((rows, one, two));
     }
     print_drains(raw, &drains);
-
-    schema.exec("TRUNCATE txbox_outbox").await?;
-    let (plain, with_outbox) = measure_writers(&schema, &settings).await?;
-    println!(
-        "\n{} writers, {} s each, alternated twice (transactions/s):",
-        settings.writers, settings.writer_secs
-    );
-    println!("  business insert only                  {plain:>9.0}");
-    println!("  business insert + enqueue             {with_outbox:>9.0}");
-    println!(
-        "  ratio                                 {:>9.1} %",
-        100.0 * with_outbox / plain
-    );
-    schema.remove().await
+    Ok(())
 }

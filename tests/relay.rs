@@ -471,7 +471,7 @@ async fn a_session_that_does_not_hold_its_slots_is_refused() {
     let store = txbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone());
     let mut first = store.open().await.expect("open");
     let mut second = store.open().await.expect("open");
-    assert_eq!(first.members().await.expect("members"), 2);
+    assert_eq!(first.members().await.expect("members").count, 2);
     assert_eq!(first.claim(&[0, 1, 2], 2).await.expect("claim"), [0, 1]);
     assert_eq!(
         second.claim(&[1, 2, 3], 2).await.expect("claim"),
@@ -488,7 +488,7 @@ async fn a_session_that_does_not_hold_its_slots_is_refused() {
         .to_string();
     assert!(error.contains("PgBouncer"), "{error}");
     first.close().await;
-    assert_eq!(second.members().await.expect("members"), 1);
+    assert_eq!(second.members().await.expect("members").count, 1);
     assert_eq!(
         second.claim(&[0, 1], 2).await.expect("claim"),
         [0, 1],

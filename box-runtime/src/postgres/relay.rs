@@ -1,5 +1,6 @@
 //! The PostgreSQL relay store: slots claimed with session advisory locks on each worker's own
-//! connection, keyset reads from the slots' partial index, one-statement marks.
+//! connection, reads that walk the partial index of fresh rows in `seq` order, one-statement
+//! marks.
 //!
 //! Lock ids use the two-`int4` form `(table oid, n)`, so they never meet the enqueue's `bigint`
 //! locks: `n` in `0..SLOTS` is a slot, `n < 0` (shown as `objid >= 2^31` in `pg_locks`) marks a
@@ -17,7 +18,9 @@ use uuid::Uuid;
 use super::outbox::notify_channel;
 use super::PgStore;
 use crate::outbox::Retention;
-use crate::relay::{parse_headers, Failure, IntoRelayStore, PendingRow, RelaySession, RelayStore};
+use crate::relay::{
+    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+};
 use crate::store::{StoreError, Tables};
 
 /// The number of slots keys are hashed into: the `slot` column (migration outbox v2) is
@@ -52,7 +55,8 @@ struct Statements {
     record_failures: String,
 }
 
-const MEMBERS: &str = "SELECT count(*) FROM pg_locks \
+/// Members, and this session's rank among them (by member id).
+const MEMBERS: &str = "SELECT count(*), count(*) FILTER (WHERE objid::int8 < $2) FROM pg_locks \
     WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
       AND classid = $1::int8::oid AND objsubid = 2 AND objid::int8 >= 2147483648 AND granted";
 
@@ -73,18 +77,19 @@ impl Statements {
         let t = &tables.outbox;
         let cols = "id, seq, slot, topic, message_key, type, payload::text AS payload, \
                     headers::text AS headers, attempts";
-        // `slot = ANY(..) ORDER BY slot, seq` walks the slot index in order (no sort), and
-        // LIMIT stops it: a read costs what it returns, whatever the backlog.
-        let fresh = |slots: &str| {
-            format!(
-                "(SELECT {cols} FROM {t} o \
-                  WHERE slot = ANY({slots}) AND published_at IS NULL AND parked_at IS NULL \
-                    AND next_attempt_at IS NULL \
-                    AND NOT EXISTS (SELECT 1 FROM blocked b \
-                                    WHERE b.topic = o.topic AND b.message_key = o.message_key) \
-                  ORDER BY slot, seq LIMIT $4)"
-            )
-        };
+        // Per run of contiguous slots ($2, $3: bounds), the fresh index `(seq, slot)` is walked
+        // in `seq` order; other slots' entries are skipped in the index, and LIMIT stops the
+        // walk: a read costs what it returns, whatever the backlog, and visits the table in
+        // the order rows were written.
+        let fresh = format!(
+            "(SELECT f.* FROM unnest($2::int4[], $3::int4[]) AS r(lo, hi) CROSS JOIN LATERAL ( \
+               SELECT {cols} FROM {t} o \
+               WHERE slot >= r.lo AND slot < r.hi AND published_at IS NULL AND parked_at IS NULL \
+                 AND next_attempt_at IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM blocked b \
+                                 WHERE b.topic = o.topic AND b.message_key = o.message_key) \
+               ORDER BY seq LIMIT $4) AS f)"
+        );
         Self {
             table: t.to_string(),
             // Rows that failed carry their retry time (`next_attempt_at`) and sit in the retry
@@ -103,9 +108,7 @@ impl Statements {
                       SELECT 1 FROM blocked b WHERE b.topic = r.topic \
                         AND b.message_key = r.message_key AND b.seq < r.seq)) \
                   ORDER BY seq LIMIT $4) \
-                 UNION ALL {first} UNION ALL {then} LIMIT $4",
-                first = fresh("$2"),
-                then = fresh("$3"),
+                 UNION ALL {fresh} LIMIT $4"
             ),
             mark_published: format!(
                 "UPDATE {t} SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
@@ -223,13 +226,39 @@ fn as_i32(slots: &[u32]) -> Vec<i32> {
     slots.iter().map(|&s| s as i32).collect()
 }
 
+/// `slots` as runs of contiguous slots `[lo, hi)`, the first one starting at or after `start`
+/// (or the lowest, if none does).
+fn runs(slots: &[u32], start: u32) -> (Vec<i32>, Vec<i32>) {
+    let mut sorted = slots.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(i32, i32)> = Vec::new();
+    for s in sorted {
+        let s = s as i32;
+        match runs.last_mut() {
+            Some((_, hi)) if *hi == s => *hi = s + 1,
+            _ => runs.push((s, s + 1)),
+        }
+    }
+    let first = runs
+        .iter()
+        .position(|&(lo, _)| lo >= start as i32)
+        .unwrap_or(0);
+    runs.rotate_left(first);
+    runs.into_iter().unzip()
+}
+
 impl RelaySession for PgRelaySession {
-    async fn members(&mut self) -> Result<usize, StoreError> {
-        let n: i64 = sqlx::query_scalar(MEMBERS)
+    async fn members(&mut self) -> Result<Members, StoreError> {
+        let (count, rank): (i64, i64) = sqlx::query_as(MEMBERS)
             .bind(i64::from(self.class as u32))
+            .bind(i64::from(self.member as u32))
             .fetch_one(&mut self.conn)
             .await?;
-        Ok(usize::try_from(n).unwrap_or(1).max(1))
+        Ok(Members {
+            count: usize::try_from(count).unwrap_or(1).max(1),
+            rank: usize::try_from(rank).unwrap_or(0),
+        })
     }
 
     async fn claim<'a>(
@@ -286,11 +315,11 @@ impl RelaySession for PgRelaySession {
         start: u32,
         limit: usize,
     ) -> Result<Vec<PendingRow>, StoreError> {
-        let (first, then): (Vec<u32>, Vec<u32>) = slots.iter().partition(|&&s| s >= start);
+        let (lo, hi) = runs(slots, start);
         let rows = sqlx::query(&self.sql.read)
             .bind(as_i32(slots))
-            .bind(as_i32(&first))
-            .bind(as_i32(&then))
+            .bind(&lo)
+            .bind(&hi)
             .bind(limit as i64)
             .fetch_all(&mut self.conn)
             .await?;
@@ -422,5 +451,27 @@ impl IntoRelayStore for PgRelayStore {
 
     fn into_relay_store(self) -> Self {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn slots_become_runs_starting_at_or_after_start() {
+        assert_eq!(
+            runs(&[3, 1, 2, 7, 8, 63], 0),
+            (vec![1, 7, 63], vec![4, 9, 64])
+        );
+        assert_eq!(
+            runs(&[3, 1, 2, 7, 8, 63], 4),
+            (vec![7, 63, 1], vec![9, 64, 4])
+        );
+        assert_eq!(
+            runs(&[3, 1, 2, 7, 8, 63], 64),
+            (vec![1, 7, 63], vec![4, 9, 64])
+        );
+        assert_eq!(runs(&[], 5), (vec![], vec![]));
     }
 }

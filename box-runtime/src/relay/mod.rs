@@ -117,7 +117,7 @@ mod store;
 mod worker;
 
 pub(crate) use store::parse_headers;
-pub use store::{Failure, KeyRef, PendingRow, RelaySession, RelayStore};
+pub use store::{Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};
 
 /// A relay failure that stops it.
 #[derive(Debug, thiserror::Error)]

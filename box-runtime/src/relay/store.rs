@@ -77,6 +77,16 @@ pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
+/// The group of sessions sharing the slots, as one session sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Members {
+    /// How many sessions (of every relay on this table) share the slots, this one included.
+    pub count: usize,
+    /// This session's place among them (from 0, in an order every session agrees on): where
+    /// it starts claiming, so that members take contiguous blocks of slots.
+    pub rank: usize,
+}
+
 /// A failed publication of one row, to record.
 #[derive(Clone, Debug)]
 pub struct Failure<'a> {
@@ -130,8 +140,8 @@ pub trait RelayStore: Send + Sync + 'static {
 /// lost connection, which also loses the slots, fails the next call before anything of its
 /// slots is published.
 pub trait RelaySession: Send + 'static {
-    /// How many sessions (of every relay on this table) share the slots, this one included.
-    fn members(&mut self) -> impl Future<Output = Result<usize, StoreError>> + Send + '_;
+    /// The sessions (of every relay on this table) sharing the slots, and this one's rank.
+    fn members(&mut self) -> impl Future<Output = Result<Members, StoreError>> + Send + '_;
 
     /// Tries to claim slots of `candidates`, in their order and without waiting, until `want`
     /// were claimed; returns those claimed.
@@ -155,8 +165,10 @@ pub trait RelaySession: Send + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Up to `limit` publishable rows of `slots`: rows due for a retry first (in `seq`
-    /// order), then per slot in `seq` order, slots from `start` upwards and then wrapping
-    /// around. See [`RelayStore`] for what "publishable" means.
+    /// order), then the others, per slot in `seq` order. `start` rotates the slots served
+    /// first: those at or after it (PostgreSQL serves runs of contiguous slots, each run in
+    /// `seq` order, beginning with the first run that starts at or after `start`). See
+    /// [`RelayStore`] for what "publishable" means.
     fn read<'a>(
         &'a mut self,
         slots: &'a [u32],

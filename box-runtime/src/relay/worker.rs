@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use uuid::Uuid;
 
 use super::run::Shared;
 use super::{RelayError, RelaySession, RelayStore};
@@ -37,8 +36,6 @@ struct Slots {
     held: Vec<u32>,
     /// The slot the next read starts at (the reads rotate over the held slots).
     start: u32,
-    /// Where this worker starts looking for free slots (spreads concurrent claims).
-    offset: u32,
     next_rebalance: Instant,
 }
 
@@ -49,7 +46,6 @@ impl Slots {
             count,
             held: Vec::new(),
             start: 0,
-            offset: Uuid::new_v4().as_u128() as u32 % count,
             next_rebalance: Instant::now(),
         }
     }
@@ -62,21 +58,32 @@ impl Slots {
         interval: Duration,
     ) -> Result<(), StoreError> {
         let members = session.members().await?;
-        let share = (self.count as usize).div_ceil(members.max(1));
+        let share = (self.count as usize).div_ceil(members.count.max(1));
         if self.held.len() > share {
             let excess = self.held.split_off(share);
             session.release(&excess).await?;
         }
         session.verify(&self.held).await?;
         if self.held.len() < share {
+            // Contiguous blocks: extend the run held, or start at this member's place.
+            let from = match self.held.last() {
+                Some(&last) => last + 1,
+                None => (members.rank * self.count as usize / members.count.max(1)) as u32,
+            };
             let candidates: Vec<u32> = (0..self.count)
-                .map(|i| (i + self.offset) % self.count)
+                .map(|i| (from + i) % self.count)
                 .filter(|s| !self.held.contains(s))
                 .collect();
             let claimed = session.claim(&candidates, share - self.held.len()).await?;
             self.held.extend(claimed);
             self.held.sort_unstable();
         }
+        tracing::debug!(
+            members = members.count,
+            share,
+            held = ?self.held,
+            "relay worker rebalanced"
+        );
         let wait = if self.held.len() < share {
             interval.min(CLAIM_RETRY)
         } else {

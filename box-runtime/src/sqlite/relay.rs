@@ -16,7 +16,9 @@ use uuid::Uuid;
 
 use super::{SqliteStore, NOW};
 use crate::outbox::Retention;
-use crate::relay::{parse_headers, Failure, IntoRelayStore, PendingRow, RelaySession, RelayStore};
+use crate::relay::{
+    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+};
 use crate::store::{StoreError, Tables};
 
 /// How long a relay's hold on the slot lasts if it is never renewed (a crashed relay).
@@ -131,9 +133,9 @@ fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> 
 }
 
 impl RelaySession for SqliteRelaySession {
-    async fn members(&mut self) -> Result<usize, StoreError> {
+    async fn members(&mut self) -> Result<Members, StoreError> {
         // One slot: every session wants it, one holds it.
-        Ok(1)
+        Ok(Members { count: 1, rank: 0 })
     }
 
     async fn claim<'a>(

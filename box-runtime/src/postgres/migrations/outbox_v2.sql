@@ -14,7 +14,9 @@ ALTER TABLE {outbox}
         GENERATED ALWAYS AS ((hashtextextended(coalesce(message_key, id::text), 0) & 63)::smallint) STORED;
 UPDATE {outbox} SET next_attempt_at = NULL
     WHERE published_at IS NULL AND parked_at IS NULL AND attempts = 0 AND next_attempt_at <= now();
-CREATE INDEX IF NOT EXISTS {outbox:fresh_idx} ON {outbox} (slot, seq)
+-- Fresh rows in `seq` order, with the slot beside it: a read of a range of slots walks this
+-- index in `seq` order and skips other slots' entries without visiting the table.
+CREATE INDEX IF NOT EXISTS {outbox:fresh_idx} ON {outbox} (seq, slot)
     WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL;
 CREATE INDEX IF NOT EXISTS {outbox:retry_idx} ON {outbox} (slot, seq)
     WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL;
