@@ -116,6 +116,9 @@ mod run;
 mod store;
 mod worker;
 
+pub use crate::postgres::relay::PgRelaySession;
+#[cfg(feature = "sqlite")]
+pub use crate::sqlite::relay::SqliteRelaySession;
 pub(crate) use store::parse_headers;
 pub use store::{Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};
 
