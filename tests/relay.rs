@@ -462,6 +462,52 @@ async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_ke
 }
 
 // ---------------------------------------------------------------------------------------------
+// Slots: one per key, whoever inserts the row.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_inserted_by_hand_gets_the_slot_enqueue_gives_its_key() {
+    let db = TestDb::new("slots").await;
+    db.migrated_store().await;
+    let mut tx = db.pool.begin().await.expect("begin");
+    let events: Vec<Sequenced> = (0..50)
+        .map(|n| Sequenced {
+            key: format!("key-{n}"),
+            seq: n,
+        })
+        .collect();
+    outbox::enqueue_all(&mut tx, &events)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    // The same keys, inserted by hand (another service writing the table with plain SQL).
+    sqlx::raw_sql(
+        "INSERT INTO txbox_outbox (id, type, topic, message_key, payload) \
+         SELECT gen_random_uuid(), 'Sequenced', 'sequenced', message_key, payload FROM txbox_outbox",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert by hand");
+    let per_key = db
+        .count(
+            "SELECT count(*) FROM (SELECT message_key FROM txbox_outbox \
+             GROUP BY message_key HAVING count(DISTINCT slot) = 1 AND count(*) = 2 \
+             AND min(slot) BETWEEN 0 AND 63) AS k",
+        )
+        .await;
+    assert_eq!(
+        per_key, 50,
+        "each key has one slot, however its rows were written"
+    );
+    let slots = db
+        .count("SELECT count(DISTINCT slot) FROM txbox_outbox")
+        .await;
+    assert!(
+        slots > 20,
+        "keys spread over the slots ({slots} of 64 used)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // The lock connection is checked.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

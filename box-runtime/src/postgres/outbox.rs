@@ -69,6 +69,13 @@ pub(crate) fn wake_lock_id(scope: &str) -> i64 {
     fnv1a64(&[b"txbox-wake", scope.as_bytes()])
 }
 
+/// The slot of a row with key `key` and id `id` (SQL expressions): the key's hash, `0..64`
+/// (`postgres::relay::SLOTS`); a keyless row hashes its id. Migration outbox v2 has the same
+/// expression in the trigger that fills `slot` for rows inserted by other means.
+pub(crate) fn slot_expr(key: &str, id: &str) -> String {
+    format!("(hashtextextended(coalesce({key}, {id}::text), 0) & 63)::int2")
+}
+
 /// The NOTIFY channel of an outbox table: its unqualified name, so an enqueue through the
 /// `search_path` and a relay configured with a schema-qualified name meet on one channel.
 pub fn notify_channel(tables: &Tables) -> String {
@@ -79,40 +86,36 @@ impl Outbox {
     /// The outbox on `tables.outbox`.
     pub fn new(tables: &Tables) -> Self {
         let table = tables.outbox.to_string();
-        let insert = |source: &str| {
-            // `l` is evaluated before any row is produced, so the key locks are held before
-            // `seq` (the column default) is drawn; `n` notifies only if this transaction takes
-            // the wake lock ($11), and always yields one row.
-            format!(
-                "WITH l AS (SELECT {lock}), \
-                      n AS (SELECT count(pg_notify($1, '')) FROM (SELECT WHERE pg_try_advisory_xact_lock($11)) AS w) \
-                 INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
-                 SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, r.payload, r.headers \
-                 FROM l, n, {source}",
-                lock = if source.starts_with("unnest") {
-                    "count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k"
-                } else {
-                    "pg_advisory_xact_lock($2)"
-                },
-            )
-        };
+        // The quals have no column in them, so PostgreSQL checks them once, before the first
+        // row is produced: the key locks are held before `seq` (the column default) is drawn.
+        // The wake lock ($11) decides whether this transaction notifies.
+        let wake = "(NOT pg_try_advisory_xact_lock($11) OR pg_notify($1, '')::text = '')";
+        let columns =
+            "id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, slot";
         let lock_scope = tables.outbox.name().as_str().to_owned();
         Self {
             channel: notify_channel(tables),
             wake_lock: wake_lock_id(&lock_scope),
             lock_scope,
-            insert_one: insert(
-                "(SELECT $3::uuid AS id, $4::text AS aggregatetype, $5::text AS aggregateid, \
-                 $6::text AS type, $7::text AS topic, $8::text AS message_key, \
-                 $9::jsonb AS payload, $10::jsonb AS headers) AS r",
+            insert_one: format!(
+                "INSERT INTO {table} ({columns}) \
+                 SELECT $3, $4, $5, $6, $7, $8, $9, $10, {slot} \
+                 WHERE ($2::int8 IS NULL OR pg_advisory_xact_lock($2)::text = '') AND {wake}",
+                slot = slot_expr("$8::text", "$3::uuid"),
             ),
-            // `seq` (the column default) is drawn per row in the order the rows come; ORDER BY
-            // the ordinality makes that the caller's order.
-            insert_many: insert(
-                "unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
-                 $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
-                 AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
+            // `seq` is drawn per row in the order the rows come; ORDER BY the ordinality makes
+            // that the caller's order.
+            insert_many: format!(
+                "INSERT INTO {table} ({columns}) \
+                 SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, \
+                        r.payload, r.headers, {slot} \
+                 FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], \
+                             $8::text[], $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
+                   AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
+                 WHERE (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k) >= 0 \
+                   AND {wake} \
                  ORDER BY r.ord",
+                slot = slot_expr("r.message_key", "r.id"),
             ),
             table,
         }
@@ -258,6 +261,18 @@ impl OutboxTx for sqlx::Transaction<'_, Postgres> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_migration_computes_slots_as_the_writer_does() {
+        let migration = include_str!("migrations/outbox_v2.sql");
+        for (key, id) in [("message_key", "id"), ("NEW.message_key", "NEW.id")] {
+            let expr = slot_expr(key, id);
+            assert!(
+                migration.contains(&expr),
+                "{expr} missing from outbox_v2.sql"
+            );
+        }
+    }
 
     #[test]
     fn lock_ids_separate_parts() {
