@@ -4,7 +4,7 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --release --example relay_bench -- --no-idempotence \
-//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 5] [--workers 4] \
+//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 4] \
 //!     [--batch 1000] [--rounds 2] [--phases latency,drain,writers]
 //! ```
 //!
@@ -22,8 +22,10 @@
 //!   one least disturbed by others).
 //! * **Writers**: `--writers` tasks each commit transactions of one business insert
 //!   (`INSERT INTO orders`) for `--writer-secs`; then the same plus `enqueue` of an
-//!   `OrderCreated` (one row, key lock, coalesced NOTIFY); alternated twice. No relay runs, so
-//!   the ratio is what the outbox costs the writers' own transactions.
+//!   `OrderCreated` (one row, key lock, coalesced NOTIFY); then the same plus a `SELECT 1`
+//!   instead (what one more statement costs, whatever it does); in 7 rounds of interleaved
+//!   slices, medians reported. No relay runs, so the ratio is what the outbox costs the
+//!   writers' own transactions.
 //!
 //! Rows live in a fresh schema (dropped at the end); messages go to topic `txbox-bench`
 //! (created with 4 partitions if missing).
@@ -60,6 +62,8 @@ const TOPIC: &str = <BenchOrderCreated as txbox::OutboxEvent>::TOPIC;
 const PARTITIONS: i32 = 4;
 const RAW_EVENTS: usize = 100_000;
 const LATENCY_SECS: f64 = 10.0;
+/// Interleaved slices of each kind of writer.
+const WRITER_ROUNDS: usize = 7;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -132,7 +136,7 @@ impl Settings {
             sizes,
             rate: flag(&args, "--rate", "200")?.parse()?,
             writers: flag(&args, "--writers", "16")?.parse()?,
-            writer_secs: flag(&args, "--writer-secs", "5")?.parse()?,
+            writer_secs: flag(&args, "--writer-secs", "2")?.parse()?,
             workers: flag(&args, "--workers", "4")?.parse()?,
             batch: flag(&args, "--batch", "1000")?.parse()?,
             rounds: flag(&args, "--rounds", "2")?.parse()?,
@@ -382,9 +386,20 @@ async fn drain(
     Ok(rows as f64 / elapsed.as_secs_f64())
 }
 
-/// `writers` tasks committing for `secs`: one business insert, plus an enqueue if asked;
-/// transactions per second.
-async fn writers(schema: &Schema, settings: &Settings, enqueue: bool) -> Result<f64, BoxError> {
+/// What a writer's transaction does besides its business insert.
+#[derive(Clone, Copy, PartialEq)]
+enum Extra {
+    /// Nothing: the baseline.
+    Nothing,
+    /// `enqueue` of one event.
+    Enqueue,
+    /// `SELECT 1`: the cost of any extra statement (one more round trip), for reference.
+    EmptyStatement,
+}
+
+/// `writers` tasks committing for `secs`: one business insert plus `extra`; transactions per
+/// second.
+async fn writers(schema: &Schema, settings: &Settings, extra: Extra) -> Result<f64, BoxError> {
     let done = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let tasks: Vec<_> = (0..settings.writers)
@@ -400,8 +415,17 @@ async fn writers(schema: &Schema, settings: &Settings, enqueue: bool) -> Result<
                         .execute(&mut *tx)
                         .await
                         .expect("insert");
-                    if enqueue {
-                        txbox::outbox::enqueue(&mut tx, &e).await.expect("enqueue");
+                    match extra {
+                        Extra::Nothing => {}
+                        Extra::Enqueue => {
+                            txbox::outbox::enqueue(&mut tx, &e).await.expect("enqueue");
+                        }
+                        Extra::EmptyStatement => {
+                            sqlx::query("SELECT 1")
+                                .execute(&mut *tx)
+                                .await
+                                .expect("select");
+                        }
                     }
                     tx.commit().await.expect("commit");
                     count.fetch_add(1, Ordering::Relaxed);
@@ -421,14 +445,22 @@ async fn writers(schema: &Schema, settings: &Settings, enqueue: bool) -> Result<
     Ok(committed as f64 / elapsed.as_secs_f64())
 }
 
-async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<(f64, f64), BoxError> {
-    let (mut plain, mut with_outbox) = (Vec::new(), Vec::new());
-    for _ in 0..2 {
-        plain.push(writers(schema, settings, false).await?);
-        with_outbox.push(writers(schema, settings, true).await?);
+/// The three kinds of writers in short interleaved slices (the order rotating each round, so
+/// that a burst of other load on the shared machine hits them alike); the median transactions
+/// per second of each.
+async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<[f64; 3], BoxError> {
+    let kinds = [Extra::Nothing, Extra::Enqueue, Extra::EmptyStatement];
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    for round in 0..WRITER_ROUNDS {
+        for i in 0..kinds.len() {
+            let k = (i + round) % kinds.len();
+            rates[k].push(writers(schema, settings, kinds[k]).await?);
+        }
     }
-    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
-    Ok((mean(&plain), mean(&with_outbox)))
+    Ok(rates.map(|mut r| {
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    }))
 }
 
 fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
@@ -491,16 +523,19 @@ async fn main() -> Result<(), BoxError> {
     }
     if settings.phases.contains("writers") {
         schema.exec("TRUNCATE txbox_outbox").await?;
-        let (plain, with_outbox) = measure_writers(&schema, &settings).await?;
+        let [plain, with_outbox, empty] = measure_writers(&schema, &settings).await?;
         println!(
-            "\n{} writers, {} s each, alternated twice (transactions/s):",
+            "\n{} writers, median of {WRITER_ROUNDS} interleaved {} s slices (transactions/s, no relay running):",
             settings.writers, settings.writer_secs
         );
         println!("  business insert only                  {plain:>9.0}");
-        println!("  business insert + enqueue             {with_outbox:>9.0}");
         println!(
-            "  ratio                                 {:>9.1} %",
+            "  business insert + enqueue             {with_outbox:>9.0}   ({:.1} %)",
             100.0 * with_outbox / plain
+        );
+        println!(
+            "  business insert + SELECT 1            {empty:>9.0}   ({:.1} %: any extra statement)",
+            100.0 * empty / plain
         );
     }
     schema.remove().await
@@ -516,8 +551,17 @@ async fn drains(
     for &rows in &settings.sizes {
         let (mut one, mut two) = (0f64, 0f64);
         for _ in 0..settings.rounds.max(1) {
-            let a = drain(schema, settings, rows, 1).await?;
-            let b = drain(schema, settings, rows, 2).await?;
+            let only = std::env::var("BENCH_RELAYS").unwrap_or_default();
+            let a = if only == "2" {
+                0.0
+            } else {
+                drain(schema, settings, rows, 1).await?
+            };
+            let b = if only == "1" {
+                0.0
+            } else {
+                drain(schema, settings, rows, 2).await?
+            };
             println!("  ... {rows} rows: 1 relay {a:.0}/s, 2 relays {b:.0}/s");
             (one, two) = (one.max(a), two.max(b));
         }
