@@ -66,7 +66,7 @@
 //! | `last_error`     | `text`, null  | the last publication error                                |
 //! | `next_attempt_at`| `timestamptz` | NULL until the row fails; then when to try it again (its key's later rows wait) |
 //! | `parked_at`      | `timestamptz` | set when the row was given up on (see the relay)          |
-//! | `slot`           | `smallint`    | generated: the key's hash, 0..63; the unit relays claim   |
+//! | `slot`           | `smallint`    | the key's hash, 0..63 (set by the insert or a trigger); the unit relays claim |
 //!
 //! # Trace context
 //!

@@ -16,20 +16,22 @@
 //!
 //! # How it works
 //!
-//! * **Slots.** Every row has a `slot`, a hash of its key (PostgreSQL: 64 slots, a generated
-//!   column), so all rows of one key share a slot. A relay runs [`RelayBuilder::workers`]
-//!   workers (default 4); each opens a session of its own (PostgreSQL: a dedicated connection)
-//!   and claims about `64 / (workers of all relays)` slots with session advisory locks
-//!   (`pg_try_advisory_lock`, never waited for). Workers recount each other every
+//! * **Slots.** Every row has a `slot`, a hash of its key (PostgreSQL: 64 slots, computed by
+//!   the enqueue's INSERT or by a trigger), so all rows of one key share a slot. A relay runs
+//!   [`RelayBuilder::workers`] workers (default 4); each opens a session of its own
+//!   (PostgreSQL: a dedicated connection) and claims a contiguous block of about
+//!   `64 / (workers of all relays)` slots with session advisory locks (`pg_try_advisory_lock`,
+//!   never waited for). Workers recount each other every
 //!   [`RelayBuilder::rebalance_interval`] (in `pg_locks`) and give back or take slots, so a
 //!   second relay gets half the slots within a second, and the slots of a relay that died
 //!   (its connections, and so its locks, gone) are taken over as quickly.
-//! * **A batch.** A worker reads up to [`RelayBuilder::batch_size`] rows of its slots: per
-//!   slot from the oldest publishable row on, in `seq` order, walking the partial index
-//!   `(slot, seq)` of unpublished rows (no sort, no per-key query, a cost that does not grow
-//!   with the backlog); produces them in that order; waits for every delivery report; marks the
-//!   delivered rows published in one `UPDATE`, and the failed ones in another. Then it reads
-//!   again. Reads rotate over the worker's slots, so a busy slot never starves the others.
+//! * **A batch.** A worker reads up to [`RelayBuilder::batch_size`] publishable rows of its
+//!   slots, oldest first: PostgreSQL walks the partial index of fresh rows `(seq, slot)` in
+//!   `seq` order for each run of contiguous slots held, skipping other slots' entries inside
+//!   the index (no sort, no per-key query, a cost that does not grow with the backlog, and the
+//!   table visited in the order it was written). It produces them in that order, waits for
+//!   every delivery report, marks the delivered rows published in one `UPDATE` and the failed
+//!   ones in another, then reads again.
 //! * **Overlap.** The workers run concurrently: while one waits for the broker, others read or
 //!   mark. Per-key order needs no cross-batch bookkeeping, because a worker never has two
 //!   batches in flight.
