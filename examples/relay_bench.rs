@@ -5,7 +5,7 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --release --example relay_bench -- --no-idempotence \
 //!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 4] \
-//!     [--batch 1000] [--rounds 2] [--phases latency,drain,writers]
+//!     [--batch 1000] [--rounds 3] [--phases latency,drain,writers] [--log]
 //! ```
 //!
 //! * **Latency**: a writer commits one event per transaction at `--rate` events/s (10 s) while
@@ -28,7 +28,8 @@
 //!   writers' own transactions.
 //!
 //! Rows live in a fresh schema (dropped at the end); messages go to topic `txbox-bench`
-//! (created with 4 partitions if missing).
+//! (created with 4 partitions if missing). `--log` prints txbox's and sqlx's debug logs
+//! (statements, rebalances).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -139,7 +140,7 @@ impl Settings {
             writer_secs: flag(&args, "--writer-secs", "2")?.parse()?,
             workers: flag(&args, "--workers", "4")?.parse()?,
             batch: flag(&args, "--batch", "1000")?.parse()?,
-            rounds: flag(&args, "--rounds", "2")?.parse()?,
+            rounds: flag(&args, "--rounds", "3")?.parse()?,
             phases: flag(&args, "--phases", "latency,drain,writers")?,
             idempotence: !args.iter().any(|a| a == "--no-idempotence"),
             database_url: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?,

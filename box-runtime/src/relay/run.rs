@@ -73,10 +73,20 @@ async fn supervise<S: RelayStore>(
     tasks: &mut Tasks,
 ) -> Result<(), RelayError> {
     shared.store.listen().await?;
-    // Every worker joins before any claims slots, so the first shares count them all.
-    let mut sessions = Vec::with_capacity(shared.config.workers);
+    // Every worker joins (concurrently) before any claims slots, so the first shares count
+    // them all.
+    let mut opening = JoinSet::new();
     for _ in 0..shared.config.workers.max(1) {
-        sessions.push(shared.store.open().await?);
+        let store = shared.store.clone();
+        opening.spawn(async move { store.open().await });
+    }
+    let mut sessions = Vec::with_capacity(shared.config.workers);
+    while let Some(opened) = opening.join_next().await {
+        match opened {
+            Ok(session) => sessions.push(session?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => {}
+        }
     }
     tasks.spawn(wake_up(shared.clone()));
     if shared.config.retention.is_some() {
