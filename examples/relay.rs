@@ -4,7 +4,7 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --example relay -- [--source orders-service] [--poll-ms 1000] [--no-idempotence] \
-//!         [--workers 4] [--batch 1000] [--grace-ms 10000]
+//!         [--workers 2] [--batch 1000] [--grace-ms 10000]
 //! ```
 //!
 //! `--no-idempotence` turns the idempotent producer off (Tansu rejects it). The relay applies
@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let source = flag(&args, "--source", "orders-service")?;
     let poll_ms: u64 = flag(&args, "--poll-ms", "1000")?.parse()?;
-    let workers: usize = flag(&args, "--workers", "4")?.parse()?;
+    let workers: usize = flag(&args, "--workers", "2")?.parse()?;
     let batch: usize = flag(&args, "--batch", "1000")?.parse()?;
     let grace_ms: u64 = flag(&args, "--grace-ms", "10000")?.parse()?;
     let idempotence = !args.iter().any(|a| a == "--no-idempotence");

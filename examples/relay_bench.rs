@@ -4,7 +4,7 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --release --example relay_bench -- --no-idempotence \
-//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 4] \
+//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 2] \
 //!     [--batch 1000] [--rounds 3] [--phases latency,drain,writers] [--log]
 //! ```
 //!
@@ -138,7 +138,7 @@ impl Settings {
             rate: flag(&args, "--rate", "200")?.parse()?,
             writers: flag(&args, "--writers", "16")?.parse()?,
             writer_secs: flag(&args, "--writer-secs", "2")?.parse()?,
-            workers: flag(&args, "--workers", "4")?.parse()?,
+            workers: flag(&args, "--workers", "2")?.parse()?,
             batch: flag(&args, "--batch", "1000")?.parse()?,
             rounds: flag(&args, "--rounds", "3")?.parse()?,
             phases: flag(&args, "--phases", "latency,drain,writers")?,

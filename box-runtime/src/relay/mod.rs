@@ -18,7 +18,7 @@
 //!
 //! * **Slots.** Every row has a `slot`, a hash of its key (PostgreSQL: 64 slots, computed by
 //!   the enqueue's INSERT or by a trigger), so all rows of one key share a slot. A relay runs
-//!   [`RelayBuilder::workers`] workers (default 4); each opens a session of its own
+//!   [`RelayBuilder::workers`] workers (default 2); each opens a session of its own
 //!   (PostgreSQL: a dedicated connection) and claims a contiguous block of about
 //!   `64 / (workers of all relays)` slots with session advisory locks (`pg_try_advisory_lock`,
 //!   never waited for). Workers recount each other every
@@ -183,7 +183,7 @@ pub struct RelayConfig {
     /// Rows per read of one worker (default 1000).
     pub batch_size: usize,
     /// Workers per relay: sessions of their own, each with its share of the slots, reading,
-    /// publishing and marking concurrently (default 4).
+    /// publishing and marking concurrently (default 2).
     pub workers: usize,
     /// Poll interval, the fallback for missed notifications (default 1 s).
     pub poll_interval: Duration,
@@ -213,7 +213,7 @@ impl RelayConfig {
             brokers: brokers.into(),
             source: names::DEFAULT_SOURCE.to_owned(),
             batch_size: 1000,
-            workers: 4,
+            workers: 2,
             poll_interval: Duration::from_secs(1),
             rebalance_interval: Duration::from_secs(1),
             grace: Duration::from_secs(10),
@@ -279,7 +279,7 @@ impl<S: RelayStore> RelayBuilder<S> {
         self
     }
 
-    /// Workers per relay (default 4): each holds a share of the slots on a connection of its
+    /// Workers per relay (default 2): each holds a share of the slots on a connection of its
     /// own and publishes them concurrently with the others.
     pub fn workers(mut self, workers: usize) -> Self {
         self.config.workers = workers.max(1);

@@ -19,6 +19,11 @@ use crate::store::StoreError;
 
 /// How soon a worker holding less than its share tries again to claim slots.
 const CLAIM_RETRY: Duration = Duration::from_millis(250);
+/// How often a worker rebalances in its first [`YOUTH`]: relays started together (or one
+/// joining a running group) find their shares within a fraction of a second.
+const YOUNG_REBALANCE: Duration = Duration::from_millis(25);
+/// See [`YOUNG_REBALANCE`].
+const YOUTH: Duration = Duration::from_secs(2);
 
 /// What a step did.
 enum Step {
@@ -37,6 +42,7 @@ struct Slots {
     /// The slot the next read starts at (the reads rotate over the held slots).
     start: u32,
     next_rebalance: Instant,
+    born: Instant,
 }
 
 impl Slots {
@@ -47,6 +53,7 @@ impl Slots {
             held: Vec::new(),
             start: 0,
             next_rebalance: Instant::now(),
+            born: Instant::now(),
         }
     }
 
@@ -84,11 +91,13 @@ impl Slots {
             held = ?self.held,
             "relay worker rebalanced"
         );
-        let wait = if self.held.len() < share {
-            interval.min(CLAIM_RETRY)
-        } else {
-            interval
-        };
+        let mut wait = interval;
+        if self.held.len() < share {
+            wait = wait.min(CLAIM_RETRY);
+        }
+        if self.born.elapsed() < YOUTH {
+            wait = wait.min(YOUNG_REBALANCE);
+        }
         self.next_rebalance = Instant::now() + wait;
         Ok(())
     }
