@@ -552,17 +552,8 @@ async fn drains(
     for &rows in &settings.sizes {
         let (mut one, mut two) = (0f64, 0f64);
         for _ in 0..settings.rounds.max(1) {
-            let only = std::env::var("BENCH_RELAYS").unwrap_or_default();
-            let a = if only == "2" {
-                0.0
-            } else {
-                drain(schema, settings, rows, 1).await?
-            };
-            let b = if only == "1" {
-                0.0
-            } else {
-                drain(schema, settings, rows, 2).await?
-            };
+            let a = drain(schema, settings, rows, 1).await?;
+            let b = drain(schema, settings, rows, 2).await?;
             println!("  ... {rows} rows: 1 relay {a:.0}/s, 2 relays {b:.0}/s");
             (one, two) = (one.max(a), two.max(b));
         }
