@@ -2,10 +2,11 @@
 //! broker, with raw rdkafka as the baseline.
 //!
 //! ```text
+//! cargo build --release --example relay   # the SIGTERM measurement runs it as a process
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --release --example relay_bench -- --no-idempotence \
 //!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 2] \
-//!     [--batch 1000] [--rounds 3] [--phases latency,drain,writers] [--log]
+//!     [--batch 1000] [--rounds 3] [--phases latency,drain,sigterm,writers] [--log]
 //! ```
 //!
 //! * **Latency**: a writer commits one event per transaction at `--rate` events/s (10 s) while
@@ -20,6 +21,10 @@
 //!   marked). Each run starts from an empty table; one relay and two relays alternate, and the
 //!   best of `--rounds` runs of each is reported (the machine is shared: the best run is the
 //!   one least disturbed by others).
+//! * **SIGTERM**: the relay example (`cargo build --release --example relay` first: it must sit
+//!   beside this bench) publishes a 100 000-row backlog and gets SIGTERM once a tenth is
+//!   marked; printed: time from the signal to its exit, and whether the rows marked published
+//!   are exactly the events on the topic (read until quiet).
 //! * **Writers**: `--writers` tasks each commit transactions of one business insert
 //!   (`INSERT INTO orders`) for `--writer-secs`; then the same plus `enqueue` of an
 //!   `OrderCreated` (one row, key lock, coalesced NOTIFY); then the same plus a `SELECT 1`
@@ -63,6 +68,8 @@ const TOPIC: &str = <BenchOrderCreated as txbox::OutboxEvent>::TOPIC;
 const PARTITIONS: i32 = 4;
 const RAW_EVENTS: usize = 100_000;
 const LATENCY_SECS: f64 = 10.0;
+/// The backlog the SIGTERM measurement stops a relay in.
+const SIGTERM_ROWS: usize = 100_000;
 /// Interleaved slices of each kind of writer.
 const WRITER_ROUNDS: usize = 7;
 
@@ -141,7 +148,7 @@ impl Settings {
             workers: flag(&args, "--workers", "2")?.parse()?,
             batch: flag(&args, "--batch", "1000")?.parse()?,
             rounds: flag(&args, "--rounds", "3")?.parse()?,
-            phases: flag(&args, "--phases", "latency,drain,writers")?,
+            phases: flag(&args, "--phases", "latency,drain,sigterm,writers")?,
             idempotence: !args.iter().any(|a| a == "--no-idempotence"),
             database_url: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?,
             brokers: env("KAFKA_BROKERS", "127.0.0.1:9092")?,
@@ -340,6 +347,10 @@ async fn raw_throughput(producer: &FutureProducer) -> Result<f64, BoxError> {
 
 /// Commits `rows` outbox rows as `enqueue` writes them (one key per order), in one statement.
 async fn backlog(schema: &Schema, rows: usize) -> Result<(), BoxError> {
+    backlog_on(schema, rows, TOPIC).await
+}
+
+async fn backlog_on(schema: &Schema, rows: usize, topic: &str) -> Result<(), BoxError> {
     schema.exec("TRUNCATE txbox_outbox").await?;
     sqlx::query(
         "INSERT INTO txbox_outbox (id, aggregateid, type, topic, message_key, payload) \
@@ -348,7 +359,7 @@ async fn backlog(schema: &Schema, rows: usize) -> Result<(), BoxError> {
          FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, $1)) AS keys",
     )
     .bind(rows as i64)
-    .bind(TOPIC)
+    .bind(topic)
     .execute(&schema.pool)
     .await?;
     schema.exec("ANALYZE txbox_outbox").await
@@ -464,6 +475,123 @@ async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<[f64; 3
     }))
 }
 
+/// SIGTERM to the relay example (a process of its own, built next to this bench) while it
+/// publishes a backlog of `SIGTERM_ROWS`: how long it takes to exit, and whether the rows it
+/// marked are exactly the events the broker has.
+async fn sigterm(schema: &Schema, settings: &Settings) -> Result<(), BoxError> {
+    let topic = format!(
+        "txbox-bench-sigterm-{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    create_topic(&settings.brokers, &topic, PARTITIONS).await?;
+    backlog_on(schema, SIGTERM_ROWS, &topic).await?;
+    let exe = std::env::current_exe()?.with_file_name("relay");
+    if !exe.exists() {
+        return Err(format!("build the relay example too: {} is missing", exe.display()).into());
+    }
+    let url = format!(
+        "{}{}options=-c%20search_path%3D{}",
+        settings.database_url,
+        if settings.database_url.contains('?') {
+            '&'
+        } else {
+            '?'
+        },
+        schema.name
+    );
+    let mut child = std::process::Command::new(exe)
+        .args(["--poll-ms", "200"])
+        .args((!settings.idempotence).then_some("--no-idempotence"))
+        .env("DATABASE_URL", url)
+        .env("KAFKA_BROKERS", &settings.brokers)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    while marked(schema).await? < (SIGTERM_ROWS / 10) as i64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let signalled = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let took = signalled.elapsed();
+    let marked_ids: std::collections::HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NOT NULL")
+            .fetch_all(&schema.pool)
+            .await?
+            .into_iter()
+            .collect();
+    let on_topic = read_ids_until_quiet(&settings.brokers, &topic).await?;
+    println!(
+        "\nSIGTERM to the relay process publishing a {SIGTERM_ROWS}-row backlog \
+         (at its exit {} rows marked, {} left):",
+        marked_ids.len(),
+        SIGTERM_ROWS - marked_ids.len()
+    );
+    println!(
+        "  exited {:.0} ms after the signal ({status}); events on the topic {}, \
+         acknowledged but not marked {}, marked but not on the topic {}",
+        took.as_secs_f64() * 1e3,
+        on_topic.len(),
+        on_topic.difference(&marked_ids).count(),
+        marked_ids.difference(&on_topic).count()
+    );
+    Ok(())
+}
+
+async fn marked(schema: &Schema) -> Result<i64, BoxError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL")
+            .fetch_one(&schema.pool)
+            .await?,
+    )
+}
+
+/// The `ce_id`s on `topic`, read from the beginning until nothing came for 3 s.
+async fn read_ids_until_quiet(
+    brokers: &str,
+    topic: &str,
+) -> Result<std::collections::HashSet<Uuid>, BoxError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-{}", Uuid::new_v4().simple()))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut partitions = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        partitions.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&partitions)?;
+    tokio::task::spawn_blocking(move || {
+        let mut ids = std::collections::HashSet::new();
+        let mut last = Instant::now();
+        while last.elapsed() < Duration::from_secs(3) {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                last = Instant::now();
+                let id = m.headers().and_then(|hs| {
+                    hs.iter()
+                        .find(|h| h.key == "ce_id")
+                        .and_then(|h| h.value)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.parse::<Uuid>().ok())
+                });
+                ids.extend(id);
+            }
+        }
+        ids
+    })
+    .await
+    .map_err(Into::into)
+}
+
 fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
     println!(
         "\nthroughput (events/s; drain = rows / time until every row is marked published, best run):"
@@ -521,6 +649,9 @@ async fn main() -> Result<(), BoxError> {
     }
     if settings.phases.contains("drain") {
         drains(&schema, &settings, &producer).await?;
+    }
+    if settings.phases.contains("sigterm") {
+        sigterm(&schema, &settings).await?;
     }
     if settings.phases.contains("writers") {
         schema.exec("TRUNCATE txbox_outbox").await?;
