@@ -3,11 +3,14 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
-//!     cargo run --example relay -- [--source orders-service] [--poll-ms 1000] [--no-idempotence]
+//!     cargo run --example relay -- [--source orders-service] [--poll-ms 1000] [--no-idempotence] \
+//!         [--workers 2] [--batch 1000] [--grace-ms 10000]
 //! ```
 //!
 //! `--no-idempotence` turns the idempotent producer off (Tansu rejects it). The relay applies
-//! txbox's migrations on start, so it also works before any producer ran.
+//! txbox's migrations on start, so it also works before any producer ran. SIGTERM or SIGINT
+//! stop it: batches in flight are acknowledged and marked (for at most `--grace-ms`), then it
+//! exits.
 
 use std::time::Duration;
 
@@ -25,6 +28,9 @@ async fn main() -> Result<(), common::Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let source = flag(&args, "--source", "orders-service")?;
     let poll_ms: u64 = flag(&args, "--poll-ms", "1000")?.parse()?;
+    let workers: usize = flag(&args, "--workers", "2")?.parse()?;
+    let batch: usize = flag(&args, "--batch", "1000")?.parse()?;
+    let grace_ms: u64 = flag(&args, "--grace-ms", "10000")?.parse()?;
     let idempotence = !args.iter().any(|a| a == "--no-idempotence");
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
@@ -35,11 +41,14 @@ async fn main() -> Result<(), common::Failure> {
         .await?;
     let store = txbox::PgStore::new(pool);
     store.migrate().await?;
-    tracing::info!(%brokers, %source, idempotence, poll_ms, "relay started");
+    tracing::info!(%brokers, %source, idempotence, poll_ms, workers, batch, "relay started");
     txbox::Relay::builder(store, brokers)
         .source(source)
         .idempotence(idempotence)
         .poll_interval(Duration::from_millis(poll_ms))
+        .workers(workers)
+        .batch_size(batch)
+        .grace(Duration::from_millis(grace_ms))
         .build()?
         .run_until_signal()
         .await?;

@@ -1,22 +1,44 @@
-//! Relay benchmark: commit-to-broker latency and throughput, with a raw rdkafka baseline
-//! measured in the same run against the same broker.
+//! Relay benchmark: everything issue 11 asks for, in one run, against one PostgreSQL and one
+//! broker, with raw rdkafka as the baseline.
 //!
 //! ```text
+//! cargo build --release --example relay   # the SIGTERM measurement runs it as a process
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
-//!     cargo run --release --example relay_bench -- [--events 5000] [--rate 200] [--no-idempotence]
+//!     cargo run --release --example relay_bench -- --no-idempotence \
+//!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 2] \
+//!     [--batch 1000] [--rounds 3] [--phases latency,drain,sigterm,writers] [--log]
 //! ```
 //!
-//! * **Latency**: a writer commits one event per transaction at `--rate` events/s while a relay
-//!   (1 s poll interval, woken by NOTIFY) publishes; latency = broker acknowledgement (the
-//!   delivery report) minus the commit's return. Baseline: the same messages produced directly
-//!   with rdkafka at the same rate, latency = acknowledgement minus send.
-//! * **Throughput**: `--events` rows committed first, then one relay started; events/s = rows /
-//!   time to publish all. Baseline: the same messages produced directly, as fast as possible.
+//! * **Latency**: a writer commits one event per transaction at `--rate` events/s (10 s) while
+//!   one relay (woken by NOTIFY, 1 s poll) publishes; latency = the broker's acknowledgement
+//!   (delivery report) minus the commit's return. Baseline: the same messages produced with
+//!   rdkafka at the same rate, latency = acknowledgement minus send.
+//! * **Raw produce**: 100 000 messages with the relay's producer settings, as fast as
+//!   possible: the rate the broker takes.
+//! * **Drain**: for each `--sizes` backlog, the rows are committed first (generated in one
+//!   statement, shaped like `enqueue`'s: one key per order), then one relay, or two relays, are
+//!   started; rate = rows / time from start until no row is unpublished (acknowledged *and*
+//!   marked). Each run starts from an empty table; one relay and two relays alternate, and the
+//!   best of `--rounds` runs of each is reported (the machine is shared: the best run is the
+//!   one least disturbed by others).
+//! * **SIGTERM**: the relay example (`cargo build --release --example relay` first: it must sit
+//!   beside this bench) publishes a 100 000-row backlog and gets SIGTERM once a tenth is
+//!   marked; printed: time from the signal to its exit, and whether the rows marked published
+//!   are exactly the events on the topic (read until quiet).
+//! * **Writers**: `--writers` tasks each commit transactions of one business insert
+//!   (`INSERT INTO orders`) for `--writer-secs`; then the same plus `enqueue` of an
+//!   `OrderCreated` (one row, key lock, coalesced NOTIFY); then the same plus a `SELECT 1`
+//!   instead (what one more statement costs, whatever it does); in 7 rounds of interleaved
+//!   slices, medians reported. No relay runs, so the ratio is what the outbox costs the
+//!   writers' own transactions.
 //!
 //! Rows live in a fresh schema (dropped at the end); messages go to topic `txbox-bench`
-//! (created with 4 partitions if missing).
+//! (created with 4 partitions if missing). `--log` prints txbox's and sqlx's debug logs
+//! (statements, rebalances).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -25,7 +47,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
 use txbox::prelude::*;
-use txbox::relay::{Relay, RelayConfig, RelayReport};
+use txbox::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -44,6 +66,12 @@ pub struct BenchOrderCreated {
 
 const TOPIC: &str = <BenchOrderCreated as txbox::OutboxEvent>::TOPIC;
 const PARTITIONS: i32 = 4;
+const RAW_EVENTS: usize = 100_000;
+const LATENCY_SECS: f64 = 10.0;
+/// The backlog the SIGTERM measurement stops a relay in.
+const SIGTERM_ROWS: usize = 100_000;
+/// Interleaved slices of each kind of writer.
+const WRITER_ROUNDS: usize = 7;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -56,7 +84,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 fn summary(name: &str, mut latencies: Vec<Duration>) -> String {
     latencies.sort();
     format!(
-        "{name:<34} n={:<6} p50={:>8.2} ms  p99={:>8.2} ms  max={:>8.2} ms",
+        "{name:<36} n={:<6} p50={:>7.2} ms  p99={:>7.2} ms  max={:>7.2} ms",
         latencies.len(),
         percentile(&latencies, 0.50).as_secs_f64() * 1e3,
         percentile(&latencies, 0.99).as_secs_f64() * 1e3,
@@ -90,68 +118,16 @@ fn raw_send(
         .expect("enqueue in librdkafka")
 }
 
-async fn commit_event(pool: &PgPool) -> (Uuid, SystemTime) {
-    let mut tx = pool.begin().await.expect("begin");
-    let id = txbox::outbox::enqueue(&mut tx, &event())
-        .await
-        .expect("enqueue");
-    tx.commit().await.expect("commit");
-    (id, SystemTime::now())
-}
-
-struct Running {
-    reports: mpsc::UnboundedReceiver<RelayReport>,
-    stop: tokio::sync::oneshot::Sender<()>,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-fn start_relay(pool: &PgPool, tables: &txbox::Tables, config: &RelayConfig) -> Running {
-    let (tx, reports) = mpsc::unbounded_channel();
-    let store = txbox::PgStore::with_tables(pool.clone(), tables.clone());
-    let relay = Relay::builder(store, config.brokers.clone())
-        .source("bench")
-        .idempotence(config.idempotence)
-        .poll_interval(Duration::from_secs(1))
-        .retention(None)
-        .reports(tx)
-        .build()
-        .expect("relay");
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let handle = tokio::spawn(async move {
-        relay
-            .run(async move {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("relay");
-    });
-    Running {
-        reports,
-        stop,
-        handle,
-    }
-}
-
-async fn published(
-    reports: &mut mpsc::UnboundedReceiver<RelayReport>,
-    n: usize,
-) -> Vec<(Uuid, SystemTime)> {
-    let mut out = Vec::with_capacity(n);
-    while out.len() < n {
-        match tokio::time::timeout(Duration::from_secs(60), reports.recv()).await {
-            Ok(Some(RelayReport::Published { id, acked_at, .. })) => out.push((id, acked_at)),
-            Ok(Some(RelayReport::Failed { error, .. })) => panic!("relay failed: {error}"),
-            _ => panic!("relay stalled after {} of {n}", out.len()),
-        }
-    }
-    out
-}
-
 /// What to measure, from the command line and the environment.
 struct Settings {
-    events: usize,
+    sizes: Vec<usize>,
     rate: f64,
-    latency_events: usize,
+    writers: usize,
+    writer_secs: f64,
+    workers: usize,
+    batch: usize,
+    rounds: usize,
+    phases: String,
     idempotence: bool,
     database_url: String,
     brokers: String,
@@ -160,25 +136,46 @@ struct Settings {
 impl Settings {
     fn from_args() -> Result<Self, BoxError> {
         let args: Vec<String> = std::env::args().skip(1).collect();
-        let events: usize = flag(&args, "--events", "5000")?.parse()?;
-        let rate: f64 = flag(&args, "--rate", "200")?.parse()?;
+        let sizes = flag(&args, "--sizes", "20000,100000,500000")?
+            .split(',')
+            .map(str::parse)
+            .collect::<Result<Vec<usize>, _>>()?;
         Ok(Self {
-            events,
-            rate,
-            latency_events: (rate * 10.0).clamp(100.0, events as f64) as usize,
+            sizes,
+            rate: flag(&args, "--rate", "200")?.parse()?,
+            writers: flag(&args, "--writers", "16")?.parse()?,
+            writer_secs: flag(&args, "--writer-secs", "2")?.parse()?,
+            workers: flag(&args, "--workers", "2")?.parse()?,
+            batch: flag(&args, "--batch", "1000")?.parse()?,
+            rounds: flag(&args, "--rounds", "3")?.parse()?,
+            phases: flag(&args, "--phases", "latency,drain,sigterm,writers")?,
             idempotence: !args.iter().any(|a| a == "--no-idempotence"),
             database_url: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?,
             brokers: env("KAFKA_BROKERS", "127.0.0.1:9092")?,
         })
     }
 
+    fn latency_events(&self) -> usize {
+        (self.rate * LATENCY_SECS).max(100.0) as usize
+    }
+
     /// One commit (or send) per period at `--rate`.
     fn period(&self) -> Duration {
         Duration::from_secs_f64(1.0 / self.rate)
     }
+
+    fn relay_config(&self) -> RelayConfig {
+        let mut config = RelayConfig::new(self.brokers.clone());
+        config.idempotence = self.idempotence;
+        config.source = "bench".to_owned();
+        config.workers = self.workers;
+        config.batch_size = self.batch;
+        config.retention = None;
+        config
+    }
 }
 
-/// A schema of this run's own, with txbox's tables in it.
+/// A schema of this run's own, with txbox's tables and an `orders` table in it.
 struct Schema {
     name: String,
     admin_pool: PgPool,
@@ -187,25 +184,31 @@ struct Schema {
 }
 
 impl Schema {
-    async fn create(database_url: &str) -> Result<Self, BoxError> {
+    async fn create(settings: &Settings) -> Result<Self, BoxError> {
         let suffix = &Uuid::new_v4().simple().to_string()[..8];
         let name = format!("txbox_bench_{suffix}");
         let admin_pool = PgPoolOptions::new()
             .max_connections(1)
-            .connect(database_url)
+            .connect(&settings.database_url)
             .await?;
         sqlx::raw_sql(&format!("CREATE SCHEMA \"{name}\""))
             .execute(&admin_pool)
             .await?;
-        let options: PgConnectOptions = database_url.parse()?;
+        let options: PgConnectOptions = settings.database_url.parse()?;
         let pool = PgPoolOptions::new()
-            .max_connections(8)
+            .max_connections(settings.writers as u32 + 2)
             .connect_with(options.options([("search_path", name.as_str())]))
             .await?;
         let tables = txbox::Tables::with_schema(&name)?;
         txbox::PgStore::with_tables(pool.clone(), tables.clone())
             .migrate()
             .await?;
+        sqlx::raw_sql(
+            "CREATE TABLE orders (id uuid PRIMARY KEY, total_cents bigint NOT NULL, \
+             created_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .execute(&pool)
+        .await?;
         Ok(Self {
             name,
             admin_pool,
@@ -214,11 +217,35 @@ impl Schema {
         })
     }
 
-    fn start_relay(&self, config: &RelayConfig) -> Running {
-        start_relay(&self.pool, &self.tables, config)
+    fn start_relay(
+        &self,
+        config: &RelayConfig,
+        reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    ) -> Running {
+        let store = txbox::PgStore::with_tables(self.pool.clone(), self.tables.clone());
+        let mut relay = Relay::with_store(store.into_relay_store(), config.clone()).expect("relay");
+        if let Some(reports) = reports {
+            relay = relay.reports(reports);
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            relay
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("relay");
+        });
+        Running { stop, handle }
+    }
+
+    async fn exec(&self, sql: &str) -> Result<(), BoxError> {
+        sqlx::raw_sql(sql).execute(&self.pool).await?;
+        Ok(())
     }
 
     async fn remove(self) -> Result<(), BoxError> {
+        self.pool.close().await;
         sqlx::raw_sql(&format!("DROP SCHEMA \"{}\" CASCADE", self.name))
             .execute(&self.admin_pool)
             .await?;
@@ -226,12 +253,24 @@ impl Schema {
     }
 }
 
+struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Running {
+    async fn stop(self) -> Result<(), BoxError> {
+        let _ = self.stop.send(());
+        self.handle.await?;
+        Ok(())
+    }
+}
+
 /// Latency, raw rdkafka baseline: send at the bench's rate, latency = ack - send.
 async fn raw_latency(producer: &FutureProducer, settings: &Settings) -> Vec<Duration> {
-    let mut latencies = Vec::with_capacity(settings.latency_events);
     let mut tick = tokio::time::interval(settings.period());
     let (lat_tx, mut lat_rx) = mpsc::unbounded_channel();
-    for _ in 0..settings.latency_events {
+    for _ in 0..settings.latency_events() {
         tick.tick().await;
         let sent = Instant::now();
         let delivery = raw_send(producer, TOPIC, &event());
@@ -243,6 +282,7 @@ async fn raw_latency(producer: &FutureProducer, settings: &Settings) -> Vec<Dura
         });
     }
     drop(lat_tx);
+    let mut latencies = Vec::new();
     while let Some(l) = lat_rx.recv().await {
         latencies.push(l);
     }
@@ -251,131 +291,405 @@ async fn raw_latency(producer: &FutureProducer, settings: &Settings) -> Vec<Dura
 
 /// Latency through the outbox: commit at the bench's rate with a relay running,
 /// latency = ack - commit.
-async fn relay_latency(
-    schema: &Schema,
-    config: &RelayConfig,
-    settings: &Settings,
-) -> Result<Vec<Duration>, BoxError> {
-    let mut relay = schema.start_relay(config);
+async fn relay_latency(schema: &Schema, settings: &Settings) -> Result<Vec<Duration>, BoxError> {
+    let (tx, mut reports) = mpsc::unbounded_channel();
+    let relay = schema.start_relay(&settings.relay_config(), Some(tx));
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let writer_pool = schema.pool.clone();
-    let (period, latency_events) = (settings.period(), settings.latency_events);
+    let (pool, period, n) = (
+        schema.pool.clone(),
+        settings.period(),
+        settings.latency_events(),
+    );
     let writer = tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
-        let mut commits = HashMap::with_capacity(latency_events);
-        for _ in 0..latency_events {
+        let mut commits = HashMap::with_capacity(n);
+        for _ in 0..n {
             tick.tick().await;
-            let (id, at) = commit_event(&writer_pool).await;
-            commits.insert(id, at);
+            let mut tx = pool.begin().await.expect("begin");
+            let id = txbox::outbox::enqueue(&mut tx, &event())
+                .await
+                .expect("enqueue");
+            tx.commit().await.expect("commit");
+            commits.insert(id, SystemTime::now());
         }
         commits
     });
-    let acks = published(&mut relay.reports, latency_events).await;
+    let mut acks = Vec::with_capacity(n);
+    while acks.len() < n {
+        match tokio::time::timeout(Duration::from_secs(60), reports.recv()).await {
+            Ok(Some(RelayReport::Published { id, acked_at, .. })) => acks.push((id, acked_at)),
+            Ok(Some(RelayReport::Failed { error, .. })) => panic!("relay failed: {error}"),
+            _ => panic!("relay stalled after {} of {n}", acks.len()),
+        }
+    }
     let commits = writer.await?;
-    let latencies = acks
+    relay.stop().await?;
+    Ok(acks
         .iter()
         .filter_map(|(id, acked)| {
-            commits
-                .get(id)
-                .map(|c| acked.duration_since(*c).unwrap_or_default())
+            let commit = commits.get(id)?;
+            Some(acked.duration_since(*commit).unwrap_or_default())
         })
-        .collect();
-    let _ = relay.stop.send(());
-    relay.handle.await?;
-    Ok(latencies)
+        .collect())
 }
 
-/// Throughput, raw baseline: all messages as fast as possible.
-async fn raw_throughput(producer: &FutureProducer, events: usize) -> Result<Duration, BoxError> {
+/// Raw produce: `RAW_EVENTS` messages as fast as possible; events/s.
+async fn raw_throughput(producer: &FutureProducer) -> Result<f64, BoxError> {
     let started = Instant::now();
-    let deliveries: Vec<_> = (0..events)
+    let deliveries: Vec<_> = (0..RAW_EVENTS)
         .map(|_| raw_send(producer, TOPIC, &event()))
         .collect();
     for d in deliveries {
         d.await?.map_err(|(e, _)| e)?;
     }
-    Ok(started.elapsed())
+    Ok(RAW_EVENTS as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Throughput through the relay: `events` committed rows, then one relay drains them.
-async fn relay_throughput(
+/// Commits `rows` outbox rows as `enqueue` writes them (one key per order), in one statement.
+async fn backlog(schema: &Schema, rows: usize) -> Result<(), BoxError> {
+    backlog_on(schema, rows, TOPIC).await
+}
+
+async fn backlog_on(schema: &Schema, rows: usize, topic: &str) -> Result<(), BoxError> {
+    schema.exec("TRUNCATE txbox_outbox").await?;
+    sqlx::query(
+        "INSERT INTO txbox_outbox (id, aggregateid, type, topic, message_key, payload) \
+         SELECT gen_random_uuid(), k, 'OrderCreated', $2, k, \
+                jsonb_build_object('order_id', k, 'total_cents', 1200) \
+         FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, $1)) AS keys",
+    )
+    .bind(rows as i64)
+    .bind(topic)
+    .execute(&schema.pool)
+    .await?;
+    schema.exec("ANALYZE txbox_outbox").await
+}
+
+/// Starts `relays` relays on a backlog of `rows`; events/s until every row is marked.
+async fn drain(
     schema: &Schema,
-    config: &RelayConfig,
-    events: usize,
-) -> Result<Duration, BoxError> {
-    for chunk in 0..events.div_ceil(500) {
-        let n = 500.min(events - chunk * 500);
-        let batch: Vec<BenchOrderCreated> = (0..n).map(|_| event()).collect();
-        let mut tx = schema.pool.begin().await?;
-        txbox::outbox::enqueue_all(&mut tx, &batch).await?;
-        tx.commit().await?;
-    }
+    settings: &Settings,
+    rows: usize,
+    relays: usize,
+) -> Result<f64, BoxError> {
+    backlog(schema, rows).await?;
     let started = Instant::now();
-    let mut relay = schema.start_relay(config);
-    published(&mut relay.reports, events).await;
+    let running: Vec<Running> = (0..relays)
+        .map(|_| schema.start_relay(&settings.relay_config(), None))
+        .collect();
+    loop {
+        let left: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM txbox_outbox WHERE published_at IS NULL)",
+        )
+        .fetch_one(&schema.pool)
+        .await?;
+        if !left {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(format!("{relays} relay(s) did not drain {rows} rows in 600 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let elapsed = started.elapsed();
-    let _ = relay.stop.send(());
-    relay.handle.await?;
-    Ok(elapsed)
+    for r in running {
+        r.stop().await?;
+    }
+    Ok(rows as f64 / elapsed.as_secs_f64())
 }
 
-fn print_results(
-    settings: &Settings,
-    (raw_latency, relay_latency): (Vec<Duration>, Vec<Duration>),
-    (raw_elapsed, relay_elapsed): (Duration, Duration),
-) {
-    let (rate, events) = (settings.rate, settings.events);
-    println!("\ncommit-to-broker latency (paced at {rate}/s):");
+/// What a writer's transaction does besides its business insert.
+#[derive(Clone, Copy, PartialEq)]
+enum Extra {
+    /// Nothing: the baseline.
+    Nothing,
+    /// `enqueue` of one event.
+    Enqueue,
+    /// `SELECT 1`: the cost of any extra statement (one more round trip), for reference.
+    EmptyStatement,
+}
+
+/// `writers` tasks committing for `secs`: one business insert plus `extra`; transactions per
+/// second.
+async fn writers(schema: &Schema, settings: &Settings, extra: Extra) -> Result<f64, BoxError> {
+    let done = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..settings.writers)
+        .map(|_| {
+            let (pool, done, count) = (schema.pool.clone(), done.clone(), count.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::Relaxed) {
+                    let e = event();
+                    let mut tx = pool.begin().await.expect("begin");
+                    sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
+                        .bind(e.order_id)
+                        .bind(e.total_cents)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("insert");
+                    match extra {
+                        Extra::Nothing => {}
+                        Extra::Enqueue => {
+                            txbox::outbox::enqueue(&mut tx, &e).await.expect("enqueue");
+                        }
+                        Extra::EmptyStatement => {
+                            sqlx::query("SELECT 1")
+                                .execute(&mut *tx)
+                                .await
+                                .expect("select");
+                        }
+                    }
+                    tx.commit().await.expect("commit");
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let before = count.load(Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs_f64(settings.writer_secs)).await;
+    let committed = count.load(Ordering::Relaxed) - before;
+    let elapsed = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await?;
+    }
+    Ok(committed as f64 / elapsed.as_secs_f64())
+}
+
+/// The three kinds of writers in short interleaved slices (the order rotating each round, so
+/// that a burst of other load on the shared machine hits them alike); the median transactions
+/// per second of each.
+async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<[f64; 3], BoxError> {
+    let kinds = [Extra::Nothing, Extra::Enqueue, Extra::EmptyStatement];
+    let mut rates: [Vec<f64>; 3] = Default::default();
+    for round in 0..WRITER_ROUNDS {
+        for i in 0..kinds.len() {
+            let k = (i + round) % kinds.len();
+            rates[k].push(writers(schema, settings, kinds[k]).await?);
+        }
+    }
+    Ok(rates.map(|mut r| {
+        r.sort_by(f64::total_cmp);
+        r[r.len() / 2]
+    }))
+}
+
+/// SIGTERM to the relay example (a process of its own, built next to this bench) while it
+/// publishes a backlog of `SIGTERM_ROWS`: how long it takes to exit, and whether the rows it
+/// marked are exactly the events the broker has.
+async fn sigterm(schema: &Schema, settings: &Settings) -> Result<(), BoxError> {
+    let topic = format!(
+        "txbox-bench-sigterm-{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    create_topic(&settings.brokers, &topic, PARTITIONS).await?;
+    backlog_on(schema, SIGTERM_ROWS, &topic).await?;
+    let exe = std::env::current_exe()?.with_file_name("relay");
+    if !exe.exists() {
+        return Err(format!("build the relay example too: {} is missing", exe.display()).into());
+    }
+    let url = format!(
+        "{}{}options=-c%20search_path%3D{}",
+        settings.database_url,
+        if settings.database_url.contains('?') {
+            '&'
+        } else {
+            '?'
+        },
+        schema.name
+    );
+    let mut child = std::process::Command::new(exe)
+        .args(["--poll-ms", "200"])
+        .args((!settings.idempotence).then_some("--no-idempotence"))
+        .env("DATABASE_URL", url)
+        .env("KAFKA_BROKERS", &settings.brokers)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    while marked(schema).await? < (SIGTERM_ROWS / 10) as i64 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let signalled = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let took = signalled.elapsed();
+    let marked_ids: std::collections::HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NOT NULL")
+            .fetch_all(&schema.pool)
+            .await?
+            .into_iter()
+            .collect();
+    let on_topic = read_ids_until_quiet(&settings.brokers, &topic).await?;
     println!(
-        "{}",
-        summary("  raw rdkafka produce (baseline)", raw_latency)
+        "\nSIGTERM to the relay process publishing a {SIGTERM_ROWS}-row backlog \
+         (at its exit {} rows marked, {} left):",
+        marked_ids.len(),
+        SIGTERM_ROWS - marked_ids.len()
     );
     println!(
-        "{}",
-        summary("  outbox + relay (NOTIFY, 1 s poll)", relay_latency)
+        "  exited {:.0} ms after the signal ({status}); events on the topic {}, \
+         acknowledged but not marked {}, marked but not on the topic {}",
+        took.as_secs_f64() * 1e3,
+        on_topic.len(),
+        on_topic.difference(&marked_ids).count(),
+        marked_ids.difference(&on_topic).count()
     );
-    println!("\nthroughput ({events} events):");
+    Ok(())
+}
+
+async fn marked(schema: &Schema) -> Result<i64, BoxError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL")
+            .fetch_one(&schema.pool)
+            .await?,
+    )
+}
+
+/// The `ce_id`s on `topic`, read from the beginning until nothing came for 3 s.
+async fn read_ids_until_quiet(
+    brokers: &str,
+    topic: &str,
+) -> Result<std::collections::HashSet<Uuid>, BoxError> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("bench-{}", Uuid::new_v4().simple()))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut partitions = rdkafka::TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        partitions.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&partitions)?;
+    tokio::task::spawn_blocking(move || {
+        let mut ids = std::collections::HashSet::new();
+        let mut last = Instant::now();
+        while last.elapsed() < Duration::from_secs(3) {
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+                last = Instant::now();
+                let id = m.headers().and_then(|hs| {
+                    hs.iter()
+                        .find(|h| h.key == "ce_id")
+                        .and_then(|h| h.value)
+                        .and_then(|v| std::str::from_utf8(v).ok())
+                        .and_then(|v| v.parse::<Uuid>().ok())
+                });
+                ids.extend(id);
+            }
+        }
+        ids
+    })
+    .await
+    .map_err(Into::into)
+}
+
+fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
     println!(
-        "  raw rdkafka produce (baseline)     {:>9.0} events/s ({:.2} s)",
-        events as f64 / raw_elapsed.as_secs_f64(),
-        raw_elapsed.as_secs_f64()
+        "\nthroughput (events/s; drain = rows / time until every row is marked published, best run):"
     );
-    println!(
-        "  relay, backlog drained             {:>9.0} events/s ({:.2} s)",
-        events as f64 / relay_elapsed.as_secs_f64(),
-        relay_elapsed.as_secs_f64()
-    );
+    println!("  raw rdkafka produce ({RAW_EVENTS} messages)    {raw:>9.0}");
+    for (rows, one, two) in drains {
+        println!(
+            "  relay drain {rows:>7} rows: 1 relay {one:>9.0} ({:>4.1} % of raw)   2 relays {two:>9.0}   (2 vs 1: {:.2}x)",
+            100.0 * one / raw,
+            two / one
+        );
+    }
+    if let (Some(small), Some(large)) = (drains.first(), drains.last()) {
+        println!(
+            "  flatness, 1 relay: {} rows vs {} rows: {:.2}x",
+            small.0,
+            large.0,
+            small.1.max(large.1) / small.1.min(large.1)
+        );
+    }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let settings = Settings::from_args()?;
-    // A schema of this run's own; the topic is shared between runs.
-    let schema = Schema::create(&settings.database_url).await?;
+    if std::env::args().any(|a| a == "--log") {
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_target(false)
+            .init();
+    }
+    let schema = Schema::create(&settings).await?;
     create_topic(&settings.brokers, TOPIC, PARTITIONS).await?;
-
-    let mut config = RelayConfig::new(settings.brokers.clone());
-    config.idempotence = settings.idempotence;
-    let producer: FutureProducer = config.client_config().create()?;
+    let producer: FutureProducer = settings.relay_config().client_config().create()?;
     println!(
-        "relay bench: {} events for throughput, {} at {}/s for latency, \
-         {PARTITIONS} partitions, idempotence={}, poll interval 1 s",
-        settings.events, settings.latency_events, settings.rate, settings.idempotence
+        "relay bench: {PARTITIONS} partitions, idempotence={}, {} workers per relay, \
+         batch {}, backlogs {:?}",
+        settings.idempotence,
+        settings.workers,
+        settings.relay_config().batch_size,
+        settings.sizes
     );
-
-    // Warm-up: metadata and connections.
     raw_send(&producer, TOPIC, &event())
         .await?
-        .map_err(|(e, _)| e)?;
-
-    let latency = (
-        raw_latency(&producer, &settings).await,
-        relay_latency(&schema, &config, &settings).await?,
-    );
-    let throughput = (
-        raw_throughput(&producer, settings.events).await?,
-        relay_throughput(&schema, &config, settings.events).await?,
-    );
-    print_results(&settings, latency, throughput);
+        .map_err(|(e, _)| e)?; // warm-up: metadata and connections
+    if settings.phases.contains("latency") {
+        let raw_lat = raw_latency(&producer, &settings).await;
+        let relay_lat = relay_latency(&schema, &settings).await?;
+        println!("\ncommit-to-broker latency (paced at {}/s):", settings.rate);
+        println!("{}", summary("  raw rdkafka produce (baseline)", raw_lat));
+        println!(
+            "{}",
+            summary("  outbox + relay (NOTIFY, 1 s poll)", relay_lat)
+        );
+    }
+    if settings.phases.contains("drain") {
+        drains(&schema, &settings, &producer).await?;
+    }
+    if settings.phases.contains("sigterm") {
+        sigterm(&schema, &settings).await?;
+    }
+    if settings.phases.contains("writers") {
+        schema.exec("TRUNCATE txbox_outbox").await?;
+        let [plain, with_outbox, empty] = measure_writers(&schema, &settings).await?;
+        println!(
+            "\n{} writers, median of {WRITER_ROUNDS} interleaved {} s slices (transactions/s, no relay running):",
+            settings.writers, settings.writer_secs
+        );
+        println!("  business insert only                  {plain:>9.0}");
+        println!(
+            "  business insert + enqueue             {with_outbox:>9.0}   ({:.1} %)",
+            100.0 * with_outbox / plain
+        );
+        println!(
+            "  business insert + SELECT 1            {empty:>9.0}   ({:.1} %: any extra statement)",
+            100.0 * empty / plain
+        );
+    }
     schema.remove().await
+}
+
+async fn drains(
+    schema: &Schema,
+    settings: &Settings,
+    producer: &FutureProducer,
+) -> Result<(), BoxError> {
+    let raw = raw_throughput(producer).await?;
+    let mut drains = Vec::new();
+    for &rows in &settings.sizes {
+        let (mut one, mut two) = (0f64, 0f64);
+        for _ in 0..settings.rounds.max(1) {
+            let a = drain(schema, settings, rows, 1).await?;
+            let b = drain(schema, settings, rows, 2).await?;
+            println!("  ... {rows} rows: 1 relay {a:.0}/s, 2 relays {b:.0}/s");
+            (one, two) = (one.max(a), two.max(b));
+        }
+        drains.push((rows, one, two));
+    }
+    print_drains(raw, &drains);
+    Ok(())
 }

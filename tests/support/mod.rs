@@ -629,3 +629,75 @@ pub async fn read_topic(
     .await
     .expect("reader task")
 }
+
+/// Reads `topic` (all `partitions`, from the beginning, no consumer group) until no message
+/// came for `quiet`, however many that is: duplicates and strays are seen, not cut off at a
+/// count. Panics if the topic does not go quiet within `within`. Messages come per partition in
+/// offset order.
+pub async fn read_topic_until_quiet(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    quiet: Duration,
+    within: Duration,
+) -> Vec<Received> {
+    use rdkafka::message::{Headers, Message};
+    let (brokers, topic) = (brokers.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", unique("reader"))
+            .set("enable.auto.commit", "false")
+            .set("topic.metadata.refresh.interval.ms", "1000")
+            .create()
+            .expect("reader");
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition_offset(&topic, p, Offset::Beginning)
+                .expect("offset");
+        }
+        consumer.assign(&tpl).expect("assign");
+        let deadline = Instant::now() + within;
+        let mut last = Instant::now();
+        let mut out = Vec::new();
+        while last.elapsed() < quiet {
+            assert!(
+                Instant::now() < deadline,
+                "{topic} did not go quiet within {within:?} ({} messages read)",
+                out.len()
+            );
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) => {
+                    last = Instant::now();
+                    let headers = m
+                        .headers()
+                        .map(|hs| {
+                            hs.iter()
+                                .map(|h| {
+                                    (
+                                        h.key.to_owned(),
+                                        String::from_utf8_lossy(h.value.unwrap_or_default())
+                                            .into_owned(),
+                                    )
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    out.push(Received {
+                        partition: m.partition(),
+                        offset: m.offset(),
+                        key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                        payload: serde_json::from_slice(m.payload().unwrap_or_default())
+                            .expect("JSON payload"),
+                        headers,
+                    });
+                }
+                Some(Err(e)) => eprintln!("reader: {e}"),
+                None => {}
+            }
+        }
+        out
+    })
+    .await
+    .expect("reader task")
+}

@@ -28,14 +28,17 @@
 //!    (`pg_advisory_xact_lock`, released at commit or rollback; events without a key take none);
 //! 2. inserts the row; its `seq` comes from a sequence *after* the lock is held;
 //! 3. queues a `NOTIFY` on the table's channel (delivered by PostgreSQL only if the transaction
-//!    commits), which wakes the relays.
+//!    commits), which wakes the relays, unless another transaction in flight already will: only
+//!    the holder of the table's wake lock notifies, so notifying commits never queue behind
+//!    each other (see `postgres::outbox`).
 //!
 //! Step 1 is what makes per-key order well defined across transactions: two transactions that
 //! enqueue for the same key are serialised from the enqueue to their commit, so the one that
 //! takes its `seq` first also commits first (or rolls back, leaving no row). Hence, per key,
 //! **`seq` order is commit order**, and once a row of a key is visible no row of that key with
 //! a smaller `seq` can still appear. The relay publishes each key's rows in `seq` order (see
-//! [`crate::relay`]). The cost: transactions enqueueing for the same key wait for each other
+//! [`crate::relay`]). [`enqueue_all`] draws its rows' `seq` in the order given. The cost:
+//! transactions enqueueing for the same key wait for each other
 //! between their enqueue and their commit; different keys never wait. A transaction that
 //! enqueues for several keys locks them in one order (sorted lock ids) inside one call; across
 //! separate calls, lock order is yours, and PostgreSQL resolves a deadlock by aborting one
@@ -61,8 +64,9 @@
 //! | `published_at`   | `timestamptz` | set by the relay; `NULL` = not yet published              |
 //! | `attempts`       | `integer`     | failed publication attempts                               |
 //! | `last_error`     | `text`, null  | the last publication error                                |
-//! | `next_attempt_at`| `timestamptz` | backoff: the relay leaves the key alone until then        |
+//! | `next_attempt_at`| `timestamptz` | NULL until the row fails; then when to try it again (its key's later rows wait) |
 //! | `parked_at`      | `timestamptz` | set when the row was given up on (see the relay)          |
+//! | `slot`           | `smallint`    | the key's hash, 0..63 (set by the insert or a trigger); the unit relays claim |
 //!
 //! # Trace context
 //!

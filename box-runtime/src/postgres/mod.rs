@@ -36,6 +36,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "dead letters deduplicated by event, payload size and digest",
         sql: include_str!("migrations/inbox_v2.sql"),
     },
+    Migration {
+        component: "outbox",
+        version: 2,
+        description: "relay slots, fresh and retry indexes",
+        sql: include_str!("migrations/outbox_v2.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {

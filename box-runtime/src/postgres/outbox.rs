@@ -1,5 +1,14 @@
 //! The PostgreSQL outbox writer: one statement per enqueue (advisory lock on the key, insert,
-//! `NOTIFY`), in the caller's transaction. Why the lock: see the outbox module's docs.
+//! a coalesced `NOTIFY`), in the caller's transaction. Why the lock: see the outbox module's
+//! docs.
+//!
+//! **Wake-ups that do not serialise writers.** PostgreSQL commits the transactions that queued a
+//! `NOTIFY` one at a time, under one cluster-wide lock held through the commit's WAL flush: if
+//! every enqueue notified, the outbox would cap the application's own commit rate. So an
+//! enqueue notifies only if it takes the table's *wake lock* (`pg_try_advisory_xact_lock`,
+//! never waiting, held until commit): at most one transaction in flight notifies, the others
+//! ride on its notification (or on the next one, or on the relays' poll), and notifying commits
+//! never queue behind each other.
 
 use std::collections::BTreeSet;
 
@@ -19,6 +28,7 @@ pub struct Outbox {
     table: String,
     channel: String,
     lock_scope: String,
+    wake_lock: i64,
     insert_one: String,
     insert_many: String,
 }
@@ -54,6 +64,18 @@ pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
     ])
 }
 
+/// The advisory lock that elects the one transaction in flight that sends the wake-up `NOTIFY`.
+pub(crate) fn wake_lock_id(scope: &str) -> i64 {
+    fnv1a64(&[b"txbox-wake", scope.as_bytes()])
+}
+
+/// The slot of a row with key `key` and id `id` (SQL expressions): the key's hash, `0..64`
+/// (`postgres::relay::SLOTS`); a keyless row hashes its id. Migration outbox v2 has the same
+/// expression in the trigger that fills `slot` for rows inserted by other means.
+pub(crate) fn slot_expr(key: &str, id: &str) -> String {
+    format!("(hashtextextended(coalesce({key}, {id}::text), 0) & 63)::int2")
+}
+
 /// The NOTIFY channel of an outbox table: its unqualified name, so an enqueue through the
 /// `search_path` and a relay configured with a schema-qualified name meet on one channel.
 pub fn notify_channel(tables: &Tables) -> String {
@@ -64,33 +86,36 @@ impl Outbox {
     /// The outbox on `tables.outbox`.
     pub fn new(tables: &Tables) -> Self {
         let table = tables.outbox.to_string();
-        let insert = |source: &str| {
-            format!(
-                "WITH l AS (SELECT {lock}), n AS (SELECT pg_notify($1, '')) \
-                 INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
-                 SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, r.payload, r.headers \
-                 FROM l, n, {source}",
-                lock = if source.starts_with("unnest") {
-                    "count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k"
-                } else {
-                    "pg_advisory_xact_lock($2)"
-                },
-            )
-        };
+        // The quals have no column in them, so PostgreSQL checks them once, before the first
+        // row is produced: the key locks are held before `seq` (the column default) is drawn.
+        // The wake lock ($11) decides whether this transaction notifies.
+        let wake = "(NOT pg_try_advisory_xact_lock($11) OR pg_notify($1, '')::text = '')";
+        let columns =
+            "id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, slot";
+        let lock_scope = tables.outbox.name().as_str().to_owned();
         Self {
             channel: notify_channel(tables),
-            lock_scope: tables.outbox.name().as_str().to_owned(),
-            insert_one: insert(
-                "(SELECT $3::uuid AS id, $4::text AS aggregatetype, $5::text AS aggregateid, \
-                 $6::text AS type, $7::text AS topic, $8::text AS message_key, \
-                 $9::jsonb AS payload, $10::jsonb AS headers) AS r",
+            wake_lock: wake_lock_id(&lock_scope),
+            lock_scope,
+            insert_one: format!(
+                "INSERT INTO {table} ({columns}) \
+                 SELECT $3, $4, $5, $6, $7, $8, $9, $10, {slot} \
+                 WHERE ($2::int8 IS NULL OR pg_advisory_xact_lock($2)::text = '') AND {wake}",
+                slot = slot_expr("$8::text", "$3::uuid"),
             ),
-            // WITH ORDINALITY keeps the caller's order, so `seq` (the column default, evaluated
-            // per row as the rows come) follows it.
-            insert_many: insert(
-                "unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], \
-                 $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
-                 AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord)",
+            // `seq` is drawn per row in the order the rows come; ORDER BY the ordinality makes
+            // that the caller's order.
+            insert_many: format!(
+                "INSERT INTO {table} ({columns}) \
+                 SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, \
+                        r.payload, r.headers, {slot} \
+                 FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], \
+                             $8::text[], $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
+                   AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
+                 WHERE (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k) >= 0 \
+                   AND {wake} \
+                 ORDER BY r.ord",
+                slot = slot_expr("r.message_key", "r.id"),
             ),
             table,
         }
@@ -133,6 +158,7 @@ impl Outbox {
             .bind(&row.key)
             .bind(&row.payload)
             .bind(Value::Object(row.headers))
+            .bind(self.wake_lock)
             .execute(conn)
             .await
             .map_err(|e| self.store_error(e))?;
@@ -203,6 +229,7 @@ impl Outbox {
             .bind(&keys)
             .bind(&payloads)
             .bind(&headers)
+            .bind(self.wake_lock)
             .execute(conn)
             .await
             .map_err(|e| self.store_error(e))?;
@@ -234,6 +261,18 @@ impl OutboxTx for sqlx::Transaction<'_, Postgres> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_migration_computes_slots_as_the_writer_does() {
+        let migration = include_str!("migrations/outbox_v2.sql");
+        for (key, id) in [("message_key", "id"), ("NEW.message_key", "NEW.id")] {
+            let expr = slot_expr(key, id);
+            assert!(
+                migration.contains(&expr),
+                "{expr} missing from outbox_v2.sql"
+            );
+        }
+    }
 
     #[test]
     fn lock_ids_separate_parts() {

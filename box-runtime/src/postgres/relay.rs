@@ -1,100 +1,139 @@
-//! The PostgreSQL relay store: key locks are session advisory locks on a dedicated connection.
+//! The PostgreSQL relay store: slots claimed with session advisory locks on each worker's own
+//! connection, reads that walk the partial index of fresh rows in `seq` order, one-statement
+//! marks.
+//!
+//! Lock ids use the two-`int4` form `(table oid, n)`, so they never meet the enqueue's `bigint`
+//! locks: `n` in `0..SLOTS` is a slot, `n < 0` (shown as `objid >= 2^31` in `pg_locks`) marks a
+//! member, one per session. Members are counted in `pg_locks`, so every relay knows its share
+//! of the slots without a table of its own, and a session that dies releases everything at once.
 
-use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgRow};
 use sqlx::{Connection, PgConnection, Row};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
-use super::outbox::{fnv1a64, notify_channel};
+use super::outbox::notify_channel;
 use super::PgStore;
 use crate::outbox::Retention;
-use crate::relay::{parse_headers, Failure, IntoRelayStore, KeyRef, PendingRow, RelayStore};
+use crate::relay::{
+    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+};
 use crate::store::{StoreError, Tables};
+
+/// The number of slots keys are hashed into: the `slot` column (migration outbox v2) is
+/// `hashtextextended(key, 0) & 63`.
+pub const SLOTS: u32 = 64;
 
 /// The PostgreSQL relay store.
 ///
-/// Key locks are session-level advisory locks (`pg_try_advisory_lock`) held on one dedicated
-/// connection of the relay: PostgreSQL releases them when that connection ends, so a relay that
-/// crashes (or is SIGKILLed) never leaves a key locked.
+/// Each relay worker opens a [`PgRelaySession`](crate::relay::PgRelaySession): a dedicated connection that holds the
+/// session-level advisory locks of its slots (`pg_try_advisory_lock`, never waited for) and
+/// runs every read and mark of those slots. PostgreSQL releases the locks when that connection
+/// ends, so a relay that crashes (or is SIGKILLed) never leaves a slot held.
+///
+/// **Connection poolers**: session advisory locks need a real session. Through PgBouncer in
+/// *transaction* (or statement) pooling mode, consecutive statements may run on different
+/// server connections; [`RelaySession::verify`] detects that (the backend pid changes, or the
+/// locks are not on the backend that took them) and the relay stops with an error. Connect
+/// relays directly to PostgreSQL, or through a pool in *session* mode.
 pub struct PgRelayStore {
     pool: PgPool,
     tables: Tables,
-    scope: String,
     channel: String,
-    locks: Mutex<Option<PgConnection>>,
     listener: Mutex<Option<PgListener>>,
-    sql: Statements,
+    sql: Arc<Statements>,
 }
 
+#[derive(Debug)]
 struct Statements {
-    candidates: String,
-    pending: String,
+    table: String,
+    read: String,
     mark_published: String,
-    record_failure: String,
-    backoff_key: String,
-    release_key: String,
+    record_failures: String,
+}
+
+/// Members, and this session's rank among them (by member id).
+const MEMBERS: &str = "SELECT count(*), count(*) FILTER (WHERE objid::int8 < $2) FROM pg_locks \
+    WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+      AND classid = $1::int8::oid AND objsubid = 2 AND objid::int8 >= 2147483648 AND granted";
+
+const CLAIM: &str =
+    "SELECT s FROM unnest($2::int4[]) AS s WHERE pg_try_advisory_lock($1::int4, s) LIMIT $3";
+
+const RELEASE: &str = "SELECT count(pg_advisory_unlock($1::int4, s)) FROM unnest($2::int4[]) AS s";
+
+/// What the session's backend holds in the table's lock class.
+const HELD: &str = "SELECT pg_backend_pid(), \
+      coalesce(array_agg(objid::int8) FILTER (WHERE objid::int8 >= 2147483648), '{}'), \
+      coalesce(array_agg(objid::int8) FILTER (WHERE objid::int8 < 2147483648), '{}') \
+    FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' \
+      AND classid = $1::int8::oid AND objsubid = 2 AND granted";
+
+impl Statements {
+    fn new(tables: &Tables) -> Self {
+        let t = &tables.outbox;
+        let cols = "id, seq, slot, topic, message_key, type, payload::text AS payload, \
+                    headers::text AS headers, attempts";
+        // Per run of contiguous slots ($2, $3: bounds), the fresh index `(seq, slot)` is walked
+        // in `seq` order; other slots' entries are skipped in the index, and LIMIT stops the
+        // walk: a read costs what it returns, whatever the backlog, and visits the table in
+        // the order rows were written.
+        let fresh = format!(
+            "(SELECT f.* FROM unnest($2::int4[], $3::int4[]) AS r(lo, hi) CROSS JOIN LATERAL ( \
+               SELECT {cols} FROM {t} o \
+               WHERE slot >= r.lo AND slot < r.hi AND published_at IS NULL AND parked_at IS NULL \
+                 AND next_attempt_at IS NULL \
+                 AND NOT EXISTS (SELECT 1 FROM blocked b \
+                                 WHERE b.topic = o.topic AND b.message_key = o.message_key) \
+               ORDER BY seq LIMIT $4) AS f)"
+        );
+        Self {
+            table: t.to_string(),
+            // Rows that failed carry their retry time (`next_attempt_at`) and sit in the retry
+            // index (normally empty). A row waiting for its retry blocks the later rows of its
+            // key; due retries come first.
+            read: format!(
+                "WITH retry AS MATERIALIZED ( \
+                   SELECT id, seq, topic, message_key, next_attempt_at <= now() AS due FROM {t} \
+                   WHERE slot = ANY($1) AND published_at IS NULL AND parked_at IS NULL \
+                     AND next_attempt_at IS NOT NULL), \
+                 blocked AS ( \
+                   SELECT topic, message_key, min(seq) AS seq FROM retry \
+                   WHERE NOT due AND message_key IS NOT NULL GROUP BY topic, message_key) \
+                 (SELECT {cols} FROM {t} WHERE id IN ( \
+                    SELECT r.id FROM retry r WHERE r.due AND NOT EXISTS ( \
+                      SELECT 1 FROM blocked b WHERE b.topic = r.topic \
+                        AND b.message_key = r.message_key AND b.seq < r.seq)) \
+                  ORDER BY seq LIMIT $4) \
+                 UNION ALL {fresh} LIMIT $4"
+            ),
+            mark_published: format!(
+                "UPDATE {t} SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
+            ),
+            record_failures: format!(
+                "UPDATE {t} AS o SET attempts = o.attempts + 1, last_error = f.error, \
+                   parked_at = CASE WHEN f.park THEN now() END, \
+                   next_attempt_at = now() + make_interval(secs => f.secs) \
+                 FROM unnest($1::uuid[], $2::text[], $3::bool[], $4::float8[]) \
+                   AS f(id, error, park, secs) \
+                 WHERE o.id = f.id AND o.published_at IS NULL"
+            ),
+        }
+    }
 }
 
 impl PgRelayStore {
     /// A relay store on `pool`'s database and `tables.outbox`.
     pub fn new(pool: PgPool, tables: Tables) -> Self {
-        let t = &tables.outbox;
-        let sql = Statements {
-            candidates: format!(
-                "SELECT topic, message_key, id FROM {t} \
-                 WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at <= now() \
-                 ORDER BY seq LIMIT $1"
-            ),
-            // One index probe per key. The predicates are chosen so that only
-            // `pending_key_idx` (`WHERE published_at IS NULL`) matches the per-key branch and
-            // only the primary key the keyless one: before the table has statistics, the
-            // planner would otherwise walk `pending_idx` in `seq` order and filter the whole
-            // backlog for every key. Parked and published rows are dropped in Rust.
-            pending: format!(
-                "SELECT * FROM ( \
-                   SELECT o.* FROM unnest($1::text[], $2::text[]) AS k(topic, message_key) \
-                   CROSS JOIN LATERAL ( \
-                     SELECT {cols} FROM {t} \
-                     WHERE published_at IS NULL \
-                       AND topic = k.topic AND message_key = k.message_key \
-                     ORDER BY seq LIMIT $4) AS o \
-                   UNION ALL \
-                   SELECT {cols} FROM {t} WHERE id = ANY($3) \
-                 ) AS pending ORDER BY seq LIMIT $4",
-                cols = "id, seq, topic, message_key, type, payload::text AS payload, \
-                        headers::text AS headers, attempts, next_attempt_at > now() AS waiting, \
-                        published_at IS NULL AND parked_at IS NULL AS pending"
-            ),
-            mark_published: format!(
-                "UPDATE {t} SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
-            ),
-            record_failure: format!(
-                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
-                   parked_at = CASE WHEN $3 THEN now() END \
-                 WHERE id = $1"
-            ),
-            backoff_key: format!(
-                "UPDATE {t} SET next_attempt_at = now() + make_interval(secs => $3) \
-                 WHERE published_at IS NULL AND parked_at IS NULL \
-                   AND topic = $1 AND message_key = $2"
-            ),
-            release_key: format!(
-                "UPDATE {t} SET next_attempt_at = now() \
-                 WHERE published_at IS NULL AND parked_at IS NULL \
-                   AND topic = $1 AND message_key = $2 AND next_attempt_at > now()"
-            ),
-        };
         Self {
-            scope: tables.outbox.name().as_str().to_owned(),
             channel: notify_channel(&tables),
+            sql: Arc::new(Statements::new(&tables)),
             pool,
             tables,
-            locks: Mutex::new(None),
             listener: Mutex::new(None),
-            sql,
         }
     }
 
@@ -102,48 +141,237 @@ impl PgRelayStore {
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+}
 
-    fn lock_id(&self, key: &KeyRef) -> i64 {
-        match &key.key {
-            Some(k) => fnv1a64(&[
-                b"txbox-relay",
-                self.scope.as_bytes(),
-                key.topic.as_bytes(),
-                k.as_bytes(),
-            ]),
-            None => fnv1a64(&[b"txbox-relay-id", self.scope.as_bytes(), key.id.as_bytes()]),
-        }
-    }
+/// A relay worker's session on PostgreSQL: one connection, its member lock and slot locks.
+pub struct PgRelaySession {
+    conn: PgConnection,
+    sql: Arc<Statements>,
+    /// The lock class: the outbox table's oid.
+    class: i32,
+    member: i32,
+    pid: i32,
+}
 
-    async fn lock_connection(
-        &self,
-    ) -> Result<tokio::sync::MutexGuard<'_, Option<PgConnection>>, StoreError> {
-        let mut guard = self.locks.lock().await;
-        if guard.is_none() {
-            let options: PgConnectOptions = (*self.pool.connect_options()).clone();
-            *guard = Some(PgConnection::connect_with(&options).await?);
-        }
-        Ok(guard)
+impl std::fmt::Debug for PgRelaySession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgRelaySession")
+            .field("table", &self.sql.table)
+            .field("member", &self.member)
+            .field("pid", &self.pid)
+            .finish()
     }
 }
 
-fn split_keys(keys: &[KeyRef]) -> (Vec<&str>, Vec<&str>, Vec<Uuid>) {
-    let mut topics = Vec::new();
-    let mut names = Vec::new();
-    let mut ids = Vec::new();
-    for k in keys {
-        match &k.key {
-            Some(key) => {
-                topics.push(k.topic.as_str());
-                names.push(key.as_str());
+fn lost_session(table: &str, what: String) -> StoreError {
+    StoreError::Config(format!(
+        "the relay's session advisory locks on {table} are not held by its connection ({what}): \
+         is it connected through a pooler in transaction or statement mode (PgBouncer)? \
+         Connect relays directly to PostgreSQL, or through a pool in session mode"
+    ))
+}
+
+impl PgRelaySession {
+    async fn open(pool: &PgPool, sql: Arc<Statements>) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = (*pool.connect_options()).clone();
+        let mut conn = PgConnection::connect_with(&options).await?;
+        let (oid, pid): (i64, i32) =
+            sqlx::query_as("SELECT $1::regclass::oid::int8, pg_backend_pid()")
+                .bind(&sql.table)
+                .fetch_one(&mut conn)
+                .await?;
+        let class = oid as u32 as i32;
+        let mut session = Self {
+            conn,
+            sql,
+            class,
+            member: 0,
+            pid,
+        };
+        loop {
+            // A member id of its own (the sign bit set keeps it apart from the slots).
+            let member = i32::MIN | (Uuid::new_v4().as_u128() as i32 & 0x3fff_ffff);
+            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1::int4, $2::int4)")
+                .bind(class)
+                .bind(member)
+                .fetch_one(&mut session.conn)
+                .await?;
+            if got {
+                session.member = member;
+                break;
             }
-            None => ids.push(k.id),
+        }
+        session.verify(&[]).await?;
+        Ok(session)
+    }
+}
+
+fn pending_row(row: &PgRow) -> Result<PendingRow, sqlx::Error> {
+    let headers: &str = row.try_get("headers")?;
+    let slot: i16 = row.try_get("slot")?;
+    Ok(PendingRow {
+        id: row.try_get("id")?,
+        seq: row.try_get("seq")?,
+        slot: slot as u32,
+        topic: row.try_get("topic")?,
+        key: row.try_get("message_key")?,
+        event_type: row.try_get("type")?,
+        payload: row.try_get("payload")?,
+        headers: parse_headers(headers),
+        attempts: row.try_get("attempts")?,
+    })
+}
+
+fn as_i32(slots: &[u32]) -> Vec<i32> {
+    slots.iter().map(|&s| s as i32).collect()
+}
+
+/// `slots` as runs of contiguous slots `[lo, hi)`, the first one starting at or after `start`
+/// (or the lowest, if none does).
+fn runs(slots: &[u32], start: u32) -> (Vec<i32>, Vec<i32>) {
+    let mut sorted = slots.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut runs: Vec<(i32, i32)> = Vec::new();
+    for s in sorted {
+        let s = s as i32;
+        match runs.last_mut() {
+            Some((_, hi)) if *hi == s => *hi = s + 1,
+            _ => runs.push((s, s + 1)),
         }
     }
-    (topics, names, ids)
+    let first = runs
+        .iter()
+        .position(|&(lo, _)| lo >= start as i32)
+        .unwrap_or(0);
+    runs.rotate_left(first);
+    runs.into_iter().unzip()
+}
+
+impl RelaySession for PgRelaySession {
+    async fn members(&mut self) -> Result<Members, StoreError> {
+        let (count, rank): (i64, i64) = sqlx::query_as(MEMBERS)
+            .bind(i64::from(self.class as u32))
+            .bind(i64::from(self.member as u32))
+            .fetch_one(&mut self.conn)
+            .await?;
+        Ok(Members {
+            count: usize::try_from(count).unwrap_or(1).max(1),
+            rank: usize::try_from(rank).unwrap_or(0),
+        })
+    }
+
+    async fn claim<'a>(
+        &'a mut self,
+        candidates: &'a [u32],
+        want: usize,
+    ) -> Result<Vec<u32>, StoreError> {
+        let got: Vec<i32> = sqlx::query_scalar(CLAIM)
+            .bind(self.class)
+            .bind(as_i32(candidates))
+            .bind(want as i64)
+            .fetch_all(&mut self.conn)
+            .await?;
+        Ok(got.into_iter().map(|s| s as u32).collect())
+    }
+
+    async fn release<'a>(&'a mut self, slots: &'a [u32]) -> Result<(), StoreError> {
+        sqlx::query(RELEASE)
+            .bind(self.class)
+            .bind(as_i32(slots))
+            .execute(&mut self.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn verify<'a>(&'a mut self, held: &'a [u32]) -> Result<(), StoreError> {
+        let (pid, members, mut slots): (i32, Vec<i64>, Vec<i64>) = sqlx::query_as(HELD)
+            .bind(i64::from(self.class as u32))
+            .fetch_one(&mut self.conn)
+            .await?;
+        let table = &self.sql.table;
+        if pid != self.pid {
+            let what = format!("backend pid {pid}, opened as {}", self.pid);
+            return Err(lost_session(table, what));
+        }
+        let me = i64::from(self.member as u32);
+        if members != [me] {
+            let what = format!("member locks {members:?} on the backend, expected [{me}]");
+            return Err(lost_session(table, what));
+        }
+        slots.sort_unstable();
+        let mut expected: Vec<i64> = held.iter().map(|&s| i64::from(s)).collect();
+        expected.sort_unstable();
+        if slots != expected {
+            let what = format!("slots {slots:?} on the backend, expected {expected:?}");
+            return Err(lost_session(table, what));
+        }
+        Ok(())
+    }
+
+    async fn read<'a>(
+        &'a mut self,
+        slots: &'a [u32],
+        start: u32,
+        limit: usize,
+    ) -> Result<Vec<PendingRow>, StoreError> {
+        let (lo, hi) = runs(slots, start);
+        let rows = sqlx::query(&self.sql.read)
+            .bind(as_i32(slots))
+            .bind(&lo)
+            .bind(&hi)
+            .bind(limit as i64)
+            .fetch_all(&mut self.conn)
+            .await?;
+        rows.iter()
+            .map(pending_row)
+            .collect::<Result<_, _>>()
+            .map_err(Into::into)
+    }
+
+    async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.mark_published)
+            .bind(ids)
+            .execute(&mut self.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn record_failures<'a>(
+        &'a mut self,
+        failures: &'a [Failure<'a>],
+    ) -> Result<(), StoreError> {
+        let ids: Vec<Uuid> = failures.iter().map(|f| f.row.id).collect();
+        let errors: Vec<&str> = failures.iter().map(|f| f.error).collect();
+        let parks: Vec<bool> = failures.iter().map(|f| f.park).collect();
+        let secs: Vec<f64> = failures.iter().map(|f| f.backoff.as_secs_f64()).collect();
+        sqlx::query(&self.sql.record_failures)
+            .bind(&ids)
+            .bind(&errors)
+            .bind(&parks)
+            .bind(&secs)
+            .execute(&mut self.conn)
+            .await?;
+        Ok(())
+    }
+
+    async fn close(self) {
+        // Closing the session releases every lock it holds.
+        let _ = self.conn.close().await;
+    }
 }
 
 impl RelayStore for PgRelayStore {
+    type Session = PgRelaySession;
+
+    fn slots(&self) -> u32 {
+        SLOTS
+    }
+
+    async fn open(&self) -> Result<PgRelaySession, StoreError> {
+        PgRelaySession::open(&self.pool, self.sql.clone()).await
+    }
+
     async fn listen(&self) -> Result<(), StoreError> {
         let mut guard = self.listener.lock().await;
         if guard.is_none() {
@@ -151,166 +379,6 @@ impl RelayStore for PgRelayStore {
             listener.listen(&self.channel).await?;
             *guard = Some(listener);
         }
-        Ok(())
-    }
-
-    async fn candidates(&self, limit: usize) -> Result<Vec<KeyRef>, StoreError> {
-        let rows = sqlx::query(&self.sql.candidates)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut seen = std::collections::HashSet::new();
-        let mut keys = Vec::new();
-        for row in rows {
-            let key: Option<String> = row.try_get("message_key")?;
-            let id: Uuid = row.try_get("id")?;
-            let k = KeyRef {
-                topic: row.try_get("topic")?,
-                id: if key.is_some() { Uuid::nil() } else { id },
-                key,
-            };
-            if seen.insert(k.clone()) {
-                keys.push(k);
-            }
-        }
-        Ok(keys)
-    }
-
-    async fn lock_keys<'a>(&'a self, keys: &'a [KeyRef]) -> Result<Vec<KeyRef>, StoreError> {
-        // Keys whose lock ids collide share one lock (session locks are re-entrant: take each
-        // id once).
-        let mut by_id: BTreeMap<i64, Vec<&KeyRef>> = BTreeMap::new();
-        for k in keys {
-            by_id.entry(self.lock_id(k)).or_default().push(k);
-        }
-        let ids: Vec<i64> = by_id.keys().copied().collect();
-        let mut guard = self.lock_connection().await?;
-        let conn = guard.as_mut().expect("connected above");
-        let got: Result<Vec<i64>, sqlx::Error> = sqlx::query_scalar(
-            "SELECT k FROM unnest($1::int8[]) AS k WHERE pg_try_advisory_lock(k)",
-        )
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await;
-        let got = match got {
-            Ok(got) => got,
-            Err(e) => {
-                // Whatever this connection held is released with it.
-                *guard = None;
-                return Err(e.into());
-            }
-        };
-        Ok(got
-            .iter()
-            .flat_map(|id| by_id.get(id).into_iter().flatten().map(|k| (*k).clone()))
-            .collect())
-    }
-
-    async fn unlock_keys<'a>(&'a self, keys: &'a [KeyRef]) -> Result<(), StoreError> {
-        let ids: Vec<i64> = keys
-            .iter()
-            .map(|k| self.lock_id(k))
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let mut guard = self.locks.lock().await;
-        let Some(conn) = guard.as_mut() else {
-            return Ok(()); // the connection went away, and its locks with it
-        };
-        let result = sqlx::query("SELECT pg_advisory_unlock(k) FROM unnest($1::int8[]) AS k")
-            .bind(&ids)
-            .execute(&mut *conn)
-            .await;
-        if let Err(e) = result {
-            *guard = None; // closing the session releases every lock it held
-            return Err(e.into());
-        }
-        Ok(())
-    }
-
-    async fn pending<'a>(
-        &'a self,
-        keys: &'a [KeyRef],
-        limit: usize,
-    ) -> Result<Vec<PendingRow>, StoreError> {
-        let (topics, names, ids) = split_keys(keys);
-        let rows = sqlx::query(&self.sql.pending)
-            .bind(&topics)
-            .bind(&names)
-            .bind(&ids)
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        let mut pending = Vec::with_capacity(rows.len());
-        for row in rows {
-            if !row.try_get::<bool, _>("pending")? {
-                continue; // parked, or published meanwhile
-            }
-            if pending.len() == limit {
-                break;
-            }
-            pending.push(row);
-        }
-        pending
-            .into_iter()
-            .map(|row| {
-                let headers = parse_headers(&row.try_get::<String, _>("headers")?);
-                Ok(PendingRow {
-                    id: row.try_get("id")?,
-                    seq: row.try_get("seq")?,
-                    topic: row.try_get("topic")?,
-                    key: row.try_get("message_key")?,
-                    event_type: row.try_get("type")?,
-                    payload: row.try_get("payload")?,
-                    headers,
-                    attempts: row.try_get("attempts")?,
-                    waiting: row.try_get("waiting")?,
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
-    }
-
-    async fn mark_published<'a>(&'a self, ids: &'a [Uuid]) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.mark_published)
-            .bind(ids)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
-    }
-
-    async fn record_failure<'a>(&'a self, failure: Failure<'a>) -> Result<(), StoreError> {
-        let row = failure.row;
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(&self.sql.record_failure)
-            .bind(row.id)
-            .bind(failure.error)
-            .bind(failure.park)
-            .execute(&mut *tx)
-            .await?;
-        if let Some(key) = &row.key {
-            let q = if failure.park {
-                sqlx::query(&self.sql.release_key)
-                    .bind(&row.topic)
-                    .bind(key)
-            } else {
-                sqlx::query(&self.sql.backoff_key)
-                    .bind(&row.topic)
-                    .bind(key)
-                    .bind(failure.backoff.as_secs_f64())
-            };
-            q.execute(&mut *tx).await?;
-        } else if !failure.park {
-            sqlx::query(&format!(
-                "UPDATE {} SET next_attempt_at = now() + make_interval(secs => $2) WHERE id = $1",
-                self.tables.outbox
-            ))
-            .bind(row.id)
-            .bind(failure.backoff.as_secs_f64())
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
         Ok(())
     }
 
@@ -383,5 +451,27 @@ impl IntoRelayStore for PgRelayStore {
 
     fn into_relay_store(self) -> Self {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::runs;
+
+    #[test]
+    fn slots_become_runs_starting_at_or_after_start() {
+        assert_eq!(
+            runs(&[3, 1, 2, 7, 8, 63], 0),
+            (vec![1, 7, 63], vec![4, 9, 64])
+        );
+        assert_eq!(
+            runs(&[3, 1, 2, 7, 8, 63], 4),
+            (vec![7, 63, 1], vec![9, 64, 4])
+        );
+        assert_eq!(
+            runs(&[3, 1, 2, 7, 8, 63], 64),
+            (vec![1, 7, 63], vec![4, 9, 64])
+        );
+        assert_eq!(runs(&[], 5), (vec![], vec![]));
     }
 }

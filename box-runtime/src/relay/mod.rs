@@ -14,65 +14,92 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # One cycle
+//! # How it works
 //!
-//! 1. **Candidates**: the keys of the oldest publishable rows (`ORDER BY seq LIMIT batch`).
-//! 2. **Lock keys**: for each `(topic, key)`, `pg_try_advisory_lock` on the relay's own
-//!    connection (a session lock, never waited for). A key held by another relay is skipped.
-//! 3. **Re-read** the unpublished rows of the locked keys in `seq` order. Reading *after*
-//!    locking matters: another relay may have published and marked some of them between step 1
-//!    and step 2.
-//! 4. **Produce** them with rdkafka, in `seq` order, keyed by the event key; wait for every
-//!    delivery report.
-//! 5. **Mark** the delivered rows published (one `UPDATE`); record failures.
-//! 6. **Unlock** the keys.
+//! * **Slots.** Every row has a `slot`, a hash of its key (PostgreSQL: 64 slots, computed by
+//!   the enqueue's INSERT or by a trigger), so all rows of one key share a slot. A relay runs
+//!   [`RelayBuilder::workers`] workers (default 2); each opens a session of its own
+//!   (PostgreSQL: a dedicated connection) and claims a contiguous block of about
+//!   `64 / (workers of all relays)` slots with session advisory locks (`pg_try_advisory_lock`,
+//!   never waited for). Workers recount each other every
+//!   [`RelayBuilder::rebalance_interval`] (in `pg_locks`) and give back or take slots, so a
+//!   second relay gets half the slots within a second, and the slots of a relay that died
+//!   (its connections, and so its locks, gone) are taken over as quickly.
+//! * **A batch.** A worker reads up to [`RelayBuilder::batch_size`] publishable rows of its
+//!   slots, oldest first: PostgreSQL walks the partial index of fresh rows `(seq, slot)` in
+//!   `seq` order for each run of contiguous slots held, skipping other slots' entries inside
+//!   the index (no sort, no per-key query, a cost that does not grow with the backlog, and the
+//!   table visited in the order it was written). It produces them in that order, waits for
+//!   every delivery report, marks the delivered rows published in one `UPDATE` and the failed
+//!   ones in another, then reads again.
+//! * **Overlap.** The workers run concurrently: while one waits for the broker, others read or
+//!   mark. Per-key order needs no cross-batch bookkeeping, because a worker never has two
+//!   batches in flight.
 //!
 //! # Why per-key order holds with several relays
 //!
 //! * **Commit order = `seq` order per key.** [`enqueue`](crate::outbox::enqueue) takes a
 //!   transaction-level advisory lock on `(topic, key)` before the row's `seq` is drawn and
 //!   keeps it until commit. Two transactions of one key are therefore serialised, and the one
-//!   that draws the smaller `seq` commits first. So when a relay sees a row, every row of its
-//!   key with a smaller `seq` is either visible or will never exist (rolled back). Ordering by
+//!   that draws the smaller `seq` commits first. So in any snapshot in which a row is visible,
+//!   every row of its key with a smaller `seq` is visible too (or rolled back). Ordering by
 //!   `created_at` or by the UUID would not do: both are taken before commit, and a transaction
 //!   that started earlier can commit later.
-//! * **One relay per key at a time.** Only the relay holding a key's session lock publishes
-//!   that key, from the oldest unpublished row on, and it marks rows before releasing the lock.
-//!   Different keys are spread over relays by whoever locks them first.
+//! * **One worker per key at a time.** A key's rows are all in one slot, and a slot is held by
+//!   one session; it is given back only between batches, with nothing in flight.
+//! * **From the oldest row, in one snapshot.** Each read starts at the slot's oldest
+//!   publishable row and is one statement, so it never returns a row of a key while an older
+//!   row of that key is left behind. (A cursor that moved on past a row still uncommitted
+//!   could: that row's key could commit a later row before the cursor's next read.)
+//! * **One batch at a time per worker, in order to the producer.** A batch is fully
+//!   acknowledged and marked before the next read, which starts again from the oldest row.
 //! * **Kafka keeps the order it is given** within a partition (one key maps to one partition):
 //!   with the idempotent producer (the default) even across internal retries; with
 //!   `idempotence(false)` the relay sets `max.in.flight.requests.per.connection = 1` so a retry
 //!   cannot overtake an earlier message.
 //! * **Crashes**: a relay that dies between publish and mark leaves the rows unpublished; its
-//!   session locks go with its connection, and the next relay publishes them again, from the
-//!   oldest (at least once: the inbox on the consumer side drops the duplicates).
+//!   locks go with its connections, and the next holder of the slot publishes them again, from
+//!   the oldest (at least once: the inbox on the consumer side drops the duplicates). The first
+//!   copies of a key's events are still in order: every copy is part of a run that starts at
+//!   the oldest unmarked row of the key.
 //!
-//! Limits, stated plainly: if the relay's *lock connection* breaks while a batch is in flight,
-//! another relay may publish the same key concurrently for that moment (duplicates, possibly
-//! out of order). If a delivery fails asynchronously while later messages of the same key were
-//! already handed to librdkafka, those later messages may be published before the failed one
-//! is retried (with the idempotent producer librdkafka fails them together, which avoids this).
+//! Limits, stated plainly: if a worker's connection breaks while its batch is in flight,
+//! another worker can take the slot and publish the same rows again at the same moment
+//! (duplicates; the first copies stay in order). If a delivery fails asynchronously while later
+//! messages of the same key were already handed to librdkafka, those later messages may be
+//! published before the failed one is retried (with the idempotent producer librdkafka fails
+//! them together, which avoids this).
 //!
 //! # Failures
 //!
-//! A failed row counts an attempt and keeps its error (`attempts`, `last_error`), and its whole
-//! key backs off exponentially (`next_attempt_at`), so later rows of that key wait and the
-//! order holds, while other keys flow. Errors that are about the message itself (too large,
+//! A failed row counts an attempt, keeps its error (`attempts`, `last_error`) and waits for its
+//! retry (`next_attempt_at`, exponential backoff); the later rows of its key wait behind it, so
+//! the order holds, while other keys flow. Errors that are about the message itself (too large,
 //! topic unknown, invalid or not authorised, invalid record) park the row (`parked_at`) after
-//! [`RelayBuilder::max_attempts`]; the key then moves on. Broker outages (timeouts, transport
-//! errors) are retried forever with backoff and never park. A parked row can be retried by
-//! setting `parked_at = NULL`; it is then published after the rows of its key that went ahead.
+//! [`RelayBuilder::max_attempts`]; the key then moves on. Parked rows leave the indexes the
+//! relay reads, so however many a key has, they never hold up its other rows or other keys.
+//! Broker outages (timeouts, transport errors) are retried forever with backoff and never
+//! park. A parked row can be retried by setting `parked_at = NULL`; it is then published after
+//! the rows of its key that went ahead.
 //!
 //! # Wake-up
 //!
-//! Each enqueue sends `NOTIFY` (delivered at commit); the relay `LISTEN`s on a connection of
-//! its own and runs a cycle as soon as one arrives. Polling at
-//! [`RelayBuilder::poll_interval`] (default 1 s) covers missed notifications (e.g. while the
-//! listening connection reconnects). While cycles find work, the relay loops without waiting.
+//! An enqueue notifies (delivered at commit) if no other transaction in flight already will
+//! (see `postgres::outbox`); the relay `LISTEN`s on a connection of its own and wakes its idle
+//! workers at once. Polling at [`RelayBuilder::poll_interval`] (default 1 s) covers a missed
+//! notification. A worker that finds rows reads again without waiting.
+//!
+//! # Stopping
+//!
+//! [`Relay::run`] watches its shutdown future from its first moment. On shutdown no new batch
+//! is read; batches in flight are acknowledged and marked, for at most
+//! [`RelayBuilder::grace`] (default 10 s), after which they are abandoned unmarked (published
+//! again later). During a broker outage the relay therefore stops after the grace period, not
+//! after `message.timeout.ms`.
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -87,10 +114,15 @@ use crate::postgres::PgRelayStore;
 use crate::store::StoreError;
 
 mod publish;
+mod run;
 mod store;
+mod worker;
 
+pub use crate::postgres::relay::PgRelaySession;
+#[cfg(feature = "sqlite")]
+pub use crate::sqlite::relay::SqliteRelaySession;
 pub(crate) use store::parse_headers;
-pub use store::{Failure, KeyRef, PendingRow, RelayStore};
+pub use store::{Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};
 
 /// A relay failure that stops it.
 #[derive(Debug, thiserror::Error)]
@@ -148,10 +180,20 @@ pub struct RelayConfig {
     pub brokers: String,
     /// `ce_source` of published events.
     pub source: String,
-    /// Rows per cycle (default 500).
+    /// Rows per read of one worker (default 1000).
     pub batch_size: usize,
+    /// Workers per relay: sessions of their own, each with its share of the slots, reading,
+    /// publishing and marking concurrently (default 2).
+    pub workers: usize,
     /// Poll interval, the fallback for missed notifications (default 1 s).
     pub poll_interval: Duration,
+    /// How often a worker recounts the workers of every relay and takes or gives back slots
+    /// (default 1 s).
+    pub rebalance_interval: Duration,
+    /// On shutdown, how long in-flight batches may take to be acknowledged and marked before
+    /// they are abandoned (default 10 s; abandoned rows stay unpublished and are published
+    /// again later).
+    pub grace: Duration,
     /// Attempts before a row whose message is rejected is parked (default 10).
     pub max_attempts: u32,
     /// The wait of a key after a failed publication (default 200 ms doubling to 30 s).
@@ -170,8 +212,11 @@ impl RelayConfig {
         Self {
             brokers: brokers.into(),
             source: names::DEFAULT_SOURCE.to_owned(),
-            batch_size: 500,
+            batch_size: 1000,
+            workers: 2,
             poll_interval: Duration::from_secs(1),
+            rebalance_interval: Duration::from_secs(1),
+            grace: Duration::from_secs(10),
             max_attempts: 10,
             backoff: Backoff::new(Duration::from_millis(200), Duration::from_secs(30)),
             idempotence: true,
@@ -228,9 +273,30 @@ impl<S: RelayStore> RelayBuilder<S> {
         self
     }
 
-    /// Rows per cycle (default 500).
+    /// Rows per read of one worker (default 1000).
     pub fn batch_size(mut self, rows: usize) -> Self {
         self.config.batch_size = rows.max(1);
+        self
+    }
+
+    /// Workers per relay (default 2): each holds a share of the slots on a connection of its
+    /// own and publishes them concurrently with the others.
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.config.workers = workers.max(1);
+        self
+    }
+
+    /// How long a stop waits for in-flight batches to be acknowledged and marked before it
+    /// abandons them (default 10 s). Abandoned rows stay unpublished: at least once.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.config.grace = grace;
+        self
+    }
+
+    /// How often workers recount the workers of all relays and rebalance the slots (default
+    /// 1 s). A slot of a relay that died is taken over within about this long.
+    pub fn rebalance_interval(mut self, interval: Duration) -> Self {
+        self.config.rebalance_interval = interval.max(Duration::from_millis(10));
         self
     }
 
@@ -306,15 +372,6 @@ pub fn is_message_error(error: &KafkaError) -> bool {
     )
 }
 
-/// What one cycle did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CycleStats {
-    /// Rows published.
-    pub published: usize,
-    /// Rows that failed.
-    pub failed: usize,
-}
-
 /// A store a relay can be built on: the backend's [`RelayStore`], or the inbox store of the
 /// same database ([`PgStore`](crate::PgStore), [`SqliteStore`](crate::SqliteStore)), whose table
 /// names it takes.
@@ -366,50 +423,20 @@ impl<S: RelayStore> Relay<S> {
         self
     }
 
-    /// Publishes until SIGINT or SIGTERM.
+    /// Publishes until SIGINT or SIGTERM (see [`Relay::run`]).
     pub async fn run_until_signal(self) -> Result<(), RelayError> {
         self.run(crate::shutdown_signal()).await
     }
 
-    /// Publishes until `shutdown` completes. A cycle in progress is finished first (its rows
-    /// are marked), so a graceful stop publishes nothing twice.
+    /// Publishes until `shutdown` completes, then stops within [`RelayBuilder::grace`].
+    ///
+    /// `shutdown` is polled once before anything else (so [`shutdown_signal`](crate::shutdown_signal)
+    /// has its handlers installed from the start) and then throughout, however busy the relay
+    /// is. On shutdown no new batch is read; batches in flight get until the grace period's
+    /// end to be acknowledged and marked, and whatever is still unacknowledged then is
+    /// abandoned unmarked (it is published again later: at least once). A graceful stop
+    /// therefore publishes nothing twice unless the broker is slower than the grace period.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
-        tokio::pin!(shutdown);
-        self.store.listen().await?;
-        let mut next_purge = Instant::now();
-        let mut errors = 0u32;
-        loop {
-            if let Some(retention) = &self.config.retention {
-                if Instant::now() >= next_purge {
-                    match self.store.purge(retention).await {
-                        Ok(0) => {}
-                        Ok(n) => tracing::info!(deleted = n, "outbox retention purge"),
-                        Err(e) => tracing::warn!(error = %e, "outbox retention purge failed"),
-                    }
-                    next_purge = Instant::now() + retention.interval;
-                }
-            }
-            match self.cycle().await {
-                Ok(stats) => {
-                    errors = 0;
-                    if stats.published + stats.failed > 0 {
-                        continue;
-                    }
-                }
-                Err(e) => {
-                    errors += 1;
-                    let pause = self.config.backoff.delay(errors);
-                    tracing::warn!(error = %e, retry_in = ?pause, "relay cycle failed");
-                    tokio::select! {
-                        () = tokio::time::sleep(pause) => continue,
-                        () = &mut shutdown => return Ok(()),
-                    }
-                }
-            }
-            tokio::select! {
-                () = self.store.wait(self.config.poll_interval) => {}
-                () = &mut shutdown => return Ok(()),
-            }
-        }
+        run::run(self, shutdown).await
     }
 }

@@ -1,52 +1,43 @@
-//! One relay cycle: claim keys, publish their rows in order, mark them, release the keys.
+//! One batch: produce its rows in order, wait for every delivery report, mark the delivered
+//! rows (one statement) and record the failures (one statement).
 
+use std::collections::HashSet;
 use std::time::SystemTime;
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
+use rdkafka::producer::{DeliveryFuture, FutureRecord};
+use uuid::Uuid;
 
-use super::{
-    is_message_error, CycleStats, Failure, KeyRef, PendingRow, Relay, RelayReport, RelayStore,
-};
+use super::run::Shared;
+use super::{is_message_error, Failure, PendingRow, RelayReport, RelaySession, RelayStore};
 use crate::names;
 use crate::store::StoreError;
 
-impl<S: RelayStore> Relay<S> {
-    /// Runs one cycle: claim keys, publish their rows in order, mark them, release the keys.
-    pub async fn cycle(&self) -> Result<CycleStats, StoreError> {
-        let candidates = self.store.candidates(self.config.batch_size).await?;
-        if candidates.is_empty() {
-            return Ok(CycleStats::default());
-        }
-        let locked = self.store.lock_keys(&candidates).await?;
-        if locked.is_empty() {
-            return Ok(CycleStats::default());
-        }
-        let result = self.publish_locked(&locked).await;
-        let unlocked = self.store.unlock_keys(&locked).await;
-        let stats = result?;
-        unlocked?;
-        Ok(stats)
-    }
-
-    async fn publish_locked(&self, locked: &[KeyRef]) -> Result<CycleStats, StoreError> {
-        let rows = self.store.pending(locked, self.config.batch_size).await?;
-        // Per key, publish the prefix up to the first row that is backing off.
-        let mut blocked = std::collections::HashSet::new();
+impl<S: RelayStore> Shared<S> {
+    /// Publishes `rows` (a worker's batch, in the order read) and records the outcome.
+    pub(super) async fn publish(
+        &self,
+        session: &mut S::Session,
+        rows: &[PendingRow],
+    ) -> Result<(), StoreError> {
+        // Keys whose row could not even be handed to librdkafka: their later rows wait.
+        let mut blocked: HashSet<(&str, &str)> = HashSet::new();
         let mut in_flight = Vec::with_capacity(rows.len());
         let mut failures: Vec<(&PendingRow, KafkaError)> = Vec::new();
-        for row in &rows {
-            let key = row.key_ref();
-            if row.waiting || blocked.contains(&key) {
-                blocked.insert(key);
-                continue;
+        for row in rows {
+            let key = row.key.as_deref();
+            if let Some(k) = key.filter(|_| !blocked.is_empty()) {
+                if blocked.contains(&(row.topic.as_str(), k)) {
+                    continue;
+                }
             }
             match self.send(row) {
                 Ok(delivery) => in_flight.push((row, delivery)),
                 Err(e) => {
-                    // Handed nothing to librdkafka: later rows of this key wait for this one.
-                    blocked.insert(key);
+                    if let Some(k) = key {
+                        blocked.insert((row.topic.as_str(), k));
+                    }
                     failures.push((row, e));
                 }
             }
@@ -56,14 +47,16 @@ impl<S: RelayStore> Relay<S> {
             match delivery.await {
                 Ok(Ok(d)) => {
                     published.push(row.id);
-                    self.report(RelayReport::Published {
-                        id: row.id,
-                        topic: row.topic.clone(),
-                        key: row.key.clone(),
-                        partition: d.partition,
-                        offset: d.offset,
-                        acked_at: SystemTime::now(),
-                    });
+                    if self.reports.is_some() {
+                        self.report(RelayReport::Published {
+                            id: row.id,
+                            topic: row.topic.clone(),
+                            key: row.key.clone(),
+                            partition: d.partition,
+                            offset: d.offset,
+                            acked_at: SystemTime::now(),
+                        });
+                    }
                 }
                 Ok(Err((e, _))) => failures.push((row, e)),
                 Err(_canceled) => failures.push((row, KafkaError::Canceled)),
@@ -71,43 +64,68 @@ impl<S: RelayStore> Relay<S> {
         }
         if !published.is_empty() {
             crate::failpoint::hit("relay_after_publish").await;
-            self.store.mark_published(&published).await?;
+            session.mark_published(&published).await?;
         }
-        let failed = failures.len();
-        for (row, error) in failures {
-            let attempts = u32::try_from(row.attempts).unwrap_or(0) + 1;
-            let park = is_message_error(&error) && attempts >= self.config.max_attempts;
-            let message = format!(
-                "publishing event {} ({}) to topic `{}` failed: {error}",
-                row.id, row.event_type, row.topic
-            );
-            tracing::warn!(id = %row.id, attempts, parked = park, "{message}");
-            self.store
-                .record_failure(Failure {
-                    row,
-                    error: &message,
-                    park,
-                    backoff: self.config.backoff.delay(attempts),
-                })
-                .await?;
+        if !failures.is_empty() {
+            self.record_failures(session, failures).await?;
+        }
+        Ok(())
+    }
+
+    /// Records the first failure of each key (its later rows wait behind it; they count no
+    /// attempt of their own).
+    async fn record_failures(
+        &self,
+        session: &mut S::Session,
+        mut failures: Vec<(&PendingRow, KafkaError)>,
+    ) -> Result<(), StoreError> {
+        failures.sort_by_key(|(row, _)| row.seq);
+        let mut seen = HashSet::new();
+        failures.retain(|(row, _)| seen.insert(row.key_ref()));
+        let messages: Vec<(String, bool)> = failures
+            .iter()
+            .map(|(row, error)| {
+                let attempts = u32::try_from(row.attempts).unwrap_or(0) + 1;
+                let park = is_message_error(error) && attempts >= self.config.max_attempts;
+                let message = format!(
+                    "publishing event {} ({}) to topic `{}` failed: {error}",
+                    row.id, row.event_type, row.topic
+                );
+                tracing::warn!(id = %row.id, attempts, parked = park, "{message}");
+                (message, park)
+            })
+            .collect();
+        let records: Vec<Failure<'_>> = failures
+            .iter()
+            .zip(&messages)
+            .map(|((row, _), (message, park))| Failure {
+                row,
+                error: message,
+                park: *park,
+                backoff: self
+                    .config
+                    .backoff
+                    .delay(u32::try_from(row.attempts).unwrap_or(0) + 1),
+            })
+            .collect();
+        session.record_failures(&records).await?;
+        for ((row, _), (message, park)) in failures.iter().zip(messages) {
             self.report(RelayReport::Failed {
                 id: row.id,
                 error: message,
                 parked: park,
             });
         }
-        Ok(CycleStats {
-            published: published.len(),
-            failed,
-        })
+        Ok(())
     }
 
-    fn send(&self, row: &PendingRow) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
-        let id = row.id.to_string();
+    fn send(&self, row: &PendingRow) -> Result<DeliveryFuture, KafkaError> {
+        let mut id = Uuid::encode_buffer();
+        let id = row.id.hyphenated().encode_lower(&mut id);
         let mut headers = OwnedHeaders::new_with_capacity(5 + row.headers.len())
             .insert(Header {
                 key: names::HEADER_ID,
-                value: Some(id.as_str()),
+                value: Some(&*id),
             })
             .insert(Header {
                 key: names::HEADER_TYPE,
@@ -138,11 +156,5 @@ impl<S: RelayStore> Relay<S> {
             record = record.key(key.as_str());
         }
         self.producer.send_result(record).map_err(|(e, _)| e)
-    }
-
-    fn report(&self, report: RelayReport) {
-        if let Some(tx) = &self.reports {
-            let _ = tx.send(report);
-        }
     }
 }

@@ -1,5 +1,5 @@
-//! What the relay needs from a store ([`RelayStore`]); the backends implement it
-//! (`postgres::relay`, `sqlite::relay`).
+//! What the relay needs from a store ([`RelayStore`] and its [`RelaySession`]); the backends
+//! implement them (`postgres::relay`, `sqlite::relay`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -28,6 +28,8 @@ pub struct PendingRow {
     pub id: Uuid,
     /// Publication order within the key.
     pub seq: i64,
+    /// The slot of the row's key (see [`RelayStore::slots`]).
+    pub slot: u32,
     /// Topic.
     pub topic: String,
     /// Kafka key.
@@ -40,8 +42,6 @@ pub struct PendingRow {
     pub headers: Vec<(String, String)>,
     /// Failed attempts so far.
     pub attempts: i32,
-    /// Whether the row's key is backing off after a failure (not to be published yet).
-    pub waiting: bool,
 }
 
 impl PendingRow {
@@ -62,6 +62,9 @@ impl PendingRow {
 /// The extra headers stored with a row (a JSON object of strings), as the relay publishes
 /// them; anything that is not a string is left out.
 pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
+    if json == "{}" {
+        return Vec::new();
+    }
     serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(json)
         .map(|m| {
             m.into_iter()
@@ -72,6 +75,16 @@ pub(crate) fn parse_headers(json: &str) -> Vec<(String, String)> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The group of sessions sharing the slots, as one session sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Members {
+    /// How many sessions (of every relay on this table) share the slots, this one included.
+    pub count: usize,
+    /// This session's place among them (from 0, in an order every session agrees on): where
+    /// it starts claiming, so that members take contiguous blocks of slots.
+    pub rank: usize,
 }
 
 /// A failed publication of one row, to record.
@@ -87,58 +100,30 @@ pub struct Failure<'a> {
     pub backoff: Duration,
 }
 
-/// The storage a relay needs. PostgreSQL implements it ([`PgRelayStore`](crate::postgres::PgRelayStore)); an embedded store
-/// can implement the same seven operations.
+/// The storage a relay needs: PostgreSQL ([`PgRelayStore`](crate::postgres::PgRelayStore))
+/// and SQLite ([`SqliteRelayStore`](crate::sqlite::SqliteRelayStore)) implement it.
 ///
-/// The contract that keeps per-key order with several relays: between [`lock_keys`] and
-/// [`unlock_keys`] no other relay publishes rows of the locked keys, and a lock is released
-/// when the relay holding it dies.
+/// Keys are hashed into [`slots`](RelayStore::slots); a slot is the unit a relay claims. The
+/// contract that keeps per-key order with any number of relays:
 ///
-/// [`lock_keys`]: RelayStore::lock_keys
-/// [`unlock_keys`]: RelayStore::unlock_keys
+/// * every row of one `(topic, key)` has the same slot;
+/// * a slot is held by at most one [`RelaySession`] at a time, and a session that dies (its
+///   process killed, its connection lost) loses its slots;
+/// * [`RelaySession::read`] returns, per slot, the slot's publishable rows from its oldest on,
+///   in `seq` order, read in one snapshot; rows of a key that is backing off are left out, and
+///   so are the later rows of that key.
 pub trait RelayStore: Send + Sync + 'static {
-    /// Starts listening for commits (so no wake-up is missed between a cycle and the wait).
+    /// A worker's hold on the store: its claimed slots and the connection it reads through.
+    type Session: RelaySession;
+
+    /// How many slots keys are hashed into (slots are `0..slots()`).
+    fn slots(&self) -> u32;
+
+    /// Opens a session and makes it a member of the group of sessions sharing the slots.
+    fn open(&self) -> impl Future<Output = Result<Self::Session, StoreError>> + Send;
+
+    /// Starts listening for commits (so no wake-up is missed between a read and the wait).
     fn listen(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// The keys of up to `limit` oldest publishable rows (committed, unpublished, not parked,
-    /// not backing off), oldest first, without duplicates.
-    fn candidates(
-        &self,
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<KeyRef>, StoreError>> + Send;
-
-    /// Tries to take the exclusive relay lock of each key without waiting; returns the keys
-    /// now held by this relay.
-    fn lock_keys<'a>(
-        &'a self,
-        keys: &'a [KeyRef],
-    ) -> impl Future<Output = Result<Vec<KeyRef>, StoreError>> + Send + 'a;
-
-    /// Releases keys taken by [`RelayStore::lock_keys`].
-    fn unlock_keys<'a>(
-        &'a self,
-        keys: &'a [KeyRef],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
-
-    /// Up to `limit` unpublished, unparked rows of `keys`, in `seq` order, read after the keys
-    /// were locked. (Per key, the rows returned are a prefix of its pending rows.)
-    fn pending<'a>(
-        &'a self,
-        keys: &'a [KeyRef],
-        limit: usize,
-    ) -> impl Future<Output = Result<Vec<PendingRow>, StoreError>> + Send + 'a;
-
-    /// Marks rows published.
-    fn mark_published<'a>(
-        &'a self,
-        ids: &'a [Uuid],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
-
-    /// Records a failed attempt: attempt count and error; parks the row or backs its key off.
-    fn record_failure<'a>(
-        &'a self,
-        failure: Failure<'a>,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Waits until a row may have committed (a notification) or `timeout` passed.
     fn wait(&self, timeout: Duration) -> impl Future<Output = ()> + Send;
@@ -148,4 +133,62 @@ pub trait RelayStore: Send + Sync + 'static {
         &'a self,
         retention: &'a Retention,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+}
+
+/// One worker's session: membership, claimed slots, and the reads, marks and failures of the
+/// rows of those slots. Every call is made on the session's own connection (PostgreSQL), so a
+/// lost connection, which also loses the slots, fails the next call before anything of its
+/// slots is published.
+pub trait RelaySession: Send + 'static {
+    /// The sessions (of every relay on this table) sharing the slots, and this one's rank.
+    fn members(&mut self) -> impl Future<Output = Result<Members, StoreError>> + Send + '_;
+
+    /// Tries to claim slots of `candidates`, in their order and without waiting, until `want`
+    /// were claimed; returns those claimed.
+    fn claim<'a>(
+        &'a mut self,
+        candidates: &'a [u32],
+        want: usize,
+    ) -> impl Future<Output = Result<Vec<u32>, StoreError>> + Send + 'a;
+
+    /// Releases slots (the caller has nothing of them in flight).
+    fn release<'a>(
+        &'a mut self,
+        slots: &'a [u32],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Checks that the session still holds exactly `held` (and renews them where holds
+    /// expire). An error means the slots may be someone else's: the caller drops the session.
+    fn verify<'a>(
+        &'a mut self,
+        held: &'a [u32],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Up to `limit` publishable rows of `slots`: rows due for a retry first (in `seq`
+    /// order), then the others, per slot in `seq` order. `start` rotates the slots served
+    /// first: those at or after it (PostgreSQL serves runs of contiguous slots, each run in
+    /// `seq` order, beginning with the first run that starts at or after `start`). See
+    /// [`RelayStore`] for what "publishable" means.
+    fn read<'a>(
+        &'a mut self,
+        slots: &'a [u32],
+        start: u32,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<PendingRow>, StoreError>> + Send + 'a;
+
+    /// Marks rows published (one statement).
+    fn mark_published<'a>(
+        &'a mut self,
+        ids: &'a [Uuid],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Records failed attempts (one per key, at most): attempt count and error of each row;
+    /// parks it, or backs its whole key off.
+    fn record_failures<'a>(
+        &'a mut self,
+        failures: &'a [Failure<'a>],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Releases every slot and leaves the group.
+    fn close(self) -> impl Future<Output = ()> + Send;
 }

@@ -1,9 +1,12 @@
 //! The SQLite relay store.
 //!
-//! Key locks are leases in a table (`<outbox>_relay_locks`): a relay takes a key by writing its
-//! owner id with an expiry, and another relay may take it only once the lease expired, so a
-//! relay that dies releases its keys after [`LEASE`]. SQLite has one writer at a time, which
-//! makes taking a lease atomic. There is no NOTIFY: the relay polls at its poll interval.
+//! SQLite has one writer at a time, and `seq` (an autoincrement key) is commit order across
+//! every key, so one relay worker at a time publishes the whole table, from its oldest row on,
+//! in `seq` order: the store has a single slot. The slot is a lease in a table
+//! (`<outbox>_relay_locks`): a worker takes it by writing its owner id with an expiry and renews
+//! it while it runs, and another may take it only once the lease expired, so a relay that dies
+//! releases it after [`LEASE`]. Writing the lease is atomic (one writer at a time). There is no
+//! NOTIFY: the relay polls at its poll interval.
 
 use std::time::Duration;
 
@@ -13,11 +16,16 @@ use uuid::Uuid;
 
 use super::{SqliteStore, NOW};
 use crate::outbox::Retention;
-use crate::relay::{parse_headers, Failure, IntoRelayStore, KeyRef, PendingRow, RelayStore};
+use crate::relay::{
+    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+};
 use crate::store::{StoreError, Tables};
 
-/// How long a relay's hold on a key lasts if it is never released (a crashed relay).
+/// How long a relay's hold on the slot lasts if it is never renewed (a crashed relay).
 pub const LEASE: Duration = Duration::from_secs(60);
+
+/// The lease row's key in `<outbox>_relay_locks`.
+const SLOT_KEY: &str = "slot";
 
 fn later(param: &str) -> String {
     format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%f seconds', {param}))")
@@ -31,30 +39,18 @@ fn earlier(param: &str) -> String {
 #[derive(Debug)]
 pub struct SqliteRelayStore {
     pool: SqlitePool,
-    owner: String,
-    sql: Statements,
+    sql: std::sync::Arc<Statements>,
 }
 
 #[derive(Debug)]
 struct Statements {
-    candidates: String,
     lock: String,
+    renew: String,
     unlock: String,
-    pending_key: String,
-    pending_id: String,
+    read: String,
     mark_published: String,
     record_failure: String,
-    backoff_key: String,
-    backoff_id: String,
-    release_key: String,
     purge: String,
-}
-
-fn lock_key(key: &KeyRef) -> String {
-    match &key.key {
-        Some(k) => format!("k:{k}"),
-        None => format!("id:{}", key.id),
-    }
 }
 
 impl SqliteRelayStore {
@@ -63,48 +59,39 @@ impl SqliteRelayStore {
     pub fn new(pool: SqlitePool, tables: &Tables) -> Self {
         let t = &tables.outbox;
         let locks = t.derived("relay_locks");
-        let cols = format!(
-            "id, seq, topic, message_key, type, payload, headers, attempts, \
-             next_attempt_at > {NOW} AS waiting, parked_at IS NULL AS pending"
-        );
         let sql = Statements {
-            candidates: format!(
-                "SELECT topic, message_key, id FROM {t} \
-                 WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at <= {NOW} \
-                 ORDER BY seq LIMIT $1"
-            ),
             lock: format!(
-                "INSERT INTO {locks} AS l (topic, lock_key, owner, expires_at) VALUES ($1, $2, $3, {lease}) \
+                "INSERT INTO {locks} AS l (topic, lock_key, owner, expires_at) VALUES ('', '{SLOT_KEY}', $1, {lease}) \
                  ON CONFLICT (topic, lock_key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
                  WHERE l.expires_at < {NOW} OR l.owner = excluded.owner \
                  RETURNING owner",
-                lease = later("$4")
+                lease = later("$2")
             ),
-            unlock: format!("DELETE FROM {locks} WHERE topic = $1 AND lock_key = $2 AND owner = $3"),
-            pending_key: format!(
-                "SELECT {cols} FROM {t} WHERE published_at IS NULL AND topic = $1 AND message_key = $2 \
-                 ORDER BY seq LIMIT $3"
+            renew: format!(
+                "UPDATE {locks} SET expires_at = {lease} \
+                 WHERE topic = '' AND lock_key = '{SLOT_KEY}' AND owner = $1",
+                lease = later("$2")
             ),
-            pending_id: format!("SELECT {cols} FROM {t} WHERE published_at IS NULL AND id = $1"),
+            unlock: format!("DELETE FROM {locks} WHERE owner = $1"),
+            // A row waiting for its retry blocks the later rows of its key (`pending_key_idx`).
+            read: format!(
+                "SELECT id, seq, topic, message_key, type, payload, headers, attempts FROM {t} o \
+                 WHERE published_at IS NULL AND parked_at IS NULL \
+                   AND (message_key IS NOT NULL OR next_attempt_at <= {NOW}) \
+                   AND NOT EXISTS (SELECT 1 FROM {t} w \
+                     WHERE w.topic = o.topic AND w.message_key = o.message_key AND w.seq <= o.seq \
+                       AND w.published_at IS NULL AND w.parked_at IS NULL AND w.next_attempt_at > {NOW}) \
+                 ORDER BY seq LIMIT $1"
+            ),
             mark_published: format!(
                 "UPDATE {t} SET published_at = {NOW} \
                  WHERE id IN (SELECT value FROM json_each($1)) AND published_at IS NULL"
             ),
             record_failure: format!(
                 "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
-                   parked_at = CASE WHEN $3 THEN {NOW} END \
-                 WHERE id = $1"
-            ),
-            backoff_key: format!(
-                "UPDATE {t} SET next_attempt_at = {until} \
-                 WHERE published_at IS NULL AND parked_at IS NULL AND topic = $1 AND message_key = $2",
-                until = later("$3")
-            ),
-            backoff_id: format!("UPDATE {t} SET next_attempt_at = {until} WHERE id = $1", until = later("$2")),
-            release_key: format!(
-                "UPDATE {t} SET next_attempt_at = {NOW} \
-                 WHERE published_at IS NULL AND parked_at IS NULL AND topic = $1 AND message_key = $2 \
-                   AND next_attempt_at > {NOW}"
+                   parked_at = CASE WHEN $3 THEN {NOW} END, next_attempt_at = {until} \
+                 WHERE id = $1 AND published_at IS NULL",
+                until = later("$4")
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
@@ -115,10 +102,17 @@ impl SqliteRelayStore {
         };
         Self {
             pool,
-            owner: Uuid::new_v4().to_string(),
-            sql,
+            sql: std::sync::Arc::new(sql),
         }
     }
+}
+
+/// A relay worker's session on SQLite: its owner id and, when it holds it, the slot's lease.
+#[derive(Debug)]
+pub struct SqliteRelaySession {
+    pool: SqlitePool,
+    sql: std::sync::Arc<Statements>,
+    owner: String,
 }
 
 fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> {
@@ -128,110 +122,81 @@ fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> 
     Ok(PendingRow {
         id: Uuid::parse_str(&id).unwrap_or_default(),
         seq: row.try_get("seq")?,
+        slot: 0,
         topic: row.try_get("topic")?,
         key: row.try_get("message_key")?,
         event_type: row.try_get("type")?,
         payload: row.try_get("payload")?,
         headers,
         attempts: attempts as i32,
-        waiting: row.try_get("waiting")?,
     })
 }
 
-impl RelayStore for SqliteRelayStore {
-    async fn listen(&self) -> Result<(), StoreError> {
+impl RelaySession for SqliteRelaySession {
+    async fn members(&mut self) -> Result<Members, StoreError> {
+        // One slot: every session wants it, one holds it.
+        Ok(Members { count: 1, rank: 0 })
+    }
+
+    async fn claim<'a>(
+        &'a mut self,
+        candidates: &'a [u32],
+        want: usize,
+    ) -> Result<Vec<u32>, StoreError> {
+        if want == 0 || !candidates.contains(&0) {
+            return Ok(Vec::new());
+        }
+        let got: Option<String> = sqlx::query_scalar(&self.sql.lock)
+            .bind(&self.owner)
+            .bind(LEASE.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(got.map(|_| vec![0]).unwrap_or_default())
+    }
+
+    async fn release<'a>(&'a mut self, _slots: &'a [u32]) -> Result<(), StoreError> {
+        sqlx::query(&self.sql.unlock)
+            .bind(&self.owner)
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
-    async fn candidates(&self, limit: usize) -> Result<Vec<KeyRef>, StoreError> {
-        let rows = sqlx::query(&self.sql.candidates)
+    async fn verify<'a>(&'a mut self, held: &'a [u32]) -> Result<(), StoreError> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let renewed = sqlx::query(&self.sql.renew)
+            .bind(&self.owner)
+            .bind(LEASE.as_secs_f64())
+            .execute(&self.pool)
+            .await?;
+        if renewed.rows_affected() == 0 {
+            return Err(StoreError::Config(format!(
+                "the relay's lease on the outbox expired and was taken over (held for more than {} s without renewal)",
+                LEASE.as_secs()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn read<'a>(
+        &'a mut self,
+        slots: &'a [u32],
+        _start: u32,
+        limit: usize,
+    ) -> Result<Vec<PendingRow>, StoreError> {
+        if !slots.contains(&0) {
+            return Ok(Vec::new());
+        }
+        let rows = sqlx::query(&self.sql.read)
             .bind(limit as i64)
             .fetch_all(&self.pool)
             .await?;
-        let mut keys: Vec<KeyRef> = Vec::new();
-        for row in rows {
-            let key: Option<String> = row.try_get("message_key")?;
-            let id: String = row.try_get("id")?;
-            let k = KeyRef {
-                topic: row.try_get("topic")?,
-                id: if key.is_some() {
-                    Uuid::nil()
-                } else {
-                    Uuid::parse_str(&id).unwrap_or_default()
-                },
-                key,
-            };
-            if !keys.contains(&k) {
-                keys.push(k);
-            }
-        }
-        Ok(keys)
+        rows.iter().map(pending_row).collect()
     }
 
-    async fn lock_keys<'a>(&'a self, keys: &'a [KeyRef]) -> Result<Vec<KeyRef>, StoreError> {
-        let mut held = Vec::with_capacity(keys.len());
-        for key in keys {
-            let got: Option<String> = sqlx::query_scalar(&self.sql.lock)
-                .bind(&key.topic)
-                .bind(lock_key(key))
-                .bind(&self.owner)
-                .bind(LEASE.as_secs_f64())
-                .fetch_optional(&self.pool)
-                .await?;
-            if got.is_some() {
-                held.push(key.clone());
-            }
-        }
-        Ok(held)
-    }
-
-    async fn unlock_keys<'a>(&'a self, keys: &'a [KeyRef]) -> Result<(), StoreError> {
-        for key in keys {
-            sqlx::query(&self.sql.unlock)
-                .bind(&key.topic)
-                .bind(lock_key(key))
-                .bind(&self.owner)
-                .execute(&self.pool)
-                .await?;
-        }
-        Ok(())
-    }
-
-    async fn pending<'a>(
-        &'a self,
-        keys: &'a [KeyRef],
-        limit: usize,
-    ) -> Result<Vec<PendingRow>, StoreError> {
-        let mut rows = Vec::new();
-        for key in keys {
-            let found = match &key.key {
-                Some(k) => {
-                    sqlx::query(&self.sql.pending_key)
-                        .bind(&key.topic)
-                        .bind(k)
-                        .bind(limit as i64)
-                        .fetch_all(&self.pool)
-                        .await?
-                }
-                None => {
-                    sqlx::query(&self.sql.pending_id)
-                        .bind(key.id.to_string())
-                        .fetch_all(&self.pool)
-                        .await?
-                }
-            };
-            for row in &found {
-                if row.try_get::<bool, _>("pending")? {
-                    rows.push(pending_row(row)?);
-                }
-            }
-        }
-        rows.sort_by_key(|r| r.seq);
-        rows.truncate(limit);
-        Ok(rows)
-    }
-
-    async fn mark_published<'a>(&'a self, ids: &'a [Uuid]) -> Result<(), StoreError> {
+    async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
         let list = serde_json::to_string(&ids.iter().map(Uuid::to_string).collect::<Vec<_>>())
             .unwrap_or_else(|_| "[]".to_owned());
         sqlx::query(&self.sql.mark_published)
@@ -241,41 +206,45 @@ impl RelayStore for SqliteRelayStore {
         Ok(())
     }
 
-    async fn record_failure<'a>(&'a self, failure: Failure<'a>) -> Result<(), StoreError> {
-        let row = failure.row;
+    async fn record_failures<'a>(
+        &'a mut self,
+        failures: &'a [Failure<'a>],
+    ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(&self.sql.record_failure)
-            .bind(row.id.to_string())
-            .bind(failure.error)
-            .bind(failure.park)
-            .execute(&mut *tx)
-            .await?;
-        match (&row.key, failure.park) {
-            (Some(key), true) => {
-                sqlx::query(&self.sql.release_key)
-                    .bind(&row.topic)
-                    .bind(key)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            (Some(key), false) => {
-                sqlx::query(&self.sql.backoff_key)
-                    .bind(&row.topic)
-                    .bind(key)
-                    .bind(failure.backoff.as_secs_f64())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            (None, false) => {
-                sqlx::query(&self.sql.backoff_id)
-                    .bind(row.id.to_string())
-                    .bind(failure.backoff.as_secs_f64())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            (None, true) => {}
+        for failure in failures {
+            sqlx::query(&self.sql.record_failure)
+                .bind(failure.row.id.to_string())
+                .bind(failure.error)
+                .bind(failure.park)
+                .bind(failure.backoff.as_secs_f64())
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
+        Ok(())
+    }
+
+    async fn close(mut self) {
+        let _ = self.release(&[0]).await;
+    }
+}
+
+impl RelayStore for SqliteRelayStore {
+    type Session = SqliteRelaySession;
+
+    fn slots(&self) -> u32 {
+        1
+    }
+
+    async fn open(&self) -> Result<SqliteRelaySession, StoreError> {
+        Ok(SqliteRelaySession {
+            pool: self.pool.clone(),
+            sql: self.sql.clone(),
+            owner: Uuid::new_v4().to_string(),
+        })
+    }
+
+    async fn listen(&self) -> Result<(), StoreError> {
         Ok(())
     }
 

@@ -1,0 +1,162 @@
+//! A relay's lifetime: its workers, the wake-up and the retention purge run as tasks; a
+//! shutdown stops them within the grace period.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+
+use rdkafka::producer::FutureProducer;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::{worker, Relay, RelayConfig, RelayError, RelayReport, RelayStore};
+
+/// What every task of one relay shares.
+pub(super) struct Shared<S> {
+    pub(super) store: Arc<S>,
+    pub(super) producer: FutureProducer,
+    pub(super) config: RelayConfig,
+    pub(super) reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    /// `true` once the relay stops: no new batch is read.
+    pub(super) stop: watch::Sender<bool>,
+    /// Bumped by every notification (and every poll interval): idle workers read again.
+    pub(super) wake: watch::Sender<u64>,
+}
+
+impl<S> Shared<S> {
+    pub(super) fn report(&self, report: RelayReport) {
+        if let Some(tx) = &self.reports {
+            let _ = tx.send(report);
+        }
+    }
+}
+
+type Tasks = JoinSet<Result<(), RelayError>>;
+
+/// Polls `fut` once: `true` if it completed.
+async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> bool {
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await
+}
+
+pub(super) async fn run<S: RelayStore>(
+    relay: Relay<S>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RelayError> {
+    tokio::pin!(shutdown);
+    // First of all: `shutdown_signal()` installs its signal handlers when first polled, so a
+    // SIGTERM that comes while the relay is busy from its first moment is caught.
+    if poll_once(shutdown.as_mut()).await {
+        return Ok(());
+    }
+    let shared = Arc::new(Shared {
+        store: relay.store,
+        producer: relay.producer,
+        config: relay.config,
+        reports: relay.reports,
+        stop: watch::Sender::new(false),
+        wake: watch::Sender::new(0),
+    });
+    let mut tasks = Tasks::new();
+    let outcome = tokio::select! {
+        result = supervise(&shared, &mut tasks) => result,
+        () = &mut shutdown => Ok(()),
+    };
+    shared.stop.send_replace(true);
+    finish(&mut tasks, &shared.config).await;
+    outcome
+}
+
+/// Starts the tasks and waits until one fails (a fatal error ends the relay).
+async fn supervise<S: RelayStore>(
+    shared: &Arc<Shared<S>>,
+    tasks: &mut Tasks,
+) -> Result<(), RelayError> {
+    shared.store.listen().await?;
+    // Every worker joins (concurrently) before any claims slots, so the first shares count
+    // them all.
+    let mut opening = JoinSet::new();
+    for _ in 0..shared.config.workers.max(1) {
+        let store = shared.store.clone();
+        opening.spawn(async move { store.open().await });
+    }
+    let mut sessions = Vec::with_capacity(shared.config.workers);
+    while let Some(opened) = opening.join_next().await {
+        match opened {
+            Ok(session) => sessions.push(session?),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => {}
+        }
+    }
+    tasks.spawn(wake_up(shared.clone()));
+    if shared.config.retention.is_some() {
+        tasks.spawn(purge(shared.clone()));
+    }
+    for (n, session) in sessions.into_iter().enumerate() {
+        tasks.spawn(worker::run(shared.clone(), session, n));
+    }
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Lets the tasks finish their batches in flight until the grace period ends; then abandons
+/// what is left (unmarked rows are published again later).
+async fn finish(tasks: &mut Tasks, config: &RelayConfig) {
+    let deadline = tokio::time::Instant::now() + config.grace;
+    loop {
+        match tokio::time::timeout_at(deadline, tasks.join_next()).await {
+            Ok(Some(Ok(Err(e)))) => tracing::warn!(error = %e, "relay task failed while stopping"),
+            Ok(Some(_)) => {}
+            Ok(None) => return,
+            Err(_) => {
+                tracing::warn!(
+                    grace = ?config.grace,
+                    "relay stop: batches still unacknowledged after the grace period are \
+                     abandoned unmarked (they will be published again)"
+                );
+                tasks.abort_all();
+                while tasks.join_next().await.is_some() {}
+                return;
+            }
+        }
+    }
+}
+
+/// Turns notifications (and, failing those, the poll interval) into wake-ups of the workers.
+async fn wake_up<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
+    let mut stop = shared.stop.subscribe();
+    loop {
+        tokio::select! {
+            () = shared.store.wait(shared.config.poll_interval) => {
+                shared.wake.send_modify(|n| *n = n.wrapping_add(1));
+            }
+            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+        }
+    }
+}
+
+/// Deletes published rows older than the retention window, every `retention.interval`.
+async fn purge<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
+    let Some(retention) = &shared.config.retention else {
+        return Ok(());
+    };
+    let mut stop = shared.stop.subscribe();
+    loop {
+        match shared.store.purge(retention).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(deleted = n, "outbox retention purge"),
+            Err(e) => tracing::warn!(error = %e, "outbox retention purge failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retention.interval) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+        }
+    }
+}

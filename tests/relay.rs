@@ -1,0 +1,544 @@
+//! The relay's guarantees under load, against a real PostgreSQL and a real Kafka-protocol
+//! broker (Tansu): per-key commit order across three relays with writers that take no lock of
+//! their own; a stop within 2 s of SIGTERM under a backlog, with everything acknowledged
+//! marked; parked rows that starve no one; and a SIGKILL, or lost connections, in the middle of
+//! publishing, losing nothing and keeping the first copies of each key in order.
+//!
+//! Topics are read until they go quiet, never up to a count, so duplicates and strays are seen.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use support::child::ChildProcess;
+use support::{read_topic_until_quiet, relay_builder, Broker, Received, RunningRelay, TestDb};
+use txbox::outbox;
+use txbox::prelude::*;
+use txbox::relay::{RelayReport, RelaySession, RelayStore};
+use uuid::Uuid;
+
+/// An event whose payload carries its key and a number.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "Sequenced", topic = "sequenced", key = key)]
+pub struct Sequenced {
+    pub key: String,
+    pub seq: i64,
+}
+
+const TOPIC: &str = "sequenced";
+const QUIET: Duration = Duration::from_secs(3);
+
+fn random_below(n: u64) -> u64 {
+    (Uuid::new_v4().as_u128() % u128::from(n)) as u64
+}
+
+async fn count(db: &TestDb, filter: &str) -> i64 {
+    db.count(&format!("SELECT count(*) FROM txbox_outbox {filter}"))
+        .await
+}
+
+async fn wait_until_published(db: &TestDb, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let left = count(db, "WHERE published_at IS NULL AND parked_at IS NULL").await;
+        if left == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{left} rows still unpublished after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn event_id(m: &Received) -> Uuid {
+    m.header("ce_id").expect("ce_id").parse().expect("uuid")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-key commit order across three relays, writers without locks of their own.
+
+const ORDER_EVENTS: usize = 4000;
+const ORDER_KEYS: u64 = 16;
+const ORDER_WRITERS: usize = 12;
+
+/// When one transaction's commit was sent and when it returned.
+struct Commit {
+    key: String,
+    sent: Instant,
+    done: Instant,
+}
+
+/// Transactions of one event each, on a few keys, that overlap on purpose: a random wait after
+/// `begin` (an earlier transaction may enqueue later) and after the enqueue (and commit later
+/// still). The writer takes no lock of its own: only txbox orders same-key transactions.
+async fn unlocked_writer(pool: PgPool, next: Arc<AtomicUsize>) -> Vec<(Uuid, Commit)> {
+    let mut out = Vec::new();
+    loop {
+        let n = next.fetch_add(1, Ordering::SeqCst);
+        if n >= ORDER_EVENTS {
+            return out;
+        }
+        let key = format!("key-{:02}", random_below(ORDER_KEYS));
+        let mut tx = pool.begin().await.expect("begin");
+        tokio::time::sleep(Duration::from_micros(random_below(2000))).await;
+        let event = Sequenced {
+            key: key.clone(),
+            seq: n as i64,
+        };
+        let id = outbox::enqueue(&mut tx, &event).await.expect("enqueue");
+        tokio::time::sleep(Duration::from_micros(random_below(3000))).await;
+        let sent = Instant::now();
+        tx.commit().await.expect("commit");
+        let done = Instant::now();
+        out.push((id, Commit { key, sent, done }));
+    }
+}
+
+/// Per key, in topic order: a message whose transaction had committed before an earlier
+/// message's transaction even sent its commit is out of commit order.
+fn commit_order_violations(messages: &[Received], commits: &HashMap<Uuid, Commit>) -> Vec<String> {
+    let mut latest_sent: HashMap<&str, (Instant, Uuid)> = HashMap::new();
+    let mut violations = Vec::new();
+    for m in messages {
+        let id = event_id(m);
+        let commit = &commits[&id];
+        let key = commit.key.as_str();
+        if let Some((sent, earlier)) = latest_sent.get(key) {
+            if commit.done < *sent {
+                violations.push(format!(
+                    "key {key}: {id} (committed {:?} before) published after {earlier}",
+                    *sent - commit.done
+                ));
+            }
+        }
+        let entry = latest_sent.entry(key).or_insert((commit.sent, id));
+        if commit.sent > entry.0 {
+            *entry = (commit.sent, id);
+        }
+    }
+    violations
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn per_key_commit_order_holds_across_three_relays_with_writers_that_take_no_lock() {
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 4).await;
+    let db = TestDb::new("order").await;
+    db.migrated_store().await;
+
+    let mut relays: Vec<RunningRelay> = (0..3)
+        .map(|_| {
+            RunningRelay::start(
+                relay_builder(&db, &broker.brokers)
+                    .workers(2)
+                    .batch_size(50)
+                    .poll_interval(Duration::from_millis(100)),
+            )
+        })
+        .collect();
+    let next = Arc::new(AtomicUsize::new(0));
+    let writers: Vec<_> = (0..ORDER_WRITERS)
+        .map(|_| tokio::spawn(unlocked_writer(db.pool.clone(), next.clone())))
+        .collect();
+    let mut commits = HashMap::new();
+    for w in writers {
+        commits.extend(w.await.expect("writer"));
+    }
+    assert_eq!(commits.len(), ORDER_EVENTS);
+    wait_until_published(&db, Duration::from_secs(120)).await;
+
+    let mut per_relay = Vec::new();
+    for relay in &mut relays {
+        let mut published = 0;
+        while let Ok(r) = relay.reports.try_recv() {
+            published += usize::from(matches!(r, RelayReport::Published { .. }));
+        }
+        per_relay.push(published);
+    }
+    for relay in relays {
+        relay.stop().await;
+    }
+    println!("rows published per relay: {per_relay:?}");
+    assert!(
+        per_relay.iter().filter(|&&n| n > 0).count() >= 2,
+        "at least two relays published: {per_relay:?}"
+    );
+
+    let mut messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 4, QUIET, Duration::from_secs(120)).await;
+    messages.sort_by_key(|m| (m.partition, m.offset));
+    let ids: HashSet<Uuid> = messages.iter().map(event_id).collect();
+    let duplicates = messages.len() - ids.len();
+    println!("{} messages, {duplicates} duplicates", messages.len());
+    assert_eq!(
+        duplicates, 0,
+        "no relay crashed: nothing is published twice"
+    );
+    assert_eq!(
+        ids,
+        commits.keys().copied().collect(),
+        "every event arrived"
+    );
+    for m in &messages {
+        assert_eq!(
+            m.key.as_deref(),
+            m.payload["key"].as_str(),
+            "Kafka key = event key"
+        );
+    }
+    let violations = commit_order_violations(&messages, &commits);
+    assert!(
+        violations.is_empty(),
+        "{} events published out of commit order, e.g. {:#?}",
+        violations.len(),
+        &violations[..violations.len().min(5)]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Backlogs, first copies in order.
+
+/// Commits `rows` rows on `keys` keys in one statement; per key, the payload's `seq` counts
+/// 1, 2, 3, ... in commit order.
+async fn backlog(db: &TestDb, rows: usize, keys: usize) {
+    sqlx::query(
+        "INSERT INTO txbox_outbox (id, aggregateid, type, topic, message_key, payload) \
+         SELECT gen_random_uuid(), k, 'Sequenced', $3, k, jsonb_build_object('key', k, 'seq', n) \
+         FROM (SELECT format('key-%s', i % $2) AS k, i / $2 + 1 AS n, i \
+               FROM generate_series(0, $1 - 1) AS i) AS r ORDER BY i",
+    )
+    .bind(rows as i64)
+    .bind(keys as i64)
+    .bind(TOPIC)
+    .execute(&db.pool)
+    .await
+    .expect("backlog");
+}
+
+/// Checks that every row is on the topic and that, per key, the first copies come in order
+/// (1, 2, 3, ...); returns how many messages were duplicates.
+fn first_copies_complete_and_in_order(messages: &[Received], rows: usize) -> usize {
+    let mut seen = HashSet::new();
+    let mut next: HashMap<String, i64> = HashMap::new();
+    for m in messages {
+        if !seen.insert(event_id(m)) {
+            continue; // a duplicate: allowed after a crash; its first copy was checked
+        }
+        let key = m.payload["key"].as_str().expect("key").to_owned();
+        let seq = m.payload["seq"].as_i64().expect("seq");
+        let expected = next.entry(key.clone()).or_insert(1);
+        assert_eq!(
+            seq, *expected,
+            "key {key}: first copy of #{seq} came when #{expected} was due (partition {}, offset {})",
+            m.partition, m.offset
+        );
+        *expected += 1;
+    }
+    assert_eq!(seen.len(), rows, "every row is on the topic");
+    messages.len() - seen.len()
+}
+
+/// A relay process publishing a 100 000-row backlog gets SIGTERM: it exits successfully within
+/// 2 s, and the rows marked published are exactly the events the broker has.
+async fn sigterm_under_a_backlog(name: &str, idle_first: bool) {
+    const ROWS: usize = 100_000;
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 4).await;
+    let db = TestDb::new(name).await;
+    db.migrated_store().await;
+    if !idle_first {
+        backlog(&db, ROWS, 1000).await;
+    }
+    let mut child = ChildProcess::start(
+        "relay",
+        &db,
+        &broker.brokers,
+        &["--no-idempotence", "--poll-ms", "200"],
+        None,
+    );
+    if idle_first {
+        // Idle first (it waits for a notification), then busy with a backlog.
+        child.wait_for("relay started", Duration::from_secs(60));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        backlog(&db, ROWS, 1000).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&db, "WHERE published_at IS NOT NULL").await < 2000 {
+        assert!(Instant::now() < deadline, "the relay published nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let signalled = Instant::now();
+    let status = child.terminate();
+    let took = signalled.elapsed();
+    println!("exited {took:?} after SIGTERM with {status}");
+    assert!(status.success(), "a graceful exit: {status}");
+    assert!(
+        took < Duration::from_secs(2),
+        "exited {took:?} after SIGTERM"
+    );
+
+    let marked: HashSet<Uuid> =
+        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NOT NULL")
+            .fetch_all(&db.pool)
+            .await
+            .expect("marked")
+            .into_iter()
+            .collect();
+    assert!(
+        marked.len() < ROWS,
+        "stopped under a backlog ({} of {ROWS} marked)",
+        marked.len()
+    );
+    let messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 4, QUIET, Duration::from_secs(120)).await;
+    let on_topic: HashSet<Uuid> = messages.iter().map(event_id).collect();
+    println!(
+        "{} rows marked, {} events on the topic",
+        marked.len(),
+        on_topic.len()
+    );
+    assert_eq!(messages.len(), on_topic.len(), "nothing published twice");
+    assert!(
+        on_topic.is_subset(&marked),
+        "{} events acknowledged by the broker were left unmarked",
+        on_topic.difference(&marked).count()
+    );
+    assert!(
+        marked.is_subset(&on_topic),
+        "{} rows marked without being on the topic",
+        marked.difference(&on_topic).count()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_busy_from_its_start_stops_within_2s_of_sigterm_having_marked_what_was_acked() {
+    sigterm_under_a_backlog("sigterm_busy", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_idle_then_busy_stops_within_2s_of_sigterm_having_marked_what_was_acked() {
+    sigterm_under_a_backlog("sigterm_idle", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_a_relay_mid_pipeline_loses_nothing_and_first_copies_stay_in_order() {
+    const ROWS: usize = 30_000;
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 4).await;
+    let db = TestDb::new("kill9").await;
+    db.migrated_store().await;
+    backlog(&db, ROWS, 100).await;
+
+    // Four workers; the fifth batch to be acknowledged stops before it is marked (its worker
+    // hangs there) while the other workers go on; then the process is killed.
+    let mut child = ChildProcess::start(
+        "relay",
+        &db,
+        &broker.brokers,
+        &["--no-idempotence", "--workers", "4", "--batch", "200"],
+        Some("relay_after_publish:5"),
+    );
+    child.wait_for(
+        "txbox failpoint relay_after_publish reached",
+        Duration::from_secs(60),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    child.kill9();
+    let marked_at_kill = count(&db, "WHERE published_at IS NOT NULL").await;
+    assert!(marked_at_kill < ROWS as i64, "killed mid-backlog");
+
+    let relay = RunningRelay::start(relay_builder(&db, &broker.brokers).batch_size(200));
+    wait_until_published(&db, Duration::from_secs(120)).await;
+    relay.stop().await;
+    let mut messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 4, QUIET, Duration::from_secs(120)).await;
+    messages.sort_by_key(|m| (m.partition, m.offset));
+    let duplicates = first_copies_complete_and_in_order(&messages, ROWS);
+    println!("{marked_at_kill} rows marked at the kill; {duplicates} duplicates after it");
+    assert!(
+        duplicates > 0,
+        "the batch acknowledged and not marked at the kill was published again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_whose_connections_are_killed_mid_backlog_reconnects_and_loses_nothing() {
+    const ROWS: usize = 20_000;
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 4).await;
+    let db = TestDb::new("connkill").await;
+    db.migrated_store().await;
+    backlog(&db, ROWS, 100).await;
+
+    let relay = RunningRelay::start(
+        relay_builder(&db, &broker.brokers)
+            .workers(3)
+            .batch_size(200)
+            .backoff(txbox::inbox::Backoff::new(
+                Duration::from_millis(50),
+                Duration::from_millis(500),
+            )),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&db, "WHERE published_at IS NOT NULL").await < 2000 {
+        assert!(Instant::now() < deadline, "the relay published too little");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let killed = db.terminate_backends().await;
+    println!("terminated {killed} connections (the relay's sessions among them)");
+    wait_until_published(&db, Duration::from_secs(120)).await;
+    relay.stop().await;
+    let mut messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 4, QUIET, Duration::from_secs(120)).await;
+    messages.sort_by_key(|m| (m.partition, m.offset));
+    let duplicates = first_copies_complete_and_in_order(&messages, ROWS);
+    println!("{duplicates} duplicates");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Parked rows starve no one.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_keys() {
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 2).await;
+    let db = TestDb::new("parked").await;
+    db.migrated_store().await;
+    let event = |key: &str, seq| Sequenced {
+        key: key.to_owned(),
+        seq,
+    };
+    // 30 rows of key a, parked (given up on), more than three batches of 10 ...
+    let mut tx = db.pool.begin().await.expect("begin");
+    let parked: Vec<Sequenced> = (1..=30).map(|n| event("a", -n)).collect();
+    outbox::enqueue_all(&mut tx, &parked)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    sqlx::raw_sql("UPDATE txbox_outbox SET parked_at = now(), attempts = 10")
+        .execute(&db.pool)
+        .await
+        .expect("park");
+    // ... then a's next rows and another key's.
+    let mut tx = db.pool.begin().await.expect("begin");
+    let fresh: Vec<Sequenced> = (1..=5)
+        .flat_map(|n| [event("a", n), event("b", n)])
+        .collect();
+    outbox::enqueue_all(&mut tx, &fresh).await.expect("enqueue");
+    tx.commit().await.expect("commit");
+
+    let mut relay = RunningRelay::start(relay_builder(&db, &broker.brokers).batch_size(10));
+    relay.published(10, Duration::from_secs(30)).await;
+    relay.stop().await;
+
+    assert_eq!(
+        count(&db, "WHERE published_at IS NULL AND parked_at IS NULL").await,
+        0
+    );
+    assert_eq!(
+        count(&db, "WHERE parked_at IS NOT NULL AND published_at IS NULL").await,
+        30,
+        "parked rows stay parked"
+    );
+    let messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 2, QUIET, Duration::from_secs(60)).await;
+    let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
+    for m in &messages {
+        per_key
+            .entry(m.payload["key"].as_str().expect("key").to_owned())
+            .or_default()
+            .push(m.payload["seq"].as_i64().expect("seq"));
+    }
+    assert_eq!(per_key["a"], [1, 2, 3, 4, 5], "a's later rows, in order");
+    assert_eq!(per_key["b"], [1, 2, 3, 4, 5], "b's rows, in order");
+    assert_eq!(messages.len(), 10);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slots: one per key, whoever inserts the row.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_inserted_by_hand_gets_the_slot_enqueue_gives_its_key() {
+    let db = TestDb::new("slots").await;
+    db.migrated_store().await;
+    let mut tx = db.pool.begin().await.expect("begin");
+    let events: Vec<Sequenced> = (0..50)
+        .map(|n| Sequenced {
+            key: format!("key-{n}"),
+            seq: n,
+        })
+        .collect();
+    outbox::enqueue_all(&mut tx, &events)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    // The same keys, inserted by hand (another service writing the table with plain SQL).
+    sqlx::raw_sql(
+        "INSERT INTO txbox_outbox (id, type, topic, message_key, payload) \
+         SELECT gen_random_uuid(), 'Sequenced', 'sequenced', message_key, payload FROM txbox_outbox",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("insert by hand");
+    let per_key = db
+        .count(
+            "SELECT count(*) FROM (SELECT message_key FROM txbox_outbox \
+             GROUP BY message_key HAVING count(DISTINCT slot) = 1 AND count(*) = 2 \
+             AND min(slot) BETWEEN 0 AND 63) AS k",
+        )
+        .await;
+    assert_eq!(
+        per_key, 50,
+        "each key has one slot, however its rows were written"
+    );
+    let slots = db
+        .count("SELECT count(DISTINCT slot) FROM txbox_outbox")
+        .await;
+    assert!(
+        slots > 20,
+        "keys spread over the slots ({slots} of 64 used)"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The lock connection is checked.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_does_not_hold_its_slots_is_refused() {
+    let db = TestDb::new("session").await;
+    db.migrated_store().await;
+    let store = txbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone());
+    let mut first = store.open().await.expect("open");
+    let mut second = store.open().await.expect("open");
+    assert_eq!(first.members().await.expect("members").count, 2);
+    assert_eq!(first.claim(&[0, 1, 2], 2).await.expect("claim"), [0, 1]);
+    assert_eq!(
+        second.claim(&[1, 2, 3], 2).await.expect("claim"),
+        [2, 3],
+        "a slot held by another session is skipped"
+    );
+    first.verify(&[0, 1]).await.expect("holds what it claimed");
+    // A session that believes it holds a slot its backend does not (what a transaction pooler
+    // such as PgBouncer does to session locks) is refused.
+    let error = first
+        .verify(&[0, 1, 2])
+        .await
+        .expect_err("slot 2 is not held by this backend")
+        .to_string();
+    assert!(error.contains("PgBouncer"), "{error}");
+    first.close().await;
+    assert_eq!(second.members().await.expect("members").count, 1);
+    assert_eq!(
+        second.claim(&[0, 1], 2).await.expect("claim"),
+        [0, 1],
+        "a closed session's slots are free"
+    );
+    second.close().await;
+}
