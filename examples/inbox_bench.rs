@@ -737,8 +737,7 @@ async fn billing_blackbox(
         .args([
             // The group is billing's own (`--group` names its handlers' group); the topic is
             // new, so nothing is committed for it yet.
-            "--topic",
-            &topic,
+            "--topic", &topic,
         ])
         .env("DATABASE_URL", &url)
         .env("KAFKA_BROKERS", &broker.brokers)

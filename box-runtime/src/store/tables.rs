@@ -16,6 +16,9 @@ pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("outbox", "published_idx"),
     ("outbox", "parked_idx"),
     ("outbox", "relay_locks"),
+    ("outbox", "fresh_idx"),
+    ("outbox", "retry_idx"),
+    ("outbox", "slot"),
 ];
 
 /// The names of txbox's tables. Every name is a validated identifier; set a schema to keep
