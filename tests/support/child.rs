@@ -162,3 +162,65 @@ impl Drop for ChildProcess {
         let _ = self.child.wait();
     }
 }
+
+impl ChildProcess {
+    /// Starts example `program` with `args` and exactly the given `DATABASE_URL` and
+    /// `KAFKA_BROKERS` (e.g. through proxies) plus `env`; no failpoint.
+    pub fn start_with(
+        program: &str,
+        database_url: &str,
+        brokers: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut cmd = Command::new(example(program));
+        cmd.args(args)
+            .env("DATABASE_URL", database_url)
+            .env("KAFKA_BROKERS", brokers)
+            .env("NO_COLOR", "1")
+            .env_remove("TXBOX_FAILPOINT")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let (tx, events) = mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        let stderr = child.stderr.take().expect("stderr");
+        for stream in [
+            Box::new(stdout) as Box<dyn std::io::Read + Send>,
+            Box::new(stderr),
+        ] {
+            let (lines, tx) = (lines.clone(), tx.clone());
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let _ = tx.send(line.clone());
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Self {
+            child,
+            lines,
+            events,
+        }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Every line printed so far.
+    pub fn output(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}

@@ -6,6 +6,7 @@
 
 pub mod child;
 pub mod kit;
+pub mod net;
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
