@@ -166,6 +166,19 @@ async fn session_defaults(
         .collect())
 }
 
+/// Whether the session settings sent with `defaults` are in force on a pooled connection (a
+/// pooler may drop startup options silently).
+async fn applied(pool: &sqlx::PgPool, defaults: &[(&str, &str)]) -> bool {
+    let names: Vec<&str> = defaults.iter().map(|(name, _)| *name).collect();
+    sqlx::query_scalar::<_, bool>(
+        "SELECT count(*) > 0 FROM pg_settings WHERE name = ANY($1) AND source = 'client'",
+    )
+    .bind(&names)
+    .fetch_one(pool)
+    .await
+    .unwrap_or(true)
+}
+
 /// Whether connecting failed because startup options are refused: PgBouncer answers
 /// `08P01 unsupported startup parameter`.
 fn refuses_startup_options(error: &sqlx::Error) -> bool {
@@ -234,7 +247,16 @@ impl PgStore {
                      session timeouts and keepalives; set them on the server (docs/deployment.md)");
                 bounded(url, pool().connect_with(target)).await?
             }
-            pool => pool?,
+            pool => {
+                let pool = pool?;
+                if !defaults.is_empty() && !applied(&pool, &defaults).await {
+                    tracing::warn!(target = %redact_url(url),
+                        "the server or pooler ignored startup options (PgBouncer's \
+                         `ignore_startup_parameters = options`?): txbox's session timeouts and \
+                         keepalives are not in force; set them on the server (docs/deployment.md)");
+                }
+                pool
+            }
         };
         Ok(Self::new(pool))
     }
