@@ -1111,7 +1111,7 @@ async fn pg_store_connect_asks_for_session_timeouts_and_keepalives_nobody_else_s
 }
 
 // ---------------------------------------------------------------------------------------------
-// Found by scenario b: one stuck partition holds up the others.
+// Found while measuring e: one stuck partition holds up the others.
 
 /// DESIGN.md, inbox contract 5: "one slow or failing partition never holds up another". Here
 /// partition 0's first message waits on a lock (as a partition does whose database answer was
@@ -1188,6 +1188,50 @@ async fn a_partition_stuck_on_the_database_does_not_hold_up_the_others() {
     assert_eq!(
         done, 2_000,
         "partitions 1 and 2 were processed while partition 0 waited"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Found by scenario b: a statement on a connection that went half-open waits for ever.
+
+/// A middlebox (a NAT or a load balancer) that forgets a flow leaves its connection half-open
+/// for good, while new connections work. A consumer must not wait for ever on a statement it
+/// sent on such a connection.
+///
+/// It fails today (checked: 1 529 of 6 000 resolved at the cut, none more in 120 s): the engine
+/// awaits the store's answer with no bound of its own and sqlx has none; PostgreSQL ends the
+/// silent session (after 30 s or 60 s) but its close never crosses the dead flow, so the
+/// partition's task waits for good (and once its buffer is full, so does the member: see the
+/// test above). Across a real network the client's kernel gives up on its unacknowledged query
+/// after its retransmission timeout (about 15 minutes on Linux); behind a proxy or a load
+/// balancer that acknowledges it, never. Scenario b passes only because its partition heals.
+/// Fix in the engine: bound each transaction attempt on the client (e.g. 30 s), then drop the
+/// connection and back off as for an outage; the inbox makes the retry safe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: a statement on a connection that went half-open waits for ever (see the doc comment)"]
+async fn a_connection_left_half_open_for_good_does_not_hang_a_partition() {
+    let _one = SERIAL.lock().await;
+    let mut rng = Rng::seeded("half-open");
+    let broker = ProxiedBroker::start();
+    let db = TestDb::new("net_halfopen").await;
+    db.migrated_store().await;
+    let topic = support::unique("nethalf");
+    broker.create_topic(&topic, 3).await;
+    let w = produce(broker.brokers(), &topic, 6_000, 0, 0, &mut rng).await;
+    let pg = postgres_proxy();
+    let url = url_via(&db, &pg, &[]);
+    let args = ["--topic", topic.as_str()];
+    let mut consumer = ChildProcess::start_with("billing", &url, broker.brokers(), &args, &[]);
+    wait_until(&db, RESOLVED, w.target() / 4, Duration::from_secs(120)).await;
+    // Every open connection goes dead for good; new ones take a healthy link.
+    let _new_connections = pg.link(|_| true);
+    pg.blackhole();
+    let done = wait_until(&db, RESOLVED, w.target(), Duration::from_secs(120)).await;
+    consumer.kill9();
+    assert_eq!(
+        done,
+        w.target(),
+        "every message resolved although the connections in use went half-open"
     );
 }
 
