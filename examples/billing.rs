@@ -8,7 +8,8 @@
 //!
 //! Messages are JSON (`{"order_id": "<uuid>", "total_cents": 1200}`) in CloudEvents binary mode:
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
-//! `content-type: application/json`. It logs one line per message and runs until SIGTERM.
+//! `content-type: application/json`. It logs one line per message and runs until SIGTERM;
+//! `RUST_LOG` (targets syntax) changes what is logged.
 //!
 //! `--finish-slowly-ms N` (for the graceful-stop test) makes the handler wait N ms after
 //! writing the invoice, saying so on stderr, so a stop can arrive while a message is in hand.
@@ -16,6 +17,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 use txbox::prelude::*;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -53,7 +57,18 @@ const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
 
 #[tokio::main]
 async fn main() -> Result<(), common::Failure> {
-    tracing_subscriber::fmt().with_target(false).init();
+    // `RUST_LOG` picks what is logged, in targets syntax (e.g. `info,box_runtime::kafka=debug`
+    // shows when a partition is no longer owned and its offset not committed); info by default.
+    match std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|s| s.parse::<Targets>().ok())
+    {
+        Some(filter) => tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().with_target(false))
+            .with(filter)
+            .init(),
+        None => tracing_subscriber::fmt().with_target(false).init(),
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let topic = flag(&args, "--topic", "orders")?;
     let group = flag(&args, "--group", "billing")?;

@@ -158,6 +158,12 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// The longest one transaction may take before it is abandoned as an outage (default 60 s).
+    pub fn transaction_timeout(mut self, limit: std::time::Duration) -> Self {
+        self.config.transaction_timeout = limit;
+        self
+    }
+
     /// Replaces the whole inbox configuration.
     pub fn config(mut self, config: InboxConfig) -> Self {
         self.config = config;

@@ -94,7 +94,12 @@ impl ChildProcess {
             Some(fp) => cmd.env("TXBOX_FAILPOINT", fp),
             None => cmd.env_remove("TXBOX_FAILPOINT"),
         };
-        let mut child = cmd.spawn().expect("spawn child consumer");
+        let child = cmd.spawn().expect("spawn child consumer");
+        Self::collect(child)
+    }
+
+    /// Collects the output lines of a child started with piped stdout and stderr.
+    fn collect(mut child: Child) -> Self {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let stderr_lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, events) = mpsc::channel();
@@ -202,5 +207,47 @@ impl Drop for ChildProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl ChildProcess {
+    /// Starts example `program` with `args` and exactly the given `DATABASE_URL` and
+    /// `KAFKA_BROKERS` (e.g. through proxies) plus `env`; no failpoint.
+    pub fn start_with(
+        program: &str,
+        database_url: &str,
+        brokers: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut cmd = Command::new(example(program));
+        cmd.args(args)
+            .env("DATABASE_URL", database_url)
+            .env("KAFKA_BROKERS", brokers)
+            .env("NO_COLOR", "1")
+            .env_remove("TXBOX_FAILPOINT")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {program}: {e}"));
+        Self::collect(child)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Every line printed so far.
+    pub fn output(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
     }
 }

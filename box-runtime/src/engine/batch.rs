@@ -113,7 +113,11 @@ impl<S: InboxStore> Inbox<S> {
                 done.push((i, self.run(msg, shutdown).await));
                 break;
             }
-            match self.run_batch(rest, shutdown).await {
+            let limit = self.config.transaction_timeout;
+            let ended = tokio::time::timeout(limit, self.run_batch(rest, shutdown))
+                .await
+                .unwrap_or_else(|_| BatchEnd::Outage(StoreError::timed_out(limit)));
+            match ended {
                 BatchEnd::Committed(outcomes) => {
                     done.extend(rest.iter().map(|(i, _)| *i).zip(outcomes));
                     break;

@@ -233,6 +233,11 @@ pub struct InboxConfig {
     pub ordering: Ordering,
     /// Concurrent lanes per partition with [`Ordering::Key`] (default 8).
     pub key_lanes: usize,
+    /// The longest one transaction (a message or a batch, handlers included) may take before
+    /// it is abandoned as an outage (its connection dropped, rolled back, retried after a
+    /// backoff): a connection left half-open by the network would otherwise wait for ever
+    /// (default 60 s).
+    pub transaction_timeout: Duration,
 }
 
 impl Default for InboxConfig {
@@ -252,6 +257,7 @@ impl Default for InboxConfig {
             max_wait: Duration::from_millis(2),
             ordering: Ordering::Partition,
             key_lanes: 8,
+            transaction_timeout: Duration::from_secs(60),
         }
     }
 }

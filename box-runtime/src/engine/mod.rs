@@ -234,7 +234,14 @@ impl<S: InboxStore> Inbox<S> {
         loop {
             let attempt = match failed.take() {
                 Some(attempt) => attempt,
-                None => self.attempt(msg, local_failures).await,
+                None => {
+                    let limit = self.config.transaction_timeout;
+                    match tokio::time::timeout(limit, self.attempt(msg, local_failures)).await {
+                        Ok(attempt) => attempt,
+                        // Dropped with its connection: rolled back, and an outage to wait out.
+                        Err(_) => Attempt::Outage(StoreError::timed_out(limit)),
+                    }
+                }
             };
             let error = match attempt {
                 Attempt::Done(outcome) => return outcome,

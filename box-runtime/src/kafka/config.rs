@@ -2,6 +2,20 @@
 
 use std::time::Duration;
 
+/// librdkafka settings every consumer starts with (see `docs/deployment.md`); `set` overrides
+/// them.
+///
+/// librdkafka's defaults wait 60 s for a request's answer and 30 s for a new connection's
+/// handshake. Across a partition or a half-open connection that is how long a member sits on
+/// a dead connection after the network heals (its fetches and its group requests are stuck on
+/// it), and a reconnection tried during the partition hangs as long again. 10 s each bounds
+/// that; keepalives let the kernel find dead idle connections.
+pub(crate) const NETWORK_DEFAULTS: &[(&str, &str)] = &[
+    ("socket.timeout.ms", "10000"),
+    ("socket.connection.setup.timeout.ms", "10000"),
+    ("socket.keepalive.enable", "true"),
+];
+
 /// Settings of the Kafka consumer.
 ///
 /// ```
@@ -20,7 +34,10 @@ pub struct KafkaConfig {
     pub topics: Vec<String>,
     /// The Kafka consumer group id; defaults to the inbox group.
     pub group_id: Option<String>,
-    /// Extra librdkafka settings, applied last.
+    /// librdkafka settings, applied last: txbox's network defaults first
+    /// (`socket.timeout.ms=10000`, `socket.connection.setup.timeout.ms=10000`,
+    /// `socket.keepalive.enable=true`; see `docs/deployment.md`), then those given to
+    /// [`set`](Self::set), which override them.
     pub settings: Vec<(String, String)>,
     /// Messages buffered per partition before the consumer waits for the partition's task.
     pub partition_buffer: usize,
@@ -48,7 +65,10 @@ impl KafkaConfig {
             brokers: brokers.into(),
             topics: topics.into_iter().map(Into::into).collect(),
             group_id: None,
-            settings: Vec::new(),
+            settings: NETWORK_DEFAULTS
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
             partition_buffer: 1000,
             dead_letter_topic: None,
             producer_settings: Vec::new(),

@@ -162,6 +162,61 @@ impl Statements {
     }
 }
 
+/// Session settings [`PgStore::connect`] asks the server for, where nothing else set them.
+const SESSION_DEFAULTS: &[(&str, &str)] = &[
+    ("idle_in_transaction_session_timeout", "30s"),
+    ("idle_session_timeout", "60s"),
+    ("tcp_keepalives_idle", "10"),
+    ("tcp_keepalives_interval", "5"),
+    ("tcp_keepalives_count", "3"),
+    ("tcp_user_timeout", "30000"),
+];
+
+/// Idle pooled connections are closed after this, before `idle_session_timeout` ends them
+/// (sqlx's reaper may take up to twice as long).
+const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// The [`SESSION_DEFAULTS`] to send: those the server knows and nobody configured (not the
+/// server, role or database configuration, not the URL's `options`: `source = 'default'`).
+async fn session_defaults(
+    target: &sqlx::postgres::PgConnectOptions,
+) -> Result<Vec<(&'static str, &'static str)>, sqlx::Error> {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect_with(target).await?;
+    let names: Vec<&str> = SESSION_DEFAULTS.iter().map(|(name, _)| *name).collect();
+    let unset: Vec<String> = sqlx::query_scalar(
+        "SELECT name FROM pg_settings WHERE name = ANY($1) AND source = 'default'",
+    )
+    .bind(&names)
+    .fetch_all(&mut conn)
+    .await?;
+    let _ = conn.close().await;
+    Ok(SESSION_DEFAULTS
+        .iter()
+        .filter(|(name, _)| unset.iter().any(|u| u == name))
+        .copied()
+        .collect())
+}
+
+/// Whether the session settings sent with `defaults` are in force on a pooled connection (a
+/// pooler may drop startup options silently).
+async fn applied(pool: &sqlx::PgPool, defaults: &[(&str, &str)]) -> bool {
+    let names: Vec<&str> = defaults.iter().map(|(name, _)| *name).collect();
+    sqlx::query_scalar::<_, bool>(
+        "SELECT count(*) > 0 FROM pg_settings WHERE name = ANY($1) AND source = 'client'",
+    )
+    .bind(&names)
+    .fetch_one(pool)
+    .await
+    .unwrap_or(true)
+}
+
+/// Whether connecting failed because startup options are refused: PgBouncer answers
+/// `08P01 unsupported startup parameter`.
+fn refuses_startup_options(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("08P01"))
+}
+
 /// The PostgreSQL store of the inbox: inbox rows, attempt counts and dead letters.
 #[derive(Debug, Clone)]
 pub struct PgStore {
@@ -180,18 +235,64 @@ impl PgStore {
     /// pool of up to `max_connections`, failing within [`CONNECT_TIMEOUT`] with the target
     /// (password hidden) and the cause. Waiting for a pooled connection is bounded the same way.
     ///
+    /// Each session asks the server to end it when the other side is gone, so that a consumer
+    /// or relay cut off by a partition or a half-open connection neither holds its
+    /// transaction, row locks and key locks for ever nor waits for ever for an answer that was
+    /// lost (see `docs/deployment.md`):
+    ///
+    /// | setting | value | why |
+    /// | --- | --- | --- |
+    /// | `idle_in_transaction_session_timeout` | 30 s | a transaction whose client went silent is rolled back and its locks released |
+    /// | `idle_session_timeout` (PostgreSQL 14+) | 60 s | a session whose client went silent (a relay's key locks, a lost `COMMIT` answer) is closed; longer than a relay's longest batch |
+    /// | `tcp_keepalives_idle` / `_interval` / `_count` | 10 s / 5 s / 3 | the server notices a client host that vanished within about 25 s |
+    /// | `tcp_user_timeout` (PostgreSQL 12+) | 30 s | the same while the server has data in flight to it |
+    ///
+    /// A setting is only sent where nothing else set it: not in the URL's `options`, not in the
+    /// server's, role's or database's configuration, and known to the server. Idle pooled
+    /// connections are closed after 25 s, before the server would end them. Behind a pooler
+    /// that refuses startup options (PgBouncer without `ignore_startup_parameters = options`)
+    /// it connects without them and says so in a warning; set them on the server then.
+    ///
     /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
-        use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
+        use crate::store::{bounded, check_scheme, redact_url, CONNECT_TIMEOUT};
+        use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
         check_scheme(url, &["postgres", "postgresql"], "PgStore")?;
-        // No ping before each acquire: a broken connection fails its first statement, which
-        // the engine treats as an outage (back off, retry), so the ping would only add a round
-        // trip to every transaction.
-        let options = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(CONNECT_TIMEOUT)
-            .test_before_acquire(false);
-        let pool = bounded(url, options.connect(url)).await?;
+        let target: PgConnectOptions = url.parse().map_err(|source| StoreError::Connect {
+            target: redact_url(url),
+            source,
+        })?;
+        let defaults = bounded(url, session_defaults(&target)).await?;
+        let pool = || {
+            PgPoolOptions::new()
+                .max_connections(max_connections.max(1))
+                .acquire_timeout(CONNECT_TIMEOUT)
+                .idle_timeout(POOL_IDLE_TIMEOUT)
+                // No ping before each acquire: a broken connection fails its first statement,
+                // which the engine treats as an outage, so a ping would only add a round trip.
+                .test_before_acquire(false)
+        };
+        let with_defaults = target.clone().options(defaults.iter().copied());
+        let pool = match bounded(url, pool().connect_with(with_defaults)).await {
+            Err(StoreError::Connect { source, .. })
+                if !defaults.is_empty() && refuses_startup_options(&source) =>
+            {
+                tracing::warn!(target = %redact_url(url), error = %source,
+                    "the server or pooler refuses startup options: connected without txbox's \
+                     session timeouts and keepalives; set them on the server (docs/deployment.md)");
+                bounded(url, pool().connect_with(target)).await?
+            }
+            pool => {
+                let pool = pool?;
+                if !defaults.is_empty() && !applied(&pool, &defaults).await {
+                    tracing::warn!(target = %redact_url(url),
+                        "the server or pooler ignored startup options (PgBouncer's \
+                         `ignore_startup_parameters = options`?): txbox's session timeouts and \
+                         keepalives are not in force; set them on the server (docs/deployment.md)");
+                }
+                pool
+            }
+        };
         Ok(Self::new(pool))
     }
 

@@ -89,6 +89,14 @@ impl From<crate::ident::IdentError> for StoreError {
 }
 
 impl StoreError {
+    /// A transaction took longer than its bound (a connection left half-open, for one).
+    pub(crate) fn timed_out(limit: std::time::Duration) -> Self {
+        Self::Unavailable(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("the transaction took longer than {limit:?}; its connection was dropped"),
+        )))
+    }
+
     /// The database went away while a handler ran (the handler's own error said so).
     pub(crate) fn lost_under_handler() -> Self {
         Self::Unavailable(sqlx::Error::PoolClosed)
