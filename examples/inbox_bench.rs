@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
-//!     cargo run --release --example inbox_bench -- [--events 20000] [--partitions 3]
+//!     cargo run --release --example inbox_bench -- [--events 20000] [--partitions 3] \
+//!     [--backlog 200000] [--db-latency-ms 0]
 //! ```
 //! (build the billing example too: `cargo build --release --examples`; the black-box runs start
 //! it as a child process.)
@@ -876,6 +877,30 @@ async fn main() -> Result<(), BoxError> {
     }
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    // `--db-latency-ms N`: every connection to PostgreSQL (the baseline's and txbox's alike)
+    // goes through a proxy that adds N ms each way.
+    let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
+    let _proxy;
+    let database_url = if latency_ms > 0 {
+        let options: sqlx::postgres::PgConnectOptions = database_url.parse()?;
+        let upstream = format!("{}:{}", options.get_host(), options.get_port());
+        let proxy = txbox_chaos::Proxy::start(upstream.as_str())?;
+        proxy.set_latency(Duration::from_millis(latency_ms), Duration::ZERO);
+        let url = database_url.replacen(&upstream, &proxy.addr().to_string(), 1);
+        if url == database_url {
+            return Err(
+                format!("--db-latency-ms: DATABASE_URL must name {upstream} literally").into(),
+            );
+        }
+        println!(
+            "PostgreSQL behind a proxy adding {latency_ms} ms each way ({})",
+            proxy.addr()
+        );
+        _proxy = proxy;
+        url
+    } else {
+        database_url
+    };
 
     // A schema of this run's own, dropped whatever happens.
     let schema = format!(
