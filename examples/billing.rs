@@ -9,8 +9,13 @@
 //! Messages are JSON (`{"order_id": "<uuid>", "total_cents": 1200}`) in CloudEvents binary mode:
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
 //! `content-type: application/json`. It logs one line per message and runs until SIGTERM.
+//!
+//! `--finish-slowly-ms N` (for the graceful-stop test) makes the handler wait N ms after
+//! writing the invoice, saying so on stderr, so a stop can arrive while a message is in hand.
 
-use sqlx::postgres::PgPoolOptions;
+use std::sync::OnceLock;
+use std::time::Duration;
+
 use txbox::prelude::*;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -19,6 +24,9 @@ mod common;
 
 use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
 
+/// How long the handler waits after writing an invoice (`--finish-slowly-ms`; zero by default).
+static FINISH_SLOWLY: OnceLock<Duration> = OnceLock::new();
+
 #[inbox_handler(event = "OrderCreated", group = "billing")]
 async fn create_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
     sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
@@ -26,6 +34,13 @@ async fn create_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Ha
         .bind(event.total_cents)
         .execute(&mut **tx)
         .await?;
+    if let Some(wait) = FINISH_SLOWLY.get().filter(|w| !w.is_zero()) {
+        eprintln!(
+            "billing: invoice written for order {}, finishing in {wait:?}",
+            event.order_id
+        );
+        tokio::time::sleep(*wait).await;
+    }
     Ok(())
 }
 
@@ -37,20 +52,20 @@ const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
     created_at timestamptz NOT NULL DEFAULT now())";
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), common::Failure> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let topic = flag(&args, "--topic", "orders")?;
     let group = flag(&args, "--group", "billing")?;
+    let slowly: u64 = flag(&args, "--finish-slowly-ms", "0")?.parse()?;
+    FINISH_SLOWLY.get_or_init(|| Duration::from_millis(slowly));
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
 
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&database_url)
-        .await?;
-    sqlx::query(INVOICES).execute(&pool).await?;
-    let store = txbox::PgStore::new(pool);
+    // Refuses a URL of another database, and names the target (password hidden) if it
+    // cannot connect within a few seconds.
+    let store = txbox::PgStore::connect(&database_url, 8).await?;
+    sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
 
     let kafka = QUICK_GROUP_SETTINGS.iter().fold(

@@ -1,30 +1,36 @@
-//! Inbox benchmark: the consumer's throughput and per-message cost, against a raw rdkafka
-//! consumer doing a plain insert, measured in the same run on the same topic and database.
+//! Inbox benchmark: txbox's consumer against a hand-written consumer with one transaction per
+//! message, measured in the same run on the same topic, database and number of lanes.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //!     cargo run --release --example inbox_bench -- [--events 20000] [--partitions 3]
 //! ```
+//! (build the billing example too: `cargo build --release --examples`; the black-box runs start
+//! it as a child process.)
 //!
 //! `--events` `OrderCreated` messages (CloudEvents binary mode, a unique `ce_id` each) are
 //! produced once onto a fresh topic of `--partitions` partitions: on librdkafka's in-process mock
 //! cluster by default, on `KAFKA_BROKERS` if set. Then each run reads the whole topic with a
 //! Kafka consumer group of its own and writes one `bench_invoices` row per message:
 //!
-//! * **A, raw consumer, plain insert** (baseline): an rdkafka `StreamConsumer` that decodes the
-//!   JSON, runs one autocommit `INSERT` and commits the offset asynchronously; one lane, no
-//!   inbox, no deduplication.
-//! * **B, inbox (`ExactlyOnceInbox`)**: txbox's `Consumer` on `PgStore`: inbox row, handler and
-//!   processed mark in one transaction, then the offset commit; one lane per partition.
-//! * **C, at least once (`OnSuccess`)**: the same transaction without the inbox row, so B - C is
-//!   the inbox row's own cost.
-//! * **D, inbox on SQLite** (with the `sqlite` feature): B on `SqliteStore`, a temporary WAL file.
+//! * **A, hand-written** (baseline): an rdkafka consumer whose lanes (one per partition, as
+//!   txbox's) each run `BEGIN; INSERT; COMMIT` per message and then commit its offset.
+//! * **B, txbox batched** (`ExactlyOnceInbox`, the default): micro-batches per partition, one
+//!   claim statement, the handler per event, one commit and one offset commit per batch.
+//! * **C, txbox unbatched** (`max_batch(1)`): one transaction per message, as before batching.
+//! * **D, at least once** (`OnSuccess`, batched): B without the inbox row.
+//! * **E, inbox on SQLite** (batched): B on `SqliteStore`, a temporary WAL file.
+//! * **F, batch handler** (`#[inbox_handler(.., batch)]`): the handler gets the new events of a
+//!   batch at once and writes them with one multi-row insert.
+//!
+//! Then, black-box, the unchanged `billing` example as a child process: its rate from the
+//! first to the last invoice row, on `--partitions` and on 12 partitions; the end-to-end
+//! latency (produce to handler commit) at a steady 1 000 msgs/s offered; and its peak RSS while
+//! draining a backlog of `--backlog` (200 000) messages.
 //!
 //! Throughput is measured from the first processed message to the last (group joins excluded):
-//! msgs/s = (messages - 1) / (last - first). `ms/msg/lane` is the mean gap between consecutive
-//! completions on one lane (the partition task of a txbox run, the single loop of A); with the
-//! backlog always waiting, that is the cost of handling one message. `wall` also counts start-up
-//! and the group join. PostgreSQL rows live in a fresh schema, dropped at the end.
+//! msgs/s = (messages - 1) / (last - first). PostgreSQL rows live in a fresh schema, dropped at
+//! the end.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -64,6 +70,24 @@ async fn invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerEr
 }
 
 const INSERT_INVOICE: &str = "INSERT INTO bench_invoices (order_id, total_cents) VALUES ($1, $2)";
+
+/// Run F's group: a batch handler writing a whole run of events with one statement.
+const BATCH_GROUP: &str = "bench-batch";
+
+#[inbox_handler(event = "OrderCreated", group = "bench-batch", batch)]
+async fn invoices(events: Vec<OrderCreated>, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    let ids: Vec<Uuid> = events.iter().map(|e| e.order_id).collect();
+    let totals: Vec<i64> = events.iter().map(|e| e.total_cents).collect();
+    sqlx::query(
+        "INSERT INTO bench_invoices (order_id, total_cents) \
+         SELECT * FROM unnest($1::uuid[], $2::int8[])",
+    )
+    .bind(&ids)
+    .bind(&totals)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
 
 /// Deliberately no unique constraint: every run adds one row per message.
 const INVOICES: &str = "CREATE TABLE bench_invoices (
@@ -273,12 +297,14 @@ impl Measured {
     }
 }
 
-/// Baseline A: a plain rdkafka consumer, one autocommit insert per message, async offset commits.
-async fn raw_consumer(
+/// Baseline A: a hand-written consumer, one lane per partition, each message `BEGIN; INSERT;
+/// COMMIT` and then its offset committed (asynchronously), the way one writes it by hand.
+async fn handwritten(
     broker: &Broker,
     topic: &str,
     pool: &PgPool,
     events: usize,
+    lanes: i32,
 ) -> Result<Measured, BoxError> {
     let started = Instant::now();
     let mut config = rdkafka::ClientConfig::new();
@@ -291,37 +317,71 @@ async fn raw_consumer(
     for (k, v) in broker.consumer_settings() {
         config.set(*k, *v);
     }
-    let consumer: StreamConsumer = config.create()?;
+    let consumer: std::sync::Arc<StreamConsumer> = std::sync::Arc::new(config.create()?);
     consumer.subscribe(&[topic])?;
+    let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, Instant)>();
+    let mut lane_tx = HashMap::new();
+    for lane in 0..lanes {
+        let (tx, mut rx) = mpsc::channel::<(String, i32, i64, Vec<u8>)>(1000);
+        lane_tx.insert(lane, tx);
+        let (pool, consumer, done_tx) = (pool.clone(), consumer.clone(), done_tx.clone());
+        tokio::spawn(async move {
+            while let Some((topic, partition, offset, payload)) = rx.recv().await {
+                let event: OrderCreated = serde_json::from_slice(&payload).expect("json");
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query(INSERT_INVOICE)
+                    .bind(event.order_id)
+                    .bind(event.total_cents)
+                    .execute(&mut *tx)
+                    .await
+                    .expect("insert");
+                tx.commit().await.expect("commit");
+                let mut tpl = rdkafka::TopicPartitionList::new();
+                let _ = tpl.add_partition_offset(
+                    &topic,
+                    partition,
+                    rdkafka::Offset::Offset(offset + 1),
+                );
+                let _ = consumer.commit(&tpl, CommitMode::Async);
+                let _ = done_tx.send((partition, Instant::now()));
+            }
+        });
+    }
     let mut completions = Vec::with_capacity(events);
+    let mut received = 0;
     while completions.len() < events {
-        let m = tokio::time::timeout(Duration::from_secs(60), consumer.recv())
-            .await
-            .map_err(|_| format!("raw consumer stalled after {}", completions.len()))??;
-        let event: OrderCreated = serde_json::from_slice(m.payload().unwrap_or_default())?;
-        sqlx::query(INSERT_INVOICE)
-            .bind(event.order_id)
-            .bind(event.total_cents)
-            .execute(pool)
-            .await?;
-        consumer.commit_message(&m, CommitMode::Async)?;
-        completions.push((0, Instant::now()));
+        tokio::select! {
+            m = consumer.recv(), if received < events => {
+                let m = m?;
+                let lane = m.partition() % lanes;
+                let payload = m.payload().unwrap_or_default().to_vec();
+                lane_tx[&lane].send((m.topic().to_owned(), m.partition(), m.offset(), payload)).await?;
+                received += 1;
+            }
+            c = done.recv() => completions.push(c.ok_or("lanes ended")?),
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {
+                return Err(format!("hand-written consumer stalled after {}", completions.len()).into());
+            }
+        }
     }
     consumer.unsubscribe();
     Ok(Measured::new(
-        "A raw consumer, plain insert",
+        "A hand-written, 1 tx/msg",
         started,
         &completions,
     ))
 }
 
-/// Runs B, C, D: txbox's consumer until every message is processed, then a graceful stop.
+/// Runs B to F: txbox's consumer until every message is processed, then a graceful stop.
+#[allow(clippy::too_many_arguments)] // the settings of one run, named at each call
 async fn inbox_consumer<S: txbox::store::InboxStore>(
+    group: &str,
     name: &str,
     broker: &Broker,
     topic: &str,
     store: S,
     ack: AckStrategy,
+    max_batch: usize,
     events: usize,
 ) -> Result<Measured, BoxError> {
     let started = Instant::now();
@@ -331,8 +391,9 @@ async fn inbox_consumer<S: txbox::store::InboxStore>(
         |c, (k, v)| c.set(*k, *v),
     );
     let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
-    let consumer = txbox::Consumer::builder(GROUP, store, kafka)
+    let consumer = txbox::Consumer::builder(group, store, kafka)
         .ack(ack)
+        .max_batch(max_batch)
         .reports(report_tx)
         .build()?;
     let (stop, stopped) = oneshot::channel::<()>();
@@ -386,6 +447,12 @@ fn print_table(runs: &[Measured]) {
     }
 }
 
+/// Whether run `letter` is selected by `INBOX_BENCH_RUNS` (default: all of `ABCDEFL`; `L` is
+/// the latency and black-box part).
+fn selected(letter: &str) -> bool {
+    std::env::var("INBOX_BENCH_RUNS").map_or(true, |runs| runs.contains(letter))
+}
+
 /// PostgreSQL in `schema`: the invoices table and txbox's tables.
 async fn open_postgres(
     database_url: &str,
@@ -404,32 +471,84 @@ async fn open_postgres(
     Ok((pool, pg))
 }
 
-/// Runs B and C: txbox's consumer on PostgreSQL, with and without the inbox row.
+/// Runs B, C and D: txbox's consumer on PostgreSQL, batched, unbatched, and without the inbox.
 async fn postgres_runs(
     broker: &Broker,
     topic: &str,
     pg: &txbox::PgStore,
     events: usize,
-) -> Result<[Measured; 2], BoxError> {
-    let b = inbox_consumer(
-        "B inbox (ExactlyOnceInbox)",
-        broker,
-        topic,
-        pg.clone(),
-        AckStrategy::ExactlyOnceInbox,
-        events,
-    )
-    .await?;
-    let c = inbox_consumer(
-        "C at least once (OnSuccess)",
-        broker,
-        topic,
-        pg.clone(),
-        AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
-        events,
-    )
-    .await?;
-    Ok([b, c])
+) -> Result<Vec<Measured>, BoxError> {
+    // C keeps its inbox in tables of its own: B's rows would make every message a duplicate.
+    let tables = pg.tables().clone();
+    let tables = tables
+        .inbox("c_inbox")?
+        .attempts("c_attempts")?
+        .dead_letters("c_dead_letters")?
+        .outbox("c_outbox")?
+        .migrations("c_migrations")?;
+    let pg_c = txbox::PgStore::with_tables(pg.pool().clone(), tables);
+    pg_c.migrate().await?;
+    let mut runs = Vec::new();
+    for (name, store, ack, max_batch) in [
+        (
+            "B txbox batched (inbox)",
+            pg,
+            AckStrategy::ExactlyOnceInbox,
+            500,
+        ),
+        (
+            "C txbox unbatched (inbox)",
+            &pg_c,
+            AckStrategy::ExactlyOnceInbox,
+            1,
+        ),
+        (
+            "D txbox at least once (OnSuccess)",
+            pg,
+            AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
+            500,
+        ),
+    ] {
+        if !selected(&name[..1]) {
+            continue;
+        }
+        let run = inbox_consumer(
+            GROUP,
+            name,
+            broker,
+            topic,
+            store.clone(),
+            ack,
+            max_batch,
+            events,
+        );
+        runs.push(run.await?);
+    }
+    if selected("F") {
+        // F keeps its inbox apart too, like C.
+        let tables = pg.tables().clone();
+        let tables = tables
+            .inbox("f_inbox")?
+            .attempts("f_attempts")?
+            .dead_letters("f_dead_letters")?
+            .outbox("f_outbox")?
+            .migrations("f_migrations")?;
+        let pg_f = txbox::PgStore::with_tables(pg.pool().clone(), tables);
+        pg_f.migrate().await?;
+        let name = "F txbox batch handler (multi-row)";
+        let run = inbox_consumer(
+            BATCH_GROUP,
+            name,
+            broker,
+            topic,
+            pg_f,
+            AckStrategy::ExactlyOnceInbox,
+            500,
+            events,
+        );
+        runs.push(run.await?);
+    }
+    Ok(runs)
 }
 
 /// Run D: B on SQLite; returns its figures and the invoices it wrote.
@@ -442,19 +561,26 @@ async fn sqlite_run(
 ) -> Result<(Measured, i64), BoxError> {
     let db = on_sqlite::Db::open(partitions.max(1) as u32 + 2).await?;
     let d = inbox_consumer(
-        "D inbox on SQLite (WAL)",
+        GROUP,
+        "E txbox batched on SQLite (WAL)",
         broker,
         topic,
         db.store.clone(),
         AckStrategy::ExactlyOnceInbox,
+        500,
         events,
     )
     .await?;
     Ok((d, db.invoices().await?))
 }
 
-/// The PostgreSQL rows the runs left: one invoice per message and run, one inbox row per message.
-async fn print_postgres_check(pool: &PgPool, events: usize) -> Result<(), BoxError> {
+/// The PostgreSQL rows the runs left: one invoice per message and PostgreSQL run, one inbox
+/// row per message (B's).
+async fn print_postgres_check(
+    pool: &PgPool,
+    events: usize,
+    pg_runs: usize,
+) -> Result<(), BoxError> {
     let invoices = count(pool, "SELECT count(*) FROM bench_invoices").await?;
     let inbox_rows = count(
         pool,
@@ -462,11 +588,212 @@ async fn print_postgres_check(pool: &PgPool, events: usize) -> Result<(), BoxErr
     )
     .await?;
     println!(
-        "\ncheck: PostgreSQL bench_invoices = {invoices} (A + B + C, expected {}), inbox rows = \
-         {inbox_rows} (B only, expected {events})",
-        3 * events
+        "\ncheck: PostgreSQL bench_invoices = {invoices} (expected {}: {pg_runs} runs), \
+         inbox rows = {inbox_rows} (B, expected {events})",
+        pg_runs * events
     );
     Ok(())
+}
+
+/// Produces `events` messages at `rate` per second, each with its send time in `x-sent-us`.
+async fn produce_at_rate(
+    brokers: &str,
+    topic: &str,
+    events: usize,
+    rate: u64,
+) -> Result<(), BoxError> {
+    let producer: FutureProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("enable.idempotence", "false")
+        .set("linger.ms", "0")
+        .create()?;
+    let mut tick = tokio::time::interval(Duration::from_micros(1_000_000 / rate.max(1)));
+    let mut pending = Vec::new();
+    for _ in 0..events {
+        tick.tick().await;
+        let event = OrderCreated {
+            order_id: Uuid::new_v4(),
+            total_cents: 1,
+        };
+        let (id, key) = (Uuid::now_v7().to_string(), event.order_id.to_string());
+        let sent = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros()
+            .to_string();
+        let headers = order_created_headers(&id, "inbox-bench").insert(rdkafka::message::Header {
+            key: "x-sent-us",
+            value: Some(sent.as_str()),
+        });
+        let payload = serde_json::to_string(&event)?;
+        let record = FutureRecord::to(topic)
+            .key(key.as_str())
+            .payload(payload.as_str())
+            .headers(headers);
+        pending.push(producer.send_result(record).map_err(|(e, _)| e)?);
+    }
+    for d in pending {
+        d.await?.map_err(|(e, _)| e)?;
+    }
+    Ok(())
+}
+
+/// End-to-end latency, produce to handler commit, at a steady `rate` offered.
+async fn latency(
+    broker: &Broker,
+    pg: &txbox::PgStore,
+    rate: u64,
+    seconds: u64,
+) -> Result<(Duration, Duration), BoxError> {
+    let topic = format!(
+        "txbox-inbox-latency-{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    match &broker.in_process {
+        Some(kafka) => kafka.create_topic(&topic, 3)?,
+        None => create_topic(&broker.brokers, &topic, 3).await?,
+    }
+    let kafka = broker.consumer_settings().iter().fold(
+        txbox::KafkaConfig::new(broker.brokers.clone(), [topic.as_str()])
+            .group_id(format!("inbox-bench-{}", Uuid::new_v4())),
+        |c, (k, v)| c.set(*k, *v),
+    );
+    let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
+    let consumer = txbox::Consumer::builder(GROUP, pg.clone(), kafka)
+        .reports(report_tx)
+        .build()?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(consumer.run(async move {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(3)).await; // the group join
+    let events = (rate * seconds) as usize;
+    let producing = tokio::spawn({
+        let (brokers, topic) = (broker.brokers.clone(), topic.clone());
+        async move {
+            produce_at_rate(&brokers, &topic, events, rate)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    });
+    let mut latencies = Vec::with_capacity(events);
+    while latencies.len() < events {
+        let r = tokio::time::timeout(Duration::from_secs(30), reports.recv())
+            .await?
+            .ok_or("consumer ended")?;
+        let sent: u128 = r
+            .delivery
+            .header("x-sent-us")
+            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+            .ok_or("no x-sent-us")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_micros();
+        latencies.push(Duration::from_micros(now.saturating_sub(sent) as u64));
+    }
+    producing.await?.map_err(|e| -> BoxError { e.into() })?;
+    let _ = stop.send(());
+    handle.await??;
+    latencies.sort();
+    let pick = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    Ok((pick(0.50), pick(0.99)))
+}
+
+/// The unchanged `billing` example, run as a child process on a fresh schema and topic with a
+/// backlog of `events`: its rate (first to last invoice, polled every 20 ms) and peak RSS.
+async fn billing_blackbox(
+    database_url: &str,
+    broker: &Broker,
+    events: usize,
+    partitions: i32,
+) -> Result<(f64, u64), BoxError> {
+    let exe = std::env::current_exe()?.with_file_name("billing");
+    if !exe.exists() {
+        return Err(format!(
+            "{} is missing: run cargo build --release --examples",
+            exe.display()
+        )
+        .into());
+    }
+    let suffix = &Uuid::new_v4().simple().to_string()[..8];
+    let (schema, topic) = (
+        format!("txbox_billing_bench_{suffix}"),
+        format!("txbox-billing-bench-{suffix}"),
+    );
+    let admin = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await?;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&admin)
+        .await?;
+    match &broker.in_process {
+        Some(kafka) => kafka.create_topic(&topic, partitions)?,
+        None => create_topic(&broker.brokers, &topic, partitions).await?,
+    }
+    produce(&broker.brokers, &topic, events).await?;
+    let sep = if database_url.contains('?') { '&' } else { '?' };
+    let url = format!("{database_url}{sep}options=-c%20search_path%3D{schema}");
+    let mut child = std::process::Command::new(&exe)
+        .args([
+            // The group is billing's own (`--group` names its handlers' group); the topic is
+            // new, so nothing is committed for it yet.
+            "--topic", &topic,
+        ])
+        .env("DATABASE_URL", &url)
+        .env("KAFKA_BROKERS", &broker.brokers)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let result = watch_billing(&admin, &schema, child.id(), events).await;
+    let _ = std::process::Command::new("kill")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.wait();
+    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&admin)
+        .await?;
+    result
+}
+
+async fn watch_billing(
+    admin: &PgPool,
+    schema: &str,
+    pid: u32,
+    events: usize,
+) -> Result<(f64, u64), BoxError> {
+    let count_sql = format!("SELECT count(*) FROM \"{schema}\".invoices");
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut first = None;
+    loop {
+        let n: i64 = sqlx::query_scalar(&count_sql)
+            .fetch_one(admin)
+            .await
+            .unwrap_or(0);
+        if n > 0 && first.is_none() {
+            first = Some((Instant::now(), n));
+        }
+        if n as usize >= events {
+            let (t0, n0) = first.unwrap_or((Instant::now(), 0));
+            let rate = (n - n0) as f64 / t0.elapsed().as_secs_f64().max(1e-9);
+            return Ok((rate, peak_rss_kb(pid)));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("billing processed {n} of {events} in 600 s").into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The peak resident set (VmHWM) of process `pid`, in KiB.
+fn peak_rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 async fn bench(
@@ -474,6 +801,7 @@ async fn bench(
     schema: &str,
     events: usize,
     partitions: i32,
+    backlog: usize,
 ) -> Result<(), BoxError> {
     let (pool, pg) = open_postgres(database_url, schema, partitions).await?;
     let topic = format!(
@@ -484,24 +812,51 @@ async fn bench(
     let produced = produce(&broker.brokers, &topic, events).await?;
     println!(
         "inbox bench: {events} messages on {partitions} partitions ({}, topic {topic}), \
-         produced in {:.2} s; PostgreSQL schema {schema}",
+         produced in {:.2} s; PostgreSQL schema {schema}; {} cores",
         broker.kind(),
-        produced.as_secs_f64()
+        produced.as_secs_f64(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
     );
 
-    let mut runs = vec![raw_consumer(&broker, &topic, &pool, events).await?];
+    let mut runs = Vec::new();
+    if selected("A") {
+        runs.push(handwritten(&broker, &topic, &pool, events, partitions).await?);
+    }
     runs.extend(postgres_runs(&broker, &topic, &pg, events).await?);
     #[cfg(feature = "sqlite")]
-    let sqlite_invoices = {
+    if selected("E") {
         let (d, invoices) = sqlite_run(&broker, &topic, events, partitions).await?;
         runs.push(d);
-        invoices
-    };
-
+        println!("check: SQLite bench_invoices = {invoices} (E, expected {events})");
+    }
     print_table(&runs);
-    print_postgres_check(&pool, events).await?;
-    #[cfg(feature = "sqlite")]
-    println!("check: SQLite bench_invoices = {sqlite_invoices} (D, expected {events})");
+    let pg_runs = runs.iter().filter(|r| !r.name.starts_with('E')).count();
+    print_postgres_check(&pool, events, pg_runs).await?;
+    if !selected("L") {
+        return Ok(());
+    }
+
+    let (p50, p99) = latency(&broker, &pg, 1000, 10).await?;
+    println!(
+        "\nlatency, produce -> handler commit, 1 000 msgs/s offered for 10 s (txbox batched): \
+         p50 {:.1} ms, p99 {:.1} ms",
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3
+    );
+    let baseline = runs.first().map_or(1.0, Measured::rate);
+    for parts in [partitions, 12] {
+        let (rate, _) = billing_blackbox(database_url, &broker, events, parts).await?;
+        println!(
+            "billing example (child process), {events} messages on {parts} partitions: {rate:.0} msgs/s ({:.1}x A)",
+            rate / baseline
+        );
+    }
+    let (rate, rss) = billing_blackbox(database_url, &broker, backlog, 12).await?;
+    println!(
+        "billing example draining a {backlog}-message backlog on 12 partitions: {rate:.0} msgs/s, \
+         peak RSS {:.1} MB",
+        rss as f64 / 1024.0
+    );
     pool.close().await;
     Ok(())
 }
@@ -515,6 +870,7 @@ async fn main() -> Result<(), BoxError> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let events: usize = flag(&args, "--events", "20000")?.parse()?;
     let partitions: i32 = flag(&args, "--partitions", "3")?.parse()?;
+    let backlog: usize = flag(&args, "--backlog", "200000")?.parse()?;
     if events == 0 || partitions < 1 {
         return Err("--events and --partitions must be at least 1".into());
     }
@@ -533,7 +889,7 @@ async fn main() -> Result<(), BoxError> {
     sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
         .execute(&admin)
         .await?;
-    let result = bench(&database_url, &schema, events, partitions).await;
+    let result = bench(&database_url, &schema, events, partitions, backlog).await;
     sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .execute(&admin)
         .await?;

@@ -26,10 +26,7 @@ const ORDERS: &str = "CREATE TABLE IF NOT EXISTS orders (
     created_at timestamptz NOT NULL DEFAULT now())";
 
 /// Creates one order and its event in one transaction.
-async fn create_order(
-    pool: &sqlx::PgPool,
-    total_cents: i64,
-) -> Result<Uuid, Box<dyn std::error::Error>> {
+async fn create_order(pool: &sqlx::PgPool, total_cents: i64) -> Result<Uuid, common::BoxError> {
     let order_id = Uuid::new_v4();
     let mut tx = pool.begin().await?;
     sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
@@ -51,7 +48,7 @@ async fn create_order(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), common::Failure> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rate: f64 = flag(&args, "--rate", "5")?.parse()?;

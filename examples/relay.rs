@@ -23,7 +23,7 @@ mod common;
 use common::{env, flag};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), common::Failure> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let source = flag(&args, "--source", "orders-service")?;

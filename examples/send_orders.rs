@@ -19,7 +19,7 @@ mod common;
 use common::{env, flag, order_created_headers, OrderCreated};
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), common::Failure> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
     let topic = flag(&args, "--topic", "orders")?;

@@ -35,7 +35,7 @@ async fn invoice_with_faults(
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), common::Failure> {
     tracing_subscriber::fmt().with_target(false).init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let topic = flag(&args, "--topic", "orders")?;

@@ -33,8 +33,9 @@ pub mod prelude {
 pub mod inbox {
     #[doc(inline)]
     pub use box_runtime::engine::{
-        AckStrategy, CommitOn, Delivery, EventId, Inbox, InboxConfig, OnExhausted, Outcome,
-        ReplayError, Report, RetryPolicy, SetupError, Source, UnknownEvent, DEFAULT_RETENTION,
+        AckStrategy, CommitOn, Delivery, EventId, Inbox, InboxConfig, OnExhausted, Ordering,
+        Outcome, ReplayError, Report, RetryPolicy, SetupError, Source, UnknownEvent,
+        DEFAULT_RETENTION,
     };
     #[doc(inline)]
     pub use box_runtime::{Backoff, ConsumerBuilder, ErrorKind, IntoHandlerError};

@@ -340,7 +340,9 @@ async fn one_event_two_groups_each_handler_runs_once<K: Kit>() {
 
 // ---------------------------------------------------------------------------------------------
 // d. Racing: one event id in flight in two consumers at once (each reads both partitions, the
-// handler is slow), so four transactions try to claim it concurrently.
+// handler is slow), so four transactions claim it concurrently. The store is observed: the four
+// claims of an event meet before any goes on, and their recorded times show that every one of
+// them ran while the winner's transaction, holding the uncommitted inbox row, was open.
 
 static RUNS_RACE: Counter = counter();
 
@@ -352,14 +354,16 @@ handlers!("race", |event, tx, meta, store| {
 });
 
 async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
+    use support::observe::Observed;
     let broker = Broker::start();
     let kit = K::new("race").await;
     let topic = support::unique("race");
     broker.create_topic(&topic, 2).await;
+    let store = Observed::new(kit.store(), 4);
     let consumer = |kafka_group: &str| {
         Running::start(Consumer::builder(
             "race",
-            kit.store(),
+            store.clone(),
             support::kafka(&broker.brokers, &topic).group_id(kafka_group),
         ))
     };
@@ -392,6 +396,44 @@ async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
             "round {round}: {outcomes:#?}"
         );
         assert_eq!(kit.invoices().await, round + 1);
+
+        // The claims overlapped: the winner's transaction was committed only after all four
+        // claims had begun (a loser's claim waited for it, or lost a busy race and came back).
+        let claims: Vec<_> = store
+            .claims()
+            .into_iter()
+            .filter(|c| c.event_id == id)
+            .collect();
+        let winner = claims
+            .iter()
+            .find(|c| matches!(c.result, Ok(txbox::store::Claim::New { .. })))
+            .unwrap_or_else(|| panic!("round {round}: no claim won: {claims:#?}"));
+        let committed = store
+            .commits()
+            .into_iter()
+            .find(|t| *t >= winner.ended)
+            .expect("the winner committed");
+        let in_flight = claims.iter().filter(|c| c.started < committed).count();
+        let first = claims.iter().map(|c| c.started).min().expect("claims");
+        let spread = claims
+            .iter()
+            .filter(|c| c.started < committed)
+            .map(|c| c.started - first)
+            .max()
+            .unwrap_or_default();
+        println!(
+            "{} round {round}: {} claims, {in_flight} begun before the winner committed \
+             ({:?} after the first; the winner's claim took {:?}, its commit came {:?} after it)",
+            K::NAME,
+            claims.len(),
+            spread,
+            winner.ended - winner.started,
+            committed - winner.ended
+        );
+        assert!(
+            in_flight >= 4,
+            "round {round}: only {in_flight} claims ran while the winner's transaction was open: {claims:#?}"
+        );
     }
     a.stop().await;
     b.stop().await;
@@ -483,12 +525,35 @@ async fn failed_message_is_not_skipped_by_a_later_success<K: Kit>() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rebalance (in-process Kafka: only Kafka semantics matter here): a second member joins and the
-// first leaves mid-stream; every event is applied once and every partition is committed to its
-// end by whoever owns it last.
+// Rebalance (in-process Kafka: only Kafka semantics matter here). A handler is blocked on one
+// message of partition 0 when a second member joins: the group rebalances while the message is
+// in hand. When it is released, its transaction commits but its old owner commits no offset for
+// it (the partition was revoked from that generation), and the partition's next owner gets it
+// again and skips it as a duplicate. Then the first member leaves; every event is applied once
+// and every partition is committed to its end by whoever owns it last.
+
+/// The message whose handler blocks, on its first run, until the test releases it.
+const GATE: (i32, i64) = (0, 9);
+const GATE_CENTS: i64 = 4242;
+static GATE_USED: [std::sync::atomic::AtomicBool; 2] = [
+    std::sync::atomic::AtomicBool::new(false),
+    std::sync::atomic::AtomicBool::new(false),
+];
+static GATE_ENTERED: [tokio::sync::Notify; 2] = [
+    tokio::sync::Notify::const_new(),
+    tokio::sync::Notify::const_new(),
+];
+static GATE_RELEASED: [tokio::sync::Notify; 2] = [
+    tokio::sync::Notify::const_new(),
+    tokio::sync::Notify::const_new(),
+];
 
 handlers!("rebalance", |event, tx, meta, store| {
     insert_invoice!(event, tx)?;
+    if event.total_cents == GATE_CENTS && !GATE_USED[store].swap(true, Ordering::SeqCst) {
+        GATE_ENTERED[store].notify_one();
+        GATE_RELEASED[store].notified().await;
+    }
     tokio::time::sleep(Duration::from_millis(10)).await;
     Ok(())
 });
@@ -500,15 +565,21 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     kafka.create_topic(topic, 4).expect("topic");
     let kit = K::new("rebalance").await;
     let producer = support::producer(kafka.brokers());
-    let total = 400;
-    for i in 0..total {
-        send(
-            &producer,
-            topic,
-            Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), i),
-        )
-        .await;
+    // 50 per partition, fewer than a partition's buffer (64): the member never waits for a
+    // partition task, so it keeps polling and takes part in the rebalance while one is blocked.
+    let per_partition = 50;
+    for partition in 0..4 {
+        for i in 0..per_partition {
+            let cents = if (partition, i) == GATE {
+                GATE_CENTS
+            } else {
+                i
+            };
+            let msg = Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), cents);
+            send(&producer, topic, msg.on_partition(partition)).await;
+        }
     }
+    let total = 4 * per_partition;
     let config = || {
         CONSUMER_SETTINGS.iter().fold(
             txbox::KafkaConfig::new(kafka.brokers(), [topic]),
@@ -516,25 +587,83 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
         )
     };
     let mut a = Running::start(Consumer::builder("rebalance", kit.store(), config()));
-    a.take(50).await;
-    let b = Running::start(Consumer::builder("rebalance", kit.store(), config()));
-    a.take(50).await;
-    let mut a_reports = a.stop().await;
+    tokio::time::timeout(Duration::from_secs(60), GATE_ENTERED[K::INDEX].notified())
+        .await
+        .expect("the first member's handler holds the gated message");
+    let mut b = Running::start(Consumer::builder("rebalance", kit.store(), config()));
+    // B reports once the rebalance has given it partitions (with the eager protocol, after
+    // every partition of A was revoked). On SQLite the blocked transaction holds the one write
+    // lock, so nothing can be reported: wait a few seconds instead (a join takes about one).
+    let b_first = b.next(Duration::from_secs(8)).await;
+    GATE_RELEASED[K::INDEX].notify_one();
+    let mut a_reports = Vec::new();
+    let gated = loop {
+        let r = a
+            .next(Duration::from_secs(60))
+            .await
+            .expect("the first member finishes the gated message");
+        a_reports.push(r.clone());
+        if (r.delivery.partition, r.delivery.offset) == GATE {
+            break r;
+        }
+    };
+    assert!(
+        matches!(gated.outcome, Outcome::Processed { .. }),
+        "{gated:?}"
+    );
+    assert_eq!(
+        gated.committed,
+        None,
+        "{}: the partition was revoked while its message was in hand (B reported {:?}); its old \
+         owner must not commit it",
+        K::NAME,
+        b_first.map(|r| (r.delivery.partition, r.delivery.offset))
+    );
+
+    let mut a_left = a.stop().await;
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while kit.processed().await < total && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let mut positions = Vec::new();
     for partition in 0..4 {
-        positions
-            .push(support::wait_committed(kafka.brokers(), "rebalance", topic, partition, 1).await);
+        positions.push(
+            support::wait_committed(
+                kafka.brokers(),
+                "rebalance",
+                topic,
+                partition,
+                per_partition,
+            )
+            .await,
+        );
     }
     let mut b_reports = b.stop().await;
-    let mut duplicates = 0;
-    while let Ok(r) = a_reports.try_recv().or_else(|_| b_reports.try_recv()) {
-        duplicates += usize::from(r.outcome == Outcome::Duplicate);
+    let mut later = Vec::new();
+    while let Ok(r) = a_left.try_recv().or_else(|_| b_reports.try_recv()) {
+        later.push(r);
     }
-    println!("rebalance on {}: {duplicates} duplicate deliveries after handovers; committed {positions:?}", K::NAME);
+    let duplicates = a_reports
+        .iter()
+        .chain(&later)
+        .filter(|r| r.outcome == Outcome::Duplicate)
+        .count();
+    let gate_again: Vec<_> = later
+        .iter()
+        .filter(|r| (r.delivery.partition, r.delivery.offset) == GATE)
+        .map(|r| r.outcome.clone())
+        .collect();
+    println!(
+        "rebalance on {}: gated message processed by its old owner, committed {:?}, then delivered \
+         to its next owner: {gate_again:?}; {duplicates} duplicate deliveries after handovers; \
+         committed {positions:?}",
+        K::NAME,
+        gated.committed
+    );
+    assert!(
+        !gate_again.is_empty() && gate_again.iter().all(|o| *o == Outcome::Duplicate),
+        "the partition's next owner got the uncommitted message and skipped it: {gate_again:?}"
+    );
     assert_eq!(kit.processed().await, total, "every event processed");
     assert_eq!(
         kit.invoices().await,

@@ -5,7 +5,7 @@ mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
@@ -100,7 +100,8 @@ impl Setup {
 // Retries: the attempt count is stored outside the rolled-back transaction and seen by the
 // handler; a panic is an error like any other.
 
-static RETRY_ATTEMPTS_SEEN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+/// Each run of the `retry` handler: the attempt it was told, and when it started.
+static RETRY_ATTEMPTS_SEEN: Mutex<Vec<(u32, Instant)>> = Mutex::new(Vec::new());
 
 #[inbox_handler(event = "OrderCreated", group = "retry")]
 async fn fails_twice(
@@ -108,7 +109,10 @@ async fn fails_twice(
     tx: &mut PgTx<'_>,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
-    RETRY_ATTEMPTS_SEEN.lock().unwrap().push(meta.attempt);
+    RETRY_ATTEMPTS_SEEN
+        .lock()
+        .unwrap()
+        .push((meta.attempt, Instant::now()));
     insert_invoice(&event, tx).await?;
     if meta.attempt < 3 {
         return Err(HandlerError::transient(format!(
@@ -123,11 +127,37 @@ async fn fails_twice(
 async fn transient_failures_are_retried_with_backoff_and_counted() {
     let s = setup("retry", 1).await;
     s.send_order(100).await;
-    let mut c = Running::start(s.consumer("retry").retry(fast_retries(5)));
+    // Waits of 300 ms then 600 ms, each shortened by at most a quarter (the jitter).
+    let (jitter, backoff) = (
+        0.25,
+        Backoff::new(Duration::from_millis(300), Duration::from_secs(5)),
+    );
+    let policy = RetryPolicy::default()
+        .max_attempts(5)
+        .backoff(backoff.jitter(jitter));
+    let mut c = Running::start(s.consumer("retry").retry(policy));
     let report = c.take(1).await.remove(0);
     c.stop().await;
     assert_eq!(report.outcome, Outcome::Processed { attempt: 3 });
-    assert_eq!(*RETRY_ATTEMPTS_SEEN.lock().unwrap(), vec![1, 2, 3]);
+    let runs = RETRY_ATTEMPTS_SEEN.lock().unwrap().clone();
+    let attempts: Vec<u32> = runs.iter().map(|(a, _)| *a).collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+    for (failed, pair) in runs.windows(2).enumerate() {
+        let gap = pair[1].1 - pair[0].1;
+        let configured = backoff.delay(failed as u32 + 1);
+        let shortest = configured.mul_f64(1.0 - jitter);
+        println!("wait after failed run {}: {gap:?} (configured {configured:?}, jitter may shorten it to {shortest:?})", failed + 1);
+        assert!(
+            gap >= shortest,
+            "run {} started {gap:?} after run {}: the backoff is {configured:?} less at most {jitter} jitter",
+            failed + 2,
+            failed + 1
+        );
+        assert!(
+            gap < configured + Duration::from_secs(5),
+            "a wait of {gap:?} for a backoff of {configured:?}"
+        );
+    }
     assert_eq!(
         s.db.invoices().await,
         1,
@@ -606,10 +636,14 @@ async fn broker_killed_and_restarted_nothing_doubled() {
         send(&s.producer, &s.topic, Msg::order(id, *order, 1)).await;
     }
     let mut c = Running::start(s.consumer("broker-outage"));
-    c.take(first.len()).await;
+    for r in c.take(first.len()).await {
+        assert!(matches!(r.outcome, Outcome::Processed { .. }), "{r:?}");
+    }
 
     // Kill the broker; its memory storage is gone. Restart it on the same port and produce the
-    // same events again, plus new ones.
+    // first events again, then new ones, then the first ones once more: offsets 0-19, 20-39,
+    // 40-59. Whether the consumer resumes at its old position (20) or from the beginning (the
+    // group's offsets were lost with the broker), it reads 40-59: at least 20 duplicates.
     let port = s.broker.port();
     s.broker.kill();
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -619,24 +653,63 @@ async fn broker_killed_and_restarted_nothing_doubled() {
     let second: Vec<(String, Uuid)> = (0..20)
         .map(|_| (Uuid::new_v4().to_string(), Uuid::new_v4()))
         .collect();
-    for (id, order) in first.iter().chain(&second) {
+    let resent: Vec<_> = first.iter().chain(&second).chain(&first).collect();
+    for (id, order) in &resent {
         send(&s.producer, &s.topic, Msg::order(id, *order, 2)).await;
     }
-    let mut duplicates = 0;
-    let mut processed = 0;
-    while processed < second.len() {
+    let last = resent.len() as i64 - 1;
+    let mut reports = Vec::new();
+    loop {
         let r = c
             .next(Duration::from_secs(90))
             .await
             .expect("the consumer recovers after the broker restart");
-        match r.outcome {
-            Outcome::Processed { .. } => processed += 1,
-            Outcome::Duplicate => duplicates += 1,
-            other => panic!("unexpected {other:?}"),
+        let done = r.delivery.offset == last;
+        reports.push(r);
+        if done {
+            break;
         }
     }
+    // Anything delivered again after that (a late rebalance) is accounted for too.
+    while let Some(r) = c.next(Duration::from_secs(3)).await {
+        reports.push(r);
+    }
     c.stop().await;
-    println!("after the broker restart: {processed} processed, {duplicates} duplicates");
+
+    // Every delivery of an event already applied must be skipped by the inbox, every first
+    // delivery of a new one applied: the duplicates are counted exactly.
+    let mut applied: std::collections::HashSet<String> =
+        first.iter().map(|(id, _)| id.clone()).collect();
+    let (mut processed, mut duplicates, mut expected_duplicates) = (0, 0, 0);
+    for r in &reports {
+        let id = r.delivery.header_str("ce_id").expect("ce_id").to_owned();
+        let already = applied.contains(&id);
+        expected_duplicates += usize::from(already);
+        match &r.outcome {
+            Outcome::Duplicate if already => duplicates += 1,
+            Outcome::Processed { .. } if !already => {
+                processed += 1;
+                applied.insert(id);
+            }
+            other => panic!(
+                "offset {}: {other:?} for an event {} before",
+                r.delivery.offset,
+                if already { "applied" } else { "never applied" }
+            ),
+        }
+    }
+    let resumed_at = reports.first().map(|r| r.delivery.offset);
+    println!(
+        "after the broker restart: resumed at offset {resumed_at:?}; {} deliveries: {processed} processed, \
+         {duplicates} duplicates skipped (expected {expected_duplicates})",
+        reports.len()
+    );
+    assert_eq!(processed, second.len(), "each new event applied once");
+    assert_eq!(duplicates, expected_duplicates);
+    assert!(
+        duplicates >= first.len(),
+        "the events produced again after offset 40 were delivered and skipped"
+    );
     assert_eq!(s.db.invoices().await, 40);
     assert_eq!(
         s.db.count("SELECT count(DISTINCT order_id) FROM invoices")
@@ -675,9 +748,17 @@ async fn migrations_race_safely_and_apply_once() {
     let applied = db
         .count(&format!("SELECT count(*) FROM {}", db.tables.migrations))
         .await;
+    let distinct = db
+        .count(&format!(
+            "SELECT count(DISTINCT (component, version)) FROM {}",
+            db.tables.migrations
+        ))
+        .await;
+    // inbox v1, outbox v1, inbox v2, outbox v2: each recorded once
     assert_eq!(
-        applied, 2,
-        "inbox and outbox migrations, each recorded once"
+        (applied, distinct),
+        (4, 4),
+        "every shipped migration, each recorded once"
     );
     let tables = db
         .count(&format!(
@@ -708,4 +789,255 @@ fn configured_table_names_are_validated_never_interpolated() {
         .inbox("billing_inbox")
         .unwrap();
     assert_eq!(t.inbox.to_string(), "\"billing\".\"billing_inbox\"");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shutdown and start-up bounds: a handler that never finishes is abandoned after the grace
+// period (rolled back, not committed, applied once by the next member); a consumer with no
+// broker fails start-up with a clear error.
+
+static GRACE_BLOCKED: AtomicBool = AtomicBool::new(false);
+static GRACE_STARTED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+#[inbox_handler(event = "OrderCreated", group = "grace")]
+async fn blocks_the_first_time(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    if !GRACE_BLOCKED.swap(true, Ordering::SeqCst) {
+        GRACE_STARTED.notify_one();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_grace_abandons_a_blocked_handler_rolls_it_back_and_a_restart_applies_it_once() {
+    let s = setup("grace", 1).await;
+    s.send_order(1).await;
+    let grace = Duration::from_secs(2);
+    let kafka = support::kafka(&s.broker.brokers, &s.topic).shutdown_grace(grace);
+    let c = Running::start(Consumer::builder("grace", s.store.clone(), kafka));
+    tokio::time::timeout(Duration::from_secs(30), GRACE_STARTED.notified())
+        .await
+        .expect("the handler starts");
+    let stopping = Instant::now();
+    let mut reports = c.stop().await; // the handler has 58 s left to sleep
+    let took = stopping.elapsed();
+    println!("stop with a {grace:?} grace and a handler blocked for 60 s: returned in {took:?}");
+    assert!(
+        took >= grace - Duration::from_millis(100) && took < grace + Duration::from_secs(4),
+        "the stop took {took:?} for a grace of {grace:?}"
+    );
+    assert!(
+        reports.try_recv().is_err(),
+        "the abandoned message is not reported as resolved"
+    );
+    assert_eq!(s.db.invoices().await, 0, "its effect was rolled back");
+    let inbox = format!("SELECT count(*) FROM {}", s.db.tables.inbox);
+    assert_eq!(s.db.count(&inbox).await, 0, "no inbox row either");
+    let committed = support::committed(&s.broker.brokers, "grace", &s.topic, 0);
+    assert_eq!(committed, None, "its offset is not committed");
+
+    let mut again = Running::start(s.consumer("grace"));
+    let report = again.take(1).await.remove(0);
+    let committed = support::wait_committed(&s.broker.brokers, "grace", &s.topic, 0, 1).await;
+    again.stop().await;
+    assert_eq!(report.delivery.offset, 0);
+    assert_eq!(report.outcome, Outcome::Processed { attempt: 1 });
+    assert_eq!(committed, Some(1));
+    assert_eq!(s.db.invoices().await, 1, "applied once after the restart");
+}
+
+#[inbox_handler(event = "OrderCreated", group = "broker-gone")]
+async fn broker_gone_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+/// The consumer runs in a runtime on a thread of its own: if its stop never returns, the test
+/// fails after a bound instead of hanging with it.
+#[test]
+fn a_stop_with_the_broker_gone_returns_within_the_grace() {
+    let grace = Duration::from_secs(2);
+    let (tx, rx) = std::sync::mpsc::channel::<Result<Duration, String>>();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let mut s = setup("brokergone", 1).await;
+            s.send_order(1).await;
+            let kafka = support::kafka(&s.broker.brokers, &s.topic).shutdown_grace(grace);
+            let mut c = Running::start(Consumer::builder("broker-gone", s.store.clone(), kafka));
+            let report = c.take(1).await.remove(0);
+            let _ = tx.send(Err(format!("{:?}", report.outcome)));
+            s.broker.kill();
+            let stopping = Instant::now();
+            c.stop().await;
+            let _ = tx.send(Ok(stopping.elapsed()));
+        });
+    });
+    let processed = rx.recv_timeout(Duration::from_secs(60));
+    assert!(
+        matches!(&processed, Ok(Err(outcome)) if outcome.starts_with("Processed")),
+        "the consumer processed the message: {processed:?}"
+    );
+    let bound = grace + Duration::from_secs(10);
+    match rx.recv_timeout(bound) {
+        Ok(Ok(took)) => println!("stop with the broker gone returned after {took:?}"),
+        other => panic!(
+            "a graceful stop with the broker gone did not return within {bound:?} (grace {grace:?}): {other:?}"
+        ),
+    }
+}
+
+#[inbox_handler(event = "OrderCreated", group = "no-broker")]
+async fn never_called(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_with_no_reachable_broker_fails_start_up_within_its_timeout() {
+    let db = TestDb::new("nobroker").await;
+    let store = db.migrated_store().await;
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let brokers = format!("127.0.0.1:{port}");
+    let timeout = Duration::from_secs(2);
+    let kafka = txbox::KafkaConfig::new(&brokers, ["orders"]).startup_timeout(timeout);
+    let consumer = Consumer::builder("no-broker", store, kafka)
+        .build()
+        .expect("build");
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        consumer.run(std::future::pending()),
+    )
+    .await
+    .expect("start-up gives up instead of waiting for a broker for ever");
+    let took = started.elapsed();
+    let error = result.expect_err("no broker answered");
+    println!("after {took:?}: {error}");
+    assert!(
+        matches!(error, txbox::kafka::KafkaTransportError::Unreachable { .. }),
+        "{error:?}"
+    );
+    let message = error.to_string();
+    assert!(
+        message.contains(&brokers) && message.contains("2s"),
+        "the error names the brokers and the timeout: {message}"
+    );
+    assert!(
+        took >= timeout - Duration::from_millis(100) && took < timeout + Duration::from_secs(5),
+        "start-up failed after {took:?} with a timeout of {timeout:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dead letters are one row per event: a redelivered poison message, or a replay that fails
+// again, updates its row (`times`, attempts) instead of adding one.
+
+static DEAD_DEDUP_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "dead-dedup")]
+async fn rejects_everything(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    let _ = (event, tx);
+    DEAD_DEDUP_RUNS.fetch_add(1, Ordering::SeqCst);
+    Err(HandlerError::permanent("rejected for good"))
+}
+
+/// `(rows, times, attempts)` of the dead letters of the test's schema.
+async fn letter_counts(s: &Setup) -> (i64, i64, i64) {
+    sqlx::query_as(&format!(
+        "SELECT count(*), COALESCE(sum(times), 0)::bigint, COALESCE(sum(attempts), 0)::bigint FROM {}",
+        s.db.tables.dead_letters
+    ))
+    .fetch_one(&s.db.pool)
+    .await
+    .expect("dead letters")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_poison_event_delivered_twice_is_one_dead_letter_seen_twice() {
+    let s = setup("deaddedup", 1).await;
+    let (id, order) = (Uuid::new_v4().to_string(), Uuid::new_v4());
+    // The redelivery comes after the first copy was dead-lettered (in the same batch it would
+    // be a duplicate of it, and never run).
+    send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
+    let mut c = Running::start(s.consumer("dead-dedup"));
+    let mut reports = c.take(1).await;
+    send(&s.producer, &s.topic, Msg::order(&id, order, 5)).await;
+    reports.extend(c.take(1).await);
+    let committed = support::wait_committed(&s.broker.brokers, "dead-dedup", &s.topic, 0, 2).await;
+    c.stop().await;
+    let ids: Vec<i64> = reports
+        .iter()
+        .map(|r| match &r.outcome {
+            Outcome::DeadLettered { id, .. } => *id,
+            other => panic!("expected a dead letter, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(ids[0], ids[1], "both deliveries went to one letter");
+    assert_eq!(DEAD_DEDUP_RUNS.load(Ordering::SeqCst), 2);
+    assert_eq!(committed, Some(2), "the partition moved on");
+    assert_eq!(
+        letter_counts(&s).await,
+        (1, 2, 2),
+        "one row, dead-lettered twice, one run each time"
+    );
+}
+
+static REPLAY_FIXED: AtomicBool = AtomicBool::new(false);
+
+#[inbox_handler(event = "OrderCreated", group = "replay-failing")]
+async fn broken_until_fixed(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    if !REPLAY_FIXED.load(Ordering::SeqCst) {
+        return Err(HandlerError::permanent("still broken"));
+    }
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_a_letter_that_still_fails_updates_the_same_row() {
+    let s = setup("replayfail", 1).await;
+    s.send_order(7).await;
+    let mut c = Running::start(s.consumer("replay-failing"));
+    let report = c.take(1).await.remove(0);
+    c.stop().await;
+    let Outcome::DeadLettered { id, .. } = report.outcome else {
+        panic!("{report:?}")
+    };
+    assert_eq!(letter_counts(&s).await, (1, 1, 1));
+
+    let inbox = Inbox::new(s.store.clone(), "replay-failing", Default::default()).unwrap();
+    let outcome = inbox.replay(id).await.unwrap();
+    assert!(
+        matches!(&outcome, Outcome::DeadLettered { id: again, reason } if *again == id && reason.contains("still broken")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        letter_counts(&s).await,
+        (1, 2, 2),
+        "the failed replay updated the letter"
+    );
+    let replayed: Option<bool> = sqlx::query_scalar(&format!(
+        "SELECT replayed_at IS NOT NULL FROM {} WHERE id = $1",
+        s.db.tables.dead_letters
+    ))
+    .bind(id)
+    .fetch_optional(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(replayed, Some(false), "not marked replayed");
+
+    REPLAY_FIXED.store(true, Ordering::SeqCst);
+    assert_eq!(
+        inbox.replay(id).await.unwrap(),
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(s.db.invoices().await, 1);
+    assert_eq!(letter_counts(&s).await, (1, 2, 2), "still one row");
 }

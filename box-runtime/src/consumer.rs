@@ -6,8 +6,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 use crate::engine::{
-    AckStrategy, EventId, Inbox, InboxConfig, OnExhausted, Report, RetryPolicy, SetupError, Source,
-    UnknownEvent,
+    AckStrategy, EventId, Inbox, InboxConfig, OnExhausted, Ordering, Report, RetryPolicy,
+    SetupError, Source, UnknownEvent,
 };
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
 use crate::store::InboxStore;
@@ -130,6 +130,31 @@ impl<S: InboxStore> ConsumerBuilder<S> {
     /// Payloads over this size are dead-lettered unread (default 1 MiB).
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.config.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Messages of one partition handled in one transaction at most (default 500; 1 turns
+    /// batching off).
+    pub fn max_batch(mut self, messages: usize) -> Self {
+        self.config.max_batch = messages.max(1);
+        self
+    }
+
+    /// How long a batch waits for more messages before it closes (default 2 ms).
+    pub fn max_wait(mut self, wait: std::time::Duration) -> Self {
+        self.config.max_wait = wait;
+        self
+    }
+
+    /// The order of handling inside a partition (default [`Ordering::Partition`]).
+    pub fn ordering(mut self, ordering: Ordering) -> Self {
+        self.config.ordering = ordering;
+        self
+    }
+
+    /// Concurrent lanes per partition with [`Ordering::Key`] (default 8).
+    pub fn key_lanes(mut self, lanes: usize) -> Self {
+        self.config.key_lanes = lanes.max(1);
         self
     }
 

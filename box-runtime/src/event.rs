@@ -35,8 +35,9 @@ use serde::Serialize;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not an outbox event",
     label = "this type has no `#[derive(OutboxEvent)]`",
-    note = "add `#[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]` and \
-            `#[outbox(event_type = \"...\", topic = \"...\")]` to the type"
+    note = "an event is a struct of your own with `#[derive(Serialize, Deserialize, OutboxEvent)]` \
+            and `#[outbox(event_type = \"...\", topic = \"...\")]`; a type from another crate \
+            cannot derive them: wrap it in a struct of your own that does"
 )]
 pub trait OutboxEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The event type name (`ce_type`), e.g. `"OrderCreated"`.

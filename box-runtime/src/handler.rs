@@ -18,6 +18,9 @@ use crate::event::OutboxEvent;
 /// error made with [`HandlerError::permanent`] is not retried.
 pub struct HandlerError {
     kind: ErrorKind,
+    /// Whether the handler chose the kind (`transient`, `permanent`), rather than `?` on an
+    /// error: only then does txbox's classification of database errors leave it alone.
+    explicit: bool,
     source: Box<dyn StdError + Send + Sync + 'static>,
 }
 
@@ -49,6 +52,7 @@ impl HandlerError {
     pub fn transient(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
         Self {
             kind: ErrorKind::Transient,
+            explicit: true,
             source: error.into(),
         }
     }
@@ -57,6 +61,7 @@ impl HandlerError {
     pub fn permanent(error: impl Into<Box<dyn StdError + Send + Sync + 'static>>) -> Self {
         Self {
             kind: ErrorKind::Permanent,
+            explicit: true,
             source: error.into(),
         }
     }
@@ -65,6 +70,7 @@ impl HandlerError {
     pub fn bad_message(reason: impl Into<String>) -> Self {
         Self {
             kind: ErrorKind::BadMessage,
+            explicit: true,
             source: Box::new(Message(reason.into())),
         }
     }
@@ -72,6 +78,20 @@ impl HandlerError {
     /// Which kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         self.kind
+    }
+
+    /// Whether the handler chose the kind itself ([`transient`](Self::transient),
+    /// [`permanent`](Self::permanent)), rather than converting an error with `?`.
+    pub(crate) fn is_explicit(&self) -> bool {
+        self.explicit
+    }
+
+    /// The same error, permanent (a database that rejects the data, SQLSTATE class 22 or 23).
+    pub(crate) fn into_permanent(self) -> Self {
+        Self {
+            kind: ErrorKind::Permanent,
+            ..self
+        }
     }
 
     /// Whether retrying the message may succeed.
@@ -84,13 +104,17 @@ impl HandlerError {
         &*self.source
     }
 
-    /// The error and its chain of causes, joined by `: `.
+    /// The error and its chain of causes, joined by `: `; a cause whose text the message
+    /// already holds (many errors repeat their source's text) is not repeated.
     pub fn chain(&self) -> String {
         let mut out = self.source.to_string();
         let mut next = self.source.source();
         while let Some(cause) = next {
-            out.push_str(": ");
-            out.push_str(&cause.to_string());
+            let text = cause.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
             next = cause.source();
         }
         out
@@ -118,7 +142,11 @@ impl fmt::Display for HandlerError {
 
 impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
     fn from(error: E) -> Self {
-        Self::transient(error)
+        Self {
+            kind: ErrorKind::Transient,
+            explicit: false,
+            source: Box::new(error),
+        }
     }
 }
 
@@ -129,7 +157,8 @@ impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
     message = "`{Self}` cannot be used as the error type of an inbox handler",
     label = "this error type does not convert into `txbox::HandlerError`",
     note = "return `Result<(), HandlerError>`, `anyhow::Result<()>`, or an error type that \
-            implements `std::error::Error + Send + Sync + 'static`"
+            implements `std::error::Error + Send + Sync + 'static`; a boxed error must be \
+            `Send + Sync` too: add `+ Send + Sync`, as in `Box<dyn std::error::Error + Send + Sync>`"
 )]
 pub trait IntoHandlerError {
     /// Performs the conversion.
@@ -145,6 +174,7 @@ impl<E: Into<Box<dyn StdError + Send + Sync + 'static>>> IntoHandlerError for E 
             Ok(kinded) => kinded.0,
             Err(source) => HandlerError {
                 kind: ErrorKind::Transient,
+                explicit: false,
                 source,
             },
         }
@@ -258,6 +288,17 @@ impl HandlerTx for sqlx::Transaction<'_, sqlx::Postgres> {
     type Static = sqlx::Transaction<'static, sqlx::Postgres>;
 }
 
+/// An erased batch handler: decodes every payload into its event type and runs once for all.
+pub type InvokeBatchFn =
+    for<'a> fn(&'a [&'a [u8]], &'a mut (dyn Any + Send), &'a [MessageMeta]) -> HandlerFuture<'a>;
+
+/// Decodes the payloads of a batch handler's run; the first that does not decode fails the run
+/// (the engine then runs the messages one by one, which finds the bad one).
+#[doc(hidden)]
+pub fn decode_all<E: OutboxEvent>(payloads: &[&[u8]]) -> Result<Vec<E>, HandlerError> {
+    payloads.iter().map(|p| decode::<E>(p)).collect()
+}
+
 /// One `#[inbox_handler]`, as registered through `inventory`.
 pub struct HandlerRegistration {
     /// The event type it handles (`event = "..."`).
@@ -274,6 +315,12 @@ pub struct HandlerRegistration {
     pub tx_type: fn() -> TypeId,
     /// The erased handler.
     pub invoke: InvokeFn,
+    /// For a batch handler (`#[inbox_handler(.., batch)]`): the erased handler of a whole run
+    /// of messages. `invoke` then calls the same function with a one-element batch.
+    pub invoke_batch: Option<InvokeBatchFn>,
+    /// Whether the handler takes the message metadata (when it does not, the runtime does not
+    /// build it).
+    pub takes_meta: bool,
 }
 
 impl HandlerRegistration {
@@ -297,6 +344,27 @@ impl HandlerRegistration {
             line,
             tx_type,
             invoke,
+            invoke_batch: None,
+            takes_meta: true,
+        }
+    }
+
+    /// The registration of a handler that takes no metadata. Used by generated code.
+    #[doc(hidden)]
+    pub const fn no_meta(self) -> Self {
+        Self {
+            takes_meta: false,
+            ..self
+        }
+    }
+
+    /// The registration of a batch handler: `invoke` runs it on one message, `invoke_batch` on
+    /// several. Used by the code `#[inbox_handler(.., batch)]` generates.
+    #[doc(hidden)]
+    pub const fn batch(self, invoke_batch: InvokeBatchFn) -> Self {
+        Self {
+            invoke_batch: Some(invoke_batch),
+            ..self
         }
     }
 
@@ -455,20 +523,24 @@ impl DispatchTable {
     }
 }
 
-/// The `TypeId` of the store transaction behind a handler's transaction parameter. Called by
-/// generated code.
+/// The `TypeId` of the store transaction behind a handler's transaction parameter.
 #[doc(hidden)]
 pub fn tx_type_id<T: HandlerTx + ?Sized>() -> TypeId {
     TypeId::of::<T::Static>()
 }
 
 // ---------------------------------------------------------------------------------------------
-// Used by the code `#[inbox_handler]` generates. Each bound sits on its own function, called with
-// the user's type as a turbofish argument, so that rustc reports an unmet bound on that type.
+// Used by the code `#[inbox_handler]` and `#[derive(OutboxEvent)]` generate.
+//
+// The generated code checks the user's types itself, with trait-qualified paths
+// (`<Type as Trait>::item`) on traits whose `#[diagnostic::on_unimplemented]` text is written for
+// the user: rustc then reports one error on the type the user wrote, and no "required by a bound
+// in" note pointing in here. What else the generated code needs from those types goes through
+// `Probe`, whose fallback answers for a type that failed its check, so that the failed check
+// stays the only error.
 // ---------------------------------------------------------------------------------------------
 
-/// Decodes a payload into the handler's event type. The `E: OutboxEvent` bound is the check on
-/// the handler's first parameter.
+/// Decodes a payload into the handler's event type.
 #[doc(hidden)]
 pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
     serde_json::from_slice::<E>(payload).map_err(|error| {
@@ -480,8 +552,7 @@ pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
     })
 }
 
-/// Downcasts the store's transaction to the one the handler takes. The `T: HandlerTx` bound is
-/// the check on the handler's second parameter (`tx: &mut T`).
+/// Downcasts the store's transaction to the one the handler takes (`tx: &mut T`).
 #[doc(hidden)]
 pub fn downcast_tx<T: HandlerTx + ?Sized>(
     tx: &mut (dyn Any + Send),
@@ -494,14 +565,13 @@ pub fn downcast_tx<T: HandlerTx + ?Sized>(
     })
 }
 
-/// The metadata as the type the handler's third parameter names. The bound is the check.
+/// The metadata as the type the handler's third parameter names.
 #[doc(hidden)]
 pub fn meta_param<M: MetaParam + ?Sized>(meta: &MessageMeta) -> &M {
     M::from_meta(meta)
 }
 
-/// Boxes a handler's future, converting its error. The `O: HandlerOutput` bound is the check on
-/// the handler's return type.
+/// Boxes a handler's future, converting its error.
 #[doc(hidden)]
 pub fn into_future<'a, Fut, O>(fut: Fut) -> HandlerFuture<'a>
 where
@@ -555,13 +625,23 @@ impl MetaParam for MessageMeta {
 
 /// Reads facts about a type that may not implement the traits involved, without a second error:
 /// the inherent items apply when the bound holds, else [`ProbeFallback`]'s defaults do. Generated
-/// code uses it where the type has already been checked elsewhere.
+/// code uses it for every use of a type that it checks separately (see above).
 #[doc(hidden)]
 pub struct Probe<T: ?Sized>(std::marker::PhantomData<T>);
 
 impl<E: OutboxEvent> Probe<E> {
     /// The declared event type.
     pub const EVENT_TYPE: Option<&'static str> = Some(E::EVENT_TYPE);
+
+    /// See [`decode`].
+    pub fn decode(payload: &[u8]) -> Result<E, HandlerError> {
+        decode::<E>(payload)
+    }
+
+    /// See [`decode_all`] (a batch handler's events).
+    pub fn decode_all(payloads: &[&[u8]]) -> Result<Vec<E>, HandlerError> {
+        decode_all::<E>(payloads)
+    }
 }
 
 impl<T: HandlerTx + ?Sized> Probe<T> {
@@ -569,21 +649,106 @@ impl<T: HandlerTx + ?Sized> Probe<T> {
     pub fn downcast_tx(tx: &mut (dyn Any + Send)) -> Result<&mut T::Static, HandlerError> {
         downcast_tx::<T>(tx)
     }
+
+    /// See [`tx_type_id`].
+    pub fn tx_type_id() -> TypeId {
+        tx_type_id::<T>()
+    }
+}
+
+impl<M: MetaParam + ?Sized> Probe<M> {
+    /// See [`meta_param`].
+    pub fn meta(meta: &MessageMeta) -> Result<&M, HandlerError> {
+        Ok(meta_param::<M>(meta))
+    }
+}
+
+impl Probe<MessageMeta> {
+    /// The metadata of a batch handler's events (`metas: &[MessageMeta]`), one per event.
+    pub fn metas(metas: &[MessageMeta]) -> Result<&[MessageMeta], HandlerError> {
+        Ok(metas)
+    }
+}
+
+impl<O: HandlerOutput> Probe<O> {
+    /// Boxes the handler's future (already `Send`: the generated code coerces it to
+    /// `dyn Future + Send` on the handler's name), converting its error.
+    pub fn into_future<'a>(fut: Pin<Box<dyn Future<Output = O> + Send + 'a>>) -> HandlerFuture<'a>
+    where
+        O: 'a,
+    {
+        into_future(fut)
+    }
+}
+
+impl<K: fmt::Display + ?Sized> Probe<K> {
+    /// The `Display` text of a field named by `key` or `aggregate_id` (`#[derive(OutboxEvent)]`).
+    pub fn key_string(key: &K) -> String {
+        key.to_string()
+    }
 }
 
 /// The defaults of [`Probe`] for types that miss the bound (the build fails on that elsewhere,
-/// once: these keep the rest of the generated code free of follow-on errors).
+/// once: these keep the rest of the generated code free of follow-on errors). Nothing here runs:
+/// a build that selects one of them fails.
 #[doc(hidden)]
 pub trait ProbeFallback {
     /// No event type known.
     const EVENT_TYPE: Option<&'static str> = None;
     /// The probed type.
     type Target: ?Sized;
+
+    /// Never succeeds.
+    fn decode(_payload: &[u8]) -> Result<Self::Target, HandlerError>
+    where
+        Self::Target: Sized,
+    {
+        Err(HandlerError::bad_message("not an outbox event"))
+    }
+
+    /// Never succeeds.
+    fn decode_all(_payloads: &[&[u8]]) -> Result<Vec<Self::Target>, HandlerError>
+    where
+        Self::Target: Sized,
+    {
+        Err(HandlerError::bad_message("not an outbox event"))
+    }
+
     /// Never succeeds.
     fn downcast_tx(_tx: &mut (dyn Any + Send)) -> Result<&mut Self::Target, HandlerError> {
         Err(HandlerError::permanent(
             "not a transaction type txbox can hand to a handler",
         ))
+    }
+
+    /// A type no store hands out.
+    fn tx_type_id() -> TypeId {
+        TypeId::of::<ProbeFailed>()
+    }
+
+    /// Never succeeds.
+    fn meta(_meta: &MessageMeta) -> Result<&Self::Target, HandlerError> {
+        Err(HandlerError::permanent("not the message metadata"))
+    }
+
+    /// Never succeeds.
+    fn metas(_metas: &[MessageMeta]) -> Result<&[Self::Target], HandlerError>
+    where
+        Self::Target: Sized,
+    {
+        Err(HandlerError::permanent("not the message metadata"))
+    }
+
+    /// Fails at once.
+    fn into_future<'a, F>(_fut: F) -> HandlerFuture<'a> {
+        fail(HandlerError::permanent(
+            "not a return type an inbox handler can have",
+        ))
+    }
+
+    /// No key.
+    fn key_string(_key: &Self::Target) -> String {
+        String::new()
     }
 }
 
@@ -591,21 +756,37 @@ impl<T: ?Sized> ProbeFallback for Probe<T> {
     type Target = T;
 }
 
+/// The type whose `TypeId` stands for "no transaction type" in [`ProbeFallback`].
+struct ProbeFailed;
+
 /// Fails the build (in const evaluation) when `#[inbox_handler(event = "...")]` disagrees with
-/// the event type declared by the handler's parameter type. The message names both strings.
+/// the event type declared by the handler's parameter type. The generated code panics with
+/// [`event_type_mismatch`] itself, so that the error shows no frame in here; this is the same
+/// check as one call.
 #[doc(hidden)]
 pub const fn check_event_type(declared: &str, actual: Option<&str>, type_name: &str) {
+    if let Some(message) = &event_type_mismatch(declared, actual, type_name) {
+        panic!("{}", message.as_str())
+    }
+}
+
+/// Why `#[inbox_handler(event = "...")]` disagrees with the event type of the parameter's type,
+/// or `None` when it agrees (or the type declares none: its own error says why).
+#[doc(hidden)]
+pub const fn event_type_mismatch(
+    declared: &str,
+    actual: Option<&str>,
+    type_name: &str,
+) -> Option<ConstMessage> {
     let actual = match actual {
         // An empty event type is the derive's placeholder after its own error: nothing to add.
         Some(actual) if !actual.is_empty() => actual,
-        _ => return,
+        _ => return None,
     };
     if str_eq(declared, actual) {
-        return;
+        return None;
     }
-    let mut buf = [0u8; 1024];
-    let mut len = 0;
-    let parts = [
+    Some(ConstMessage::concat(&[
         "`event = \"",
         declared,
         "\"` does not match the event type of `",
@@ -617,26 +798,45 @@ pub const fn check_event_type(declared: &str, actual: Option<&str>, type_name: &
         "\"`, or take an event type declared with `#[outbox(event_type = \"",
         declared,
         "\")]`",
-    ];
-    let mut part = 0;
-    while part < parts.len() {
-        let bytes = parts[part].as_bytes();
-        let mut i = 0;
-        while i < bytes.len() && len < buf.len() {
-            buf[len] = bytes[i];
-            len += 1;
-            i += 1;
+    ]))
+}
+
+/// A message built in const evaluation (at most 1 KiB; longer ones are cut at a character).
+#[doc(hidden)]
+pub struct ConstMessage {
+    buf: [u8; 1024],
+    len: usize,
+}
+
+impl ConstMessage {
+    const fn concat(parts: &[&str]) -> Self {
+        let mut buf = [0u8; 1024];
+        let mut len = 0;
+        let mut part = 0;
+        while part < parts.len() {
+            let bytes = parts[part].as_bytes();
+            let mut i = 0;
+            while i < bytes.len() && len < buf.len() {
+                buf[len] = bytes[i];
+                len += 1;
+                i += 1;
+            }
+            part += 1;
         }
-        part += 1;
+        Self { buf, len }
     }
-    let (message, _) = buf.split_at(len);
-    match std::str::from_utf8(message) {
-        Ok(message) => panic!("{}", message),
-        Err(error) => {
-            let (valid, _) = message.split_at(error.valid_up_to());
-            match std::str::from_utf8(valid) {
-                Ok(message) => panic!("{}", message),
-                Err(_) => panic!("`event = \"...\"` does not match the parameter's event type"),
+
+    /// The message.
+    pub const fn as_str(&self) -> &str {
+        let (message, _) = self.buf.split_at(self.len);
+        match std::str::from_utf8(message) {
+            Ok(message) => message,
+            Err(error) => {
+                let (valid, _) = message.split_at(error.valid_up_to());
+                match std::str::from_utf8(valid) {
+                    Ok(valid) => valid,
+                    Err(_) => "",
+                }
             }
         }
     }

@@ -44,9 +44,11 @@ pub type SqliteTx<'c> = sqlx::Transaction<'c, sqlx::Sqlite>;
 pub mod __private {
     pub use crate::event::{key_string, KeyField, OutboxEvent};
     pub use crate::handler::{
-        check_event_type, decode, downcast_tx, fail, into_future, meta_param, registrations,
-        tx_type_id, DispatchTable, HandlerFuture, HandlerOutput, HandlerRegistration, HandlerTx,
-        IntoHandlerError, MessageMeta, MetaParam, Probe, ProbeFallback, RegistryError,
+        check_event_type, decode, decode_all, downcast_tx, fail, into_future, meta_param,
+        registrations, tx_type_id, DispatchTable, HandlerFuture, HandlerOutput,
+        HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
+        ProbeFallback, RegistryError,
     };
+    pub use crate::handler::{event_type_mismatch, ConstMessage};
     pub use inventory;
 }

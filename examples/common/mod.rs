@@ -18,6 +18,28 @@ use uuid::Uuid;
 /// The error of the examples' helpers and async code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// What `main` returns: any error, printed on exit as its message and causes (rather than as
+/// a `Debug` struct).
+pub struct Failure(BoxError);
+
+impl<E: Into<BoxError>> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Self(error.into())
+    }
+}
+
+impl std::fmt::Debug for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(e) = cause {
+            write!(f, "\n  caused by: {e}")?;
+            cause = e.source();
+        }
+        Ok(())
+    }
+}
+
 /// An order was created: the event the orders service enqueues and billing consumes.
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]

@@ -50,10 +50,12 @@ pub fn example(name: &str) -> PathBuf {
     path
 }
 
-/// A child process (a consumer or a relay example); its stdout and stderr lines are collected.
+/// A child process (a consumer or a relay example); its stdout and stderr lines are collected
+/// (together in arrival order, and stderr's also on their own: panics are written there).
 pub struct ChildProcess {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    stderr_lines: Arc<Mutex<Vec<String>>>,
     events: mpsc::Receiver<String>,
 }
 
@@ -67,8 +69,21 @@ impl ChildProcess {
         args: &[&str],
         failpoint: Option<&str>,
     ) -> Self {
+        Self::start_with_env(program, db, brokers, args, failpoint, &[])
+    }
+
+    /// [`ChildProcess::start`] with extra environment variables.
+    pub fn start_with_env(
+        program: &str,
+        db: &TestDb,
+        brokers: &str,
+        args: &[&str],
+        failpoint: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut cmd = Command::new(example(program));
         cmd.args(args)
+            .envs(env.iter().copied())
             .env("DATABASE_URL", db.url())
             .env("KAFKA_BROKERS", brokers)
             .env("NO_COLOR", "1")
@@ -81,17 +96,23 @@ impl ChildProcess {
         };
         let mut child = cmd.spawn().expect("spawn child consumer");
         let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr_lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, events) = mpsc::channel();
         let stdout = child.stdout.take().expect("stdout");
         let stderr = child.stderr.take().expect("stderr");
-        for stream in [
-            Box::new(stdout) as Box<dyn std::io::Read + Send>,
-            Box::new(stderr),
+        for (stream, own) in [
+            (Box::new(stdout) as Box<dyn std::io::Read + Send>, None),
+            (Box::new(stderr), Some(stderr_lines.clone())),
         ] {
             let (lines, tx) = (lines.clone(), tx.clone());
             std::thread::spawn(move || {
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                // Lines are read as bytes: a child may print anything a producer sent.
+                for line in BufReader::new(stream).split(b'\n').map_while(Result::ok) {
+                    let line = String::from_utf8_lossy(&line).into_owned();
                     let _ = tx.send(line.clone());
+                    if let Some(own) = &own {
+                        own.lock().unwrap().push(line.clone());
+                    }
                     lines.lock().unwrap().push(line);
                 }
             });
@@ -99,8 +120,29 @@ impl ChildProcess {
         Self {
             child,
             lines,
+            stderr_lines,
             events,
         }
+    }
+
+    /// Every line printed so far (stdout and stderr, in arrival order).
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// The lines printed on stderr so far.
+    pub fn stderr_lines(&self) -> Vec<String> {
+        self.stderr_lines.lock().unwrap().clone()
+    }
+
+    /// Whether the process is still running (it has not exited or crashed).
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
     }
 
     /// Waits for a line containing `needle`.

@@ -6,6 +6,8 @@
 
 pub mod child;
 pub mod kit;
+pub mod observe;
+pub mod raw;
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -432,7 +434,29 @@ impl Running {
             .await
             .expect("consumer stops within 30 s")
             .expect("consumer task");
-        self.reports
+        std::mem::replace(&mut self.reports, mpsc::unbounded_channel().1)
+    }
+}
+
+/// A consumer still running when its test ends early (a failed assertion) is stopped here,
+/// before the test's broker goes away: a consumer closing against a dead broker can wait for
+/// it for ever, which would turn the failure into a hang.
+impl Drop for Running {
+    fn drop(&mut self) {
+        let Some(stop) = self.stop.take() else {
+            return;
+        };
+        let _ = stop.send(());
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if runtime.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return;
+        }
+        let handle = &mut self.handle;
+        tokio::task::block_in_place(|| {
+            let _ = runtime.block_on(tokio::time::timeout(Duration::from_secs(30), handle));
+        });
     }
 }
 

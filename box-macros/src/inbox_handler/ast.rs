@@ -2,8 +2,9 @@
 
 use proc_macro2::{Span, TokenStream};
 use quote::ToTokens;
-use syn::{FnArg, Item, ItemFn, ReturnType, Type};
+use syn::{FnArg, GenericArgument, Item, ItemFn, PathArguments, ReturnType, Type, TypePath};
 
+use super::attr::Form;
 use crate::ctxt::Ctxt;
 
 /// A function `#[inbox_handler]` was put on (not yet checked).
@@ -63,12 +64,62 @@ impl Handler {
         }
     }
 
+    /// The event type: the first parameter's type, or for a batch handler the `E` of its
+    /// `events: Vec<E>` (the tokens the user wrote, so that checks on it are reported there).
+    pub(crate) fn event_ty(&self, form: Form) -> Option<&Type> {
+        let ty = self.param_ty(0)?;
+        match form {
+            Form::Single => Some(ty),
+            Form::Batch => vec_elem(ty),
+        }
+    }
+
+    /// The metadata type, when there is a third parameter: the `M` of `meta: &M`, or for a
+    /// batch handler of `metas: &[M]`.
+    pub(crate) fn meta_ty(&self, form: Form) -> Option<&Type> {
+        let referent = self.param_referent(2)?;
+        match (form, referent) {
+            (Form::Single, ty) => Some(ty),
+            (Form::Batch, Type::Slice(slice)) => Some(&slice.elem),
+            (Form::Batch, _) => None,
+        }
+    }
+
     /// The declared return type, if any.
     pub(crate) fn output(&self) -> Option<&Type> {
         match &self.func.sig.output {
             ReturnType::Type(_, ty) => Some(ty),
             ReturnType::Default => None,
         }
+    }
+}
+
+/// `E` of `Vec<E>` (also written `std::vec::Vec<E>`, ..).
+pub(crate) fn vec_elem(ty: &Type) -> Option<&Type> {
+    let Type::Path(TypePath { qself: None, path }) = ty else {
+        return None;
+    };
+    let last = path.segments.last()?;
+    let PathArguments::AngleBracketed(args) = &last.arguments else {
+        return None;
+    };
+    if last.ident != "Vec" || args.args.len() != 1 {
+        return None;
+    }
+    match args.args.first()? {
+        GenericArgument::Type(elem) => Some(elem),
+        _ => None,
+    }
+}
+
+/// `E` when `ty` is several `E`s, however written: `Vec<E>`, `[E]`, `[E; N]`, or a reference to
+/// one of them (`&[E]`, `&Vec<E>`).
+pub(crate) fn several_elem(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Reference(reference) => several_elem(&reference.elem),
+        Type::Slice(slice) => Some(&slice.elem),
+        Type::Array(array) => Some(&array.elem),
+        other => vec_elem(other),
     }
 }
 

@@ -1,82 +1,192 @@
-//! The attribute's arguments: `#[inbox_handler(event = "OrderCreated", group = "billing")]`.
+//! The attribute's arguments: `#[inbox_handler(event = "OrderCreated", group = "billing")]`,
+//! and the `batch` flag.
 
 use proc_macro2::{Span, TokenStream};
-use syn::LitStr;
+use quote::quote;
+use syn::{Expr, ExprLit, Ident, Lit, LitStr};
 
 use crate::ctxt::Ctxt;
-use crate::{kv, names};
+use crate::kv::{self, ListSpec};
+use crate::names;
+use crate::tokens::compact;
 
 /// `event = "OrderCreated"`: the event type handled; must equal the parameter type's
 /// `OutboxEvent::EVENT_TYPE`.
 pub(crate) const EVENT: &str = "event";
 /// `group = "billing"`: the consumer group the handler belongs to.
 pub(crate) const GROUP: &str = "group";
+/// `batch`: a flag; the handler takes a run of events at once (`events: Vec<OrderCreated>`).
+pub(crate) const BATCH: &str = "batch";
+/// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
+pub(crate) const CRATE: &str = "crate";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP];
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, CRATE];
+
+/// The required keys.
+const REQUIRED: &[&str] = &[EVENT, GROUP];
+
+/// Words written for a key, and the key meant (the derive's `event_type` is this `event`).
+const ALIASES: &[(&str, &str)] = &[
+    ("event_type", EVENT),
+    ("type", EVENT),
+    ("consumer_group", GROUP),
+    ("group_id", GROUP),
+    ("batching", BATCH),
+];
 
 /// The attribute written in full, for messages.
 pub(crate) const EXAMPLE: &str = "#[inbox_handler(event = \"OrderCreated\", group = \"billing\")]";
+
+/// Where unknown keys are reported, for messages.
+const PLACE: &str = "`#[inbox_handler(...)]`";
 
 /// The parsed arguments. A value is `None` when it was missing or rejected (and reported).
 pub(crate) struct HandlerAttr {
     pub(crate) event: Option<LitStr>,
     pub(crate) group: Option<LitStr>,
+    /// `crate = "..."`, parsed; `None` for the default `::txbox`.
+    pub(crate) krate: Option<syn::Path>,
+    /// The `batch` flag as written (also when it was wrongly given a value, which is reported:
+    /// the signature is then checked as the batch handler's it was meant to be).
+    pub(crate) batch: Option<Ident>,
+}
+
+/// Which handler the attribute declares: of one event per call, or of a run of events.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Form {
+    /// `async fn h(event: E, tx: &mut PgTx<'_>, meta: &MessageMeta)`.
+    Single,
+    /// `#[inbox_handler(.., batch)]`:
+    /// `async fn h(events: Vec<E>, tx: &mut PgTx<'_>, metas: &[MessageMeta])`.
+    Batch,
 }
 
 impl HandlerAttr {
     pub(crate) fn from_tokens(cx: &Ctxt, tokens: TokenStream) -> Self {
-        let mut event = None;
-        let mut group = None;
+        let mut attr = HandlerAttr {
+            event: None,
+            group: None,
+            krate: None,
+            batch: None,
+        };
+        // Keys written, and the keys unknown ones were probably meant to be: neither is
+        // reported as missing (the "did you mean" says it already).
         let mut seen: Vec<&str> = Vec::new();
-        let list = kv::parse_list(cx, tokens, "event = \"OrderCreated\"");
+        let mut meant: Vec<&str> = Vec::new();
+        let spec = ListSpec {
+            example: "event = \"OrderCreated\"",
+            field_keys: &[],
+        };
+        let list = kv::parse_list(cx, tokens, spec);
         for pair in list.pairs {
             let key = pair.key.to_string();
-            let (slot, example) = match key.as_str() {
-                EVENT => (&mut event, "OrderCreated"),
-                GROUP => (&mut group, "billing"),
-                _ => {
-                    cx.error_spanned_by(
-                        &pair.key,
-                        format!(
-                            "unknown key `{key}` in `#[inbox_handler(...)]`; {}",
-                            kv::one_of(KEYS)
-                        ),
-                    );
-                    continue;
-                }
-            };
-            let Some(known) = KEYS.iter().find(|k| **k == key) else {
+            let Some(known) = KEYS.iter().copied().find(|k| *k == key) else {
+                meant.extend(kv::unknown_key(cx, &pair.key, PLACE, KEYS, ALIASES));
                 continue;
             };
-            if seen.contains(known) {
+            if seen.contains(&known) {
                 kv::duplicate(cx, &pair.key);
                 continue;
             }
             seen.push(known);
-            let Some(lit) = kv::lit_str(cx, &pair, &format!("\"{example}\"")) else {
-                continue;
-            };
-            if let Some(message) = names::invalid_name(&key, &lit.value(), example) {
-                cx.error_spanned_by(&lit, message);
-                continue;
-            }
-            *slot = Some(lit);
+            attr.take(cx, known, &pair);
         }
-        let missing: Vec<String> = KEYS
+        let missing: Vec<&str> = REQUIRED
             .iter()
-            .filter(|k| !seen.contains(k))
-            .map(|k| format!("`{k}`"))
+            .copied()
+            .filter(|k| !seen.contains(k) && !meant.contains(k))
             .collect();
         if list.complete && !missing.is_empty() {
             cx.error_at(
                 Span::call_site(),
                 format!(
                     "missing {} in `#[inbox_handler(...)]`; write e.g. `{EXAMPLE}`",
-                    missing.join(" and ")
+                    kv::ticked(&missing).join(" and ")
                 ),
             );
         }
-        HandlerAttr { event, group }
+        attr
+    }
+
+    /// Reads the value of a known key, given for the first time.
+    fn take(&mut self, cx: &Ctxt, key: &str, pair: &kv::KeyValue) {
+        let example = match key {
+            EVENT => "OrderCreated",
+            GROUP => "billing",
+            BATCH => return self.take_flag(cx, pair),
+            _ => "my_txbox",
+        };
+        if pair.bare {
+            let example = format!("{key} = \"{example}\"");
+            return cx.error_spanned_by(&pair.key, kv::missing_value(&pair.key, &example));
+        }
+        let slot = match key {
+            EVENT => &mut self.event,
+            GROUP => &mut self.group,
+            _ => {
+                self.krate = kv::crate_path(cx, pair);
+                return;
+            }
+        };
+        let Some(lit) = kv::lit_str(cx, pair, &format!("\"{example}\"")) else {
+            return;
+        };
+        if let Some(message) = names::invalid_name(key, &lit.value(), example) {
+            cx.error_spanned_by(&lit, message);
+            return;
+        }
+        *slot = Some(lit);
+    }
+
+    /// `batch`, a flag: a value is an error on `batch = value`. Any value but `false` still
+    /// makes the handler a batch handler (for the checks of its signature).
+    fn take_flag(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        let key = &pair.key;
+        let Some(value) = &pair.value else {
+            self.batch = Some(key.clone());
+            return;
+        };
+        let written = quote!(#key = #value);
+        let message = match value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Bool(flag),
+                ..
+            }) if !flag.value => format!(
+                "`{key}` is a flag and takes no value: a handler of one event per call has no \
+                 `{key}`; remove `{}`",
+                compact(&written)
+            ),
+            _ => {
+                self.batch = Some(key.clone());
+                format!(
+                    "`{key}` is a flag and takes no value: write `{key}`, not `{}`",
+                    compact(&written)
+                )
+            }
+        };
+        cx.error_spanned_by(written, message);
+    }
+
+    /// Which handler the attribute declares.
+    pub(crate) fn form(&self) -> Form {
+        match self.batch {
+            Some(_) => Form::Batch,
+            None => Form::Single,
+        }
+    }
+
+    /// The attribute as written, with `batch` added, for messages.
+    pub(crate) fn with_batch(&self) -> String {
+        let event = self
+            .event
+            .as_ref()
+            .map_or("OrderCreated".into(), LitStr::value);
+        let group = self.group.as_ref().map_or("billing".into(), LitStr::value);
+        let krate = match &self.krate {
+            Some(path) => format!(", crate = \"{}\"", compact(path)),
+            None => String::new(),
+        };
+        format!("#[inbox_handler(event = \"{event}\", group = \"{group}\", batch{krate})]")
     }
 }

@@ -1,103 +1,380 @@
 //! The generated registration. The user's function is emitted as written; next to it, inside
-//! `const _: () = { .. };`, an erased wrapper, the checks and one `inventory::submit!`.
+//! `const __txbox_register_<name>: () = { .. };`, the type checks, an erased wrapper and one
+//! `inventory::submit!`.
 //!
-//! Type requirements are the bounds of small runtime functions called with the user's types as
-//! turbofish arguments (`decode::<Event>`, `tx_type_id::<Tx>`, `meta_param::<Meta>`,
-//! `into_future::<_, Output>`), so rustc reports an unmet bound on the type the user wrote, with
-//! the `#[diagnostic::on_unimplemented]` text of the runtime trait. Each bound is required once;
-//! where the expansion needs more from a type that may fail its check (the transaction's
-//! `'static` form, the declared event type) it asks `Probe`, whose fallback for types missing
-//! the bound keeps the rest of the expansion free of follow-on errors.
+//! The type checks are trait-qualified paths on the user's types (`<Event as OutboxEvent>::key`,
+//! `<Tx as __txbox_Transaction>::CHECK`, ..): rustc reports an unmet trait on the type the user
+//! wrote, with the `#[diagnostic::on_unimplemented]` text of the trait, and, unlike a bound on a
+//! function, without a "required by a bound in" note that would point into txbox. The traits
+//! for the transaction, the metadata and the return type are generated here (with their texts)
+//! so that the note names nothing internal. Everything else the wrapper needs from those types
+//! goes through `Probe`, whose fallback for types that failed their check keeps the expansion
+//! free of follow-on errors; the future's `Send` is required by coercing it to
+//! `dyn Future + Send` on the function's name.
+//!
+//! A batch handler (`#[inbox_handler(.., batch)]`) gets `__txbox_invoke_batch`, which decodes a
+//! run of payloads and calls the function once with all the events (and their metadata), and a
+//! `__txbox_invoke` that runs it on one message: the function is called in one place only, so
+//! each type error and the `Send` requirement are reported once.
+//!
+//! The registration is a *named* const rather than `const _`: a named const is also valid in an
+//! `impl` block, so `#[inbox_handler]` on an associated function fails with one error (the
+//! wrapper cannot name the function) instead of a parse error first.
 
-use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
-use syn::spanned::Spanned;
+use syn::{Ident, LitStr, Type};
 
 use super::ast::Handler;
-use super::attr::HandlerAttr;
+use super::attr::{Form, HandlerAttr};
+use crate::tokens::{compact, respan};
+
+/// What the expansion is made of, once the attribute and the signature have been checked.
+struct Parts<'a> {
+    name: &'a Ident,
+    form: Form,
+    event: &'a LitStr,
+    group: &'a LitStr,
+    /// The event type; for a batch handler, the `E` of `Vec<E>`.
+    event_ty: &'a Type,
+    tx_ty: &'a Type,
+    /// The metadata type; for a batch handler, the `M` of `&[M]`.
+    meta_ty: Option<&'a Type>,
+    output: &'a Type,
+    /// `::txbox` or the `crate = "..."` path.
+    krate: TokenStream,
+}
 
 pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     let func = &handler.func;
-    let (Some(event), Some(group)) = (&attr.event, &attr.group) else {
-        // Not reached: a missing key is an error, and errors skip the expansion.
-        return quote!(#func);
-    };
-    let (Some(event_ty), Some(tx_ty), Some(output)) = (
-        handler.param_ty(0),
+    let form = attr.form();
+    // Not reached without all of them: a missing key or parameter is an error, and errors skip
+    // the expansion.
+    let (Some(event), Some(group), Some(event_ty), Some(tx_ty), Some(output)) = (
+        &attr.event,
+        &attr.group,
+        handler.event_ty(form),
         handler.param_referent(1),
         handler.output(),
     ) else {
         return quote!(#func);
     };
-    let name = &func.sig.ident;
-    let name_str = name.unraw().to_string();
-    let private = quote!(::txbox::__private);
-
-    // Inside `quote_spanned!`, paths are written out rather than interpolated from `private`:
-    // interpolated tokens keep their own (call-site) span, which would widen the error span to
-    // the whole attribute.
-    let decode = quote_spanned! {event_ty.span()=> ::txbox::__private::decode::<#event_ty> };
-    let downcast =
-        quote_spanned! {tx_ty.span()=> ::txbox::__private::Probe::<#tx_ty>::downcast_tx };
-    // `_` (the future) carries the function name's span, so a future that is not `Send` is
-    // reported on the name; the output type keeps its own span for the `HandlerOutput` check.
-    let into_future = quote_spanned! {name.span()=> ::txbox::__private::into_future::<_, #output> };
-    let (meta_let, meta_arg) = match handler.param_referent(2) {
-        Some(meta_ty) => {
-            let meta_param =
-                quote_spanned! {meta_ty.span()=> ::txbox::__private::meta_param::<#meta_ty> };
-            (
-                quote! { let __txbox_meta = #meta_param(__txbox_meta); },
-                quote! { , __txbox_meta },
-            )
-        }
-        None => (quote! { let _ = __txbox_meta; }, TokenStream::new()),
+    let parts = Parts {
+        name: &func.sig.ident,
+        form,
+        event,
+        group,
+        event_ty,
+        tx_ty,
+        meta_ty: handler.meta_ty(form),
+        output,
+        krate: match &attr.krate {
+            Some(path) => path.to_token_stream(),
+            None => quote!(::txbox),
+        },
     };
-    let check_event_type = quote_spanned! {event.span()=>
-        ::txbox::__private::check_event_type(
-            #event,
-            ::txbox::__private::Probe::<#event_ty>::EVENT_TYPE,
-            ::core::stringify!(#event_ty),
-        )
-    };
-    let tx_type_id = quote_spanned! {tx_ty.span()=> ::txbox::__private::tx_type_id::<#tx_ty>() };
-    let location = quote_spanned! {name.span()=>
-        ::core::concat!(::core::module_path!(), "::", #name_str),
-        ::core::file!(),
-        ::core::line!(),
-    };
-
+    let register = format_ident!("__txbox_register_{}", parts.name.unraw());
+    let private = parts.private();
+    let checks = parts.checks();
+    let invoke = parts.invoke();
+    let event_type_check = parts.event_type_check();
+    let submit = parts.submit();
     quote! {
         #func
 
         #[doc(hidden)]
-        const _: () = {
+        #[allow(non_upper_case_globals)]
+        const #register: () = {
             use #private::ProbeFallback as _;
+            #checks
+            #invoke
+            #event_type_check
+            #submit
+        };
+    }
+}
+
+impl Parts<'_> {
+    /// `<krate>::__private`, with the spans of the tokens the path was written with.
+    fn private(&self) -> TokenStream {
+        let krate = &self.krate;
+        quote!(#krate::__private)
+    }
+
+    /// `<krate>::__private` with every token at `span`: inside `quote_spanned!`, so that the
+    /// interpolated path does not widen an error span to the whole attribute.
+    fn private_at(&self, span: Span) -> TokenStream {
+        respan(self.private(), span)
+    }
+
+    /// The crate as messages name it: `txbox`, or the `crate = "..."` path.
+    fn krate_name(&self) -> String {
+        compact(&self.krate).trim_start_matches("::").to_owned()
+    }
+
+    /// The checks of the parameter and return types: one trait-qualified path each.
+    fn checks(&self) -> TokenStream {
+        let private = self.private();
+        let (event_ty, tx_ty, output) = (self.event_ty, self.tx_ty, self.output);
+        let traits = self.check_traits();
+        let meta_check = self.meta_ty.map(|meta_ty| {
+            quote! { let () = <#meta_ty as __txbox_Metadata>::CHECK; }
+        });
+        // rustc reports the error type's check on the whole projection: its first and last
+        // tokens take the return type's first and last spans, so that it underlines that type.
+        let (first, last) = first_last_span(output);
+        let open = quote_spanned!(first=> <);
+        let close = quote_spanned!(last=> as __txbox_Return>::Error);
+        let error_ty = quote!(#open #output #close);
+        quote! {
+            #traits
+
+            fn __txbox_check() {
+                let _ = <#event_ty as #private::OutboxEvent>::key;
+                let () = <#tx_ty as __txbox_Transaction>::CHECK;
+                #meta_check
+                let _ = <#error_ty as #private::IntoHandlerError>::into_handler_error;
+            }
+        }
+    }
+
+    /// The traits the checks name, each with the message rustc shows when a type misses it.
+    fn check_traits(&self) -> TokenStream {
+        let private = self.private();
+        let krate = self.krate_name();
+        let tx = on_unimplemented(
+            "`{Self}` is not a transaction type txbox can hand to a handler",
+            "expected `PgTx<'_>` (or `SqliteTx<'_>`) here",
+            &format!(
+                "the second parameter of an inbox handler is the transaction txbox opens for the \
+                 message: write `tx: &mut {krate}::PgTx<'_>` for PostgreSQL or \
+                 `tx: &mut {krate}::SqliteTx<'_>` for SQLite"
+            ),
+        );
+        let meta_note = match self.form {
+            Form::Single => format!(
+                "the optional third parameter of an inbox handler is the message metadata: \
+                 write `meta: &{krate}::MessageMeta`"
+            ),
+            Form::Batch => format!(
+                "the optional third parameter of a batch handler is the metadata of its \
+                 events, one per event: write `metas: &[{krate}::MessageMeta]`"
+            ),
+        };
+        let meta = on_unimplemented(
+            "`{Self}` is not the message metadata",
+            "expected `MessageMeta` here",
+            &meta_note,
+        );
+        let ret = on_unimplemented(
+            "`{Self}` is not a return type an inbox handler can have",
+            "expected `Result<(), E>` here",
+            "an inbox handler returns `Result<(), HandlerError>`, `anyhow::Result<()>`, or \
+             `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static`",
+        );
+        quote! {
+            #tx
+            #[allow(non_camel_case_types)]
+            trait __txbox_Transaction {
+                const CHECK: () = ();
+            }
+            #[diagnostic::do_not_recommend]
+            impl<T: ?::core::marker::Sized + #private::HandlerTx> __txbox_Transaction for T {}
+
+            #meta
+            #[allow(non_camel_case_types)]
+            trait __txbox_Metadata {
+                const CHECK: () = ();
+            }
+            #[diagnostic::do_not_recommend]
+            impl<T: ?::core::marker::Sized + #private::MetaParam> __txbox_Metadata for T {}
+
+            #ret
+            #[allow(non_camel_case_types)]
+            trait __txbox_Return {
+                type Error;
+            }
+            #[diagnostic::do_not_recommend]
+            impl<E> __txbox_Return for ::core::result::Result<(), E> {
+                type Error = E;
+            }
+        }
+    }
+
+    /// The erased wrappers, and the transaction type's `TypeId`.
+    fn invoke(&self) -> TokenStream {
+        let private = self.private();
+        let tx_ty = self.tx_ty;
+        let wrappers = match self.form {
+            Form::Single => self.invoke_single(),
+            Form::Batch => self.invoke_batch(),
+        };
+        quote! {
+            #wrappers
+
+            fn __txbox_tx_type() -> ::core::any::TypeId {
+                #private::Probe::<#tx_ty>::tx_type_id()
+            }
+        }
+    }
+
+    /// `__txbox_invoke`: decodes the payload, downcasts the transaction and calls the function.
+    fn invoke_single(&self) -> TokenStream {
+        let private = self.private();
+        let event_ty = self.event_ty;
+        let (meta_let, meta_arg) = match self.meta_ty {
+            Some(meta_ty) => (
+                quote! {
+                    let __txbox_meta = match #private::Probe::<#meta_ty>::meta(__txbox_meta) {
+                        ::core::result::Result::Ok(meta) => meta,
+                        ::core::result::Result::Err(error) => return #private::fail(error),
+                    };
+                },
+                quote!(, __txbox_meta),
+            ),
+            None => (quote! { let _ = __txbox_meta; }, TokenStream::new()),
+        };
+        let downcast = self.downcast_tx();
+        let call = self.call(quote!(__txbox_event), meta_arg);
+        quote! {
+            fn __txbox_invoke<'__txbox>(
+                __txbox_payload: &'__txbox [u8],
+                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __txbox_meta: &'__txbox #private::MessageMeta,
+            ) -> #private::HandlerFuture<'__txbox> {
+                let __txbox_event = match #private::Probe::<#event_ty>::decode(__txbox_payload) {
+                    ::core::result::Result::Ok(event) => event,
+                    ::core::result::Result::Err(error) => return #private::fail(error),
+                };
+                #downcast
+                #meta_let
+                #call
+            }
+        }
+    }
+
+    /// `__txbox_invoke_batch`: decodes every payload, downcasts the transaction and calls the
+    /// function once with all the events; `__txbox_invoke` runs it on one message. The payloads
+    /// have a lifetime of their own: they are decoded before the future is made, so
+    /// `__txbox_invoke` can pass a slice of its one payload that lives only for the call.
+    fn invoke_batch(&self) -> TokenStream {
+        let private = self.private();
+        let event_ty = self.event_ty;
+        let (metas_let, metas_arg) = match self.meta_ty {
+            Some(meta_ty) => (
+                quote! {
+                    let __txbox_metas = match #private::Probe::<#meta_ty>::metas(__txbox_metas) {
+                        ::core::result::Result::Ok(metas) => metas,
+                        ::core::result::Result::Err(error) => return #private::fail(error),
+                    };
+                },
+                quote!(, __txbox_metas),
+            ),
+            None => (quote! { let _ = __txbox_metas; }, TokenStream::new()),
+        };
+        let downcast = self.downcast_tx();
+        let call = self.call(quote!(__txbox_events), metas_arg);
+        quote! {
+            fn __txbox_invoke_batch<'__txbox_payloads, '__txbox>(
+                __txbox_payloads: &'__txbox_payloads [&'__txbox_payloads [u8]],
+                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __txbox_metas: &'__txbox [#private::MessageMeta],
+            ) -> #private::HandlerFuture<'__txbox> {
+                let __txbox_events =
+                    match #private::Probe::<#event_ty>::decode_all(__txbox_payloads) {
+                        ::core::result::Result::Ok(events) => events,
+                        ::core::result::Result::Err(error) => return #private::fail(error),
+                    };
+                #downcast
+                #metas_let
+                #call
+            }
 
             fn __txbox_invoke<'__txbox>(
                 __txbox_payload: &'__txbox [u8],
                 __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
                 __txbox_meta: &'__txbox #private::MessageMeta,
             ) -> #private::HandlerFuture<'__txbox> {
-                let __txbox_event = match #decode(__txbox_payload) {
-                    ::core::result::Result::Ok(event) => event,
-                    ::core::result::Result::Err(error) => return #private::fail(error),
-                };
-                let __txbox_tx = match #downcast(__txbox_tx) {
-                    ::core::result::Result::Ok(tx) => tx,
-                    ::core::result::Result::Err(error) => return #private::fail(error),
-                };
-                #meta_let
-                #into_future(#name(__txbox_event, __txbox_tx #meta_arg))
+                __txbox_invoke_batch(
+                    ::core::slice::from_ref(&__txbox_payload),
+                    __txbox_tx,
+                    ::core::slice::from_ref(__txbox_meta),
+                )
             }
+        }
+    }
 
-            fn __txbox_tx_type() -> ::core::any::TypeId {
-                #tx_type_id
-            }
+    /// `let __txbox_tx = ..;`: the store's transaction as the one the function takes.
+    fn downcast_tx(&self) -> TokenStream {
+        let private = self.private();
+        let tx_ty = self.tx_ty;
+        quote! {
+            let __txbox_tx = match #private::Probe::<#tx_ty>::downcast_tx(__txbox_tx) {
+                ::core::result::Result::Ok(tx) => tx,
+                ::core::result::Result::Err(error) => return #private::fail(error),
+            };
+        }
+    }
 
-            const _: () = #check_event_type;
+    /// The call of the function, boxed as the handler future. Coerced to `dyn Future + Send`
+    /// with the function name's span: a future that is not `Send` is reported on the name.
+    fn call(&self, events: TokenStream, meta_arg: TokenStream) -> TokenStream {
+        let private = self.private();
+        let (name, output) = (self.name, self.output);
+        let boxed = quote_spanned! {name.span()=>
+            ::std::boxed::Box::pin(#name(#events, __txbox_tx #meta_arg))
+        };
+        quote! {
+            let __txbox_future: ::core::pin::Pin<::std::boxed::Box<
+                dyn ::core::future::Future<Output = #output>
+                    + ::core::marker::Send
+                    + '__txbox,
+            >> = #boxed;
+            #private::Probe::<#output>::into_future(__txbox_future)
+        }
+    }
 
+    /// Fails the build when `event = "..."` is not the parameter type's event type. The panic is
+    /// written here, on the `event` string, so that rustc shows no frame inside txbox.
+    fn event_type_check(&self) -> TokenStream {
+        let (event, event_ty) = (self.event, self.event_ty);
+        let private = self.private_at(event.span());
+        let type_name = compact(event_ty);
+        quote_spanned! {event.span()=>
+            const _: () = if let ::core::option::Option::Some(message) =
+                &#private::event_type_mismatch(
+                    #event,
+                    #private::Probe::<#event_ty>::EVENT_TYPE,
+                    #type_name,
+                )
+            {
+                ::core::panic!("{}", message.as_str())
+            };
+        }
+    }
+
+    /// The one `inventory::submit!`, with the function's path, file and line (and, for a batch
+    /// handler, `.batch(__txbox_invoke_batch)`; for a handler without metadata, `.no_meta()`).
+    fn submit(&self) -> TokenStream {
+        let private = self.private();
+        let (name, event, group) = (self.name, self.event, self.group);
+        let name_str = name.unraw().to_string();
+        let location = quote_spanned! {name.span()=>
+            ::core::concat!(::core::module_path!(), "::", #name_str),
+            ::core::file!(),
+            ::core::line!(),
+        };
+        let batch = match self.form {
+            Form::Single => TokenStream::new(),
+            Form::Batch => quote!(.batch(__txbox_invoke_batch)),
+        };
+        // A handler without the metadata parameter spares the runtime building it.
+        let no_meta = match self.meta_ty {
+            Some(_) => TokenStream::new(),
+            None => quote!(.no_meta()),
+        };
+        quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
                     #event,
@@ -106,7 +383,23 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
                     __txbox_tx_type,
                     __txbox_invoke,
                 )
+                #batch
+                #no_meta
             }
-        };
+        }
+    }
+}
+
+/// The spans of the first and last tokens of `tokens` (on stable, `Spanned::span` is the first).
+fn first_last_span(tokens: impl ToTokens) -> (Span, Span) {
+    let mut spans = tokens.into_token_stream().into_iter().map(|tt| tt.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    (first, spans.last().unwrap_or(first))
+}
+
+/// `#[diagnostic::on_unimplemented(..)]` with these texts (`{Self}` is the type).
+fn on_unimplemented(message: &str, label: &str, note: &str) -> TokenStream {
+    quote! {
+        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
     }
 }

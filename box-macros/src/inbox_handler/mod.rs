@@ -16,7 +16,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let attr = attr::HandlerAttr::from_tokens(&cx, args);
     let handler = ast::Handler::from_tokens(&cx, item.clone());
     if let Some(handler) = &handler {
-        valid::check(&cx, handler);
+        valid::check(&cx, handler, &attr);
     }
     match (cx.check(), handler) {
         (Ok(()), Some(handler)) => expand::handler(&attr, &handler),

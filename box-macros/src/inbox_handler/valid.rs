@@ -1,33 +1,50 @@
 //! Checks of the handler's signature that need no types: async, no receiver, no generics, the
-//! parameter list and the reference kinds. Type requirements are checked by the expansion, on
-//! the user's types (see `expand.rs`).
+//! parameter list, the reference kinds, and the shapes a batch handler takes (`Vec<E>`,
+//! `&[MessageMeta]`). Type requirements are checked by the expansion, on the user's types (see
+//! `expand.rs`).
 
+use proc_macro2::{TokenStream, TokenTree};
 use quote::{quote, ToTokens};
 use syn::{FnArg, Type};
 
-use super::ast::Handler;
+use super::ast::{several_elem, vec_elem, Handler};
+use super::attr::{Form, HandlerAttr};
 use crate::ctxt::Ctxt;
+use crate::tokens::compact;
 
 /// The signature written in full, for messages.
-const SIGNATURE: &str = "(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError>";
+fn signature(form: Form) -> &'static str {
+    match form {
+        Form::Single => "(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError>",
+        Form::Batch => "(events: Vec<OrderCreated>, tx: &mut PgTx<'_>) -> Result<(), HandlerError>",
+    }
+}
 
-pub(crate) fn check(cx: &Ctxt, handler: &Handler) {
-    check_qualifiers(cx, handler);
+pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
+    let form = attr.form();
+    check_qualifiers(cx, handler, form);
     check_generics(cx, handler);
-    if check_receiver(cx, handler) {
-        check_arity(cx, handler);
-        check_params(cx, handler);
+    if check_receiver(cx, handler) && check_no_self_type(cx, handler) {
+        check_arity(cx, handler, form);
+        if check_order(cx, handler, form) {
+            check_event_param(cx, handler, attr);
+            check_tx_param(cx, handler);
+            check_meta_param(cx, handler, form);
+        }
     }
     check_output(cx, handler);
 }
 
-fn check_qualifiers(cx: &Ctxt, handler: &Handler) {
+fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {
     let sig = &handler.func.sig;
     let name = &sig.ident;
     if sig.asyncness.is_none() {
         cx.error_spanned_by(
             sig.fn_token,
-            format!("an inbox handler must be an `async fn`: write `async fn {name}{SIGNATURE}`"),
+            format!(
+                "an inbox handler must be an `async fn`: write `async fn {name}{}`",
+                signature(form)
+            ),
         );
     }
     if let Some(token) = &sig.unsafety {
@@ -89,28 +106,72 @@ fn check_receiver(cx: &Ctxt, handler: &Handler) -> bool {
     true
 }
 
-fn check_arity(cx: &Ctxt, handler: &Handler) {
+/// Reports `Self` in the signature: the function is an associated function, which txbox cannot
+/// name from the registration it generates. Returns whether there was none.
+fn check_no_self_type(cx: &Ctxt, handler: &Handler) -> bool {
     let sig = &handler.func.sig;
+    let mut types: Vec<TokenStream> = handler.inputs().map(ToTokens::to_token_stream).collect();
+    types.push(sig.output.to_token_stream());
+    if !types.into_iter().any(mentions_self) {
+        return true;
+    }
+    cx.error_spanned_by(
+        &sig.ident,
+        format!(
+            "`#[inbox_handler]` goes on a free function, not on an associated function: move \
+             `{}` out of the `impl` block and name its types instead of `Self`",
+            sig.ident
+        ),
+    );
+    false
+}
+
+fn mentions_self(tokens: TokenStream) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        TokenTree::Ident(ident) => ident == "Self",
+        TokenTree::Group(group) => mentions_self(group.stream()),
+        _ => false,
+    })
+}
+
+fn check_arity(cx: &Ctxt, handler: &Handler, form: Form) {
+    let sig = &handler.func.sig;
+    let (handler_of, event, params) = match form {
+        Form::Single => (
+            "an inbox handler takes the event",
+            "the event",
+            "an inbox handler takes `(event, tx)` or `(event, tx, meta: &MessageMeta)`",
+        ),
+        Form::Batch => (
+            "a batch handler takes the events",
+            "the events",
+            "a batch handler takes `(events, tx)` or `(events, tx, metas: &[MessageMeta])`",
+        ),
+    };
     match sig.inputs.len() {
         0 => cx.error_at(
             sig.paren_token.span.join(),
             format!(
-                "an inbox handler takes the event and the transaction: write `async fn {}{SIGNATURE}`",
-                sig.ident
+                "{handler_of} and the transaction: write `async fn {}{}`",
+                sig.ident,
+                signature(form)
             ),
         ),
         1 => cx.error_spanned_by(
             &sig.inputs,
-            "missing the transaction parameter: add `tx: &mut PgTx<'_>` after the event",
+            format!("missing the transaction parameter: add `tx: &mut PgTx<'_>` after {event}"),
         ),
         2 | 3 => {}
         _ => {
-            let extra: proc_macro2::TokenStream =
-                sig.inputs.iter().skip(3).map(ToTokens::to_token_stream).collect();
+            let extra: proc_macro2::TokenStream = sig
+                .inputs
+                .iter()
+                .skip(3)
+                .map(ToTokens::to_token_stream)
+                .collect();
             cx.error_spanned_by(
                 extra,
-                "too many parameters: an inbox handler takes `(event, tx)` or \
-                 `(event, tx, meta: &MessageMeta)`; remove these",
+                format!("too many parameters: {params}; remove these"),
             );
         }
     }
@@ -122,16 +183,147 @@ fn check_arity(cx: &Ctxt, handler: &Handler) {
     }
 }
 
-fn check_params(cx: &Ctxt, handler: &Handler) {
-    if let Some(Type::Reference(reference)) = handler.param_ty(0) {
+/// What a parameter's type says it is meant to be.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Role {
+    /// By value: the event.
+    Event,
+    /// `&mut T`: the transaction.
+    Tx,
+    /// `&T`: the metadata.
+    Meta,
+}
+
+fn role(ty: &Type) -> Option<Role> {
+    match ty {
+        Type::Reference(reference) if reference.mutability.is_some() => Some(Role::Tx),
+        Type::Reference(_) => Some(Role::Meta),
+        Type::ImplTrait(_) => None,
+        _ => Some(Role::Event),
+    }
+}
+
+/// Reports the right parameters in the wrong order (`tx` before the event, `meta` before `tx`)
+/// as one mistake, with the signature in order. Returns whether the order was right (or the
+/// parameters are not just a permutation of the right ones: the other checks say why).
+fn check_order(cx: &Ctxt, handler: &Handler, form: Form) -> bool {
+    let sig = &handler.func.sig;
+    let typed: Vec<&syn::PatType> = handler
+        .inputs()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(typed) => Some(typed),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let Some(roles) = typed
+        .iter()
+        .map(|t| role(&t.ty))
+        .collect::<Option<Vec<Role>>>()
+    else {
+        return true;
+    };
+    let mut sorted = roles.clone();
+    sorted.sort();
+    let expected: &[Role] = match roles.len() {
+        2 => &[Role::Event, Role::Tx],
+        3 => &[Role::Event, Role::Tx, Role::Meta],
+        _ => return true,
+    };
+    if roles == expected || sorted != expected {
+        return true;
+    }
+    let mut in_order: Vec<(Role, &syn::PatType)> = roles.into_iter().zip(typed).collect();
+    in_order.sort_by_key(|(role, _)| *role);
+    let written: Vec<String> = in_order
+        .iter()
+        .map(|(_, t)| format!("{}: {}", compact(&t.pat), compact(&t.ty)))
+        .collect();
+    let message = match (form, expected.len()) {
+        (Form::Single, 2) => {
+            "the event comes first and the transaction second: swap the parameters"
+        }
+        (Form::Batch, 2) => "the events come first and the transaction second: swap the parameters",
+        (Form::Single, _) => "the parameters go in the order event, transaction, metadata",
+        (Form::Batch, _) => "the parameters go in the order events, transaction, metadata",
+    };
+    cx.error_spanned_by(
+        &sig.inputs,
+        format!(
+            "{message}: write `async fn {}({})`",
+            sig.ident,
+            written.join(", ")
+        ),
+    );
+    false
+}
+
+/// The first parameter: one event by value, or for a batch handler `events: Vec<E>`.
+fn check_event_param(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
+    let Some(ty) = handler.param_ty(0) else {
+        return;
+    };
+    match attr.form() {
+        Form::Single => check_single_event(cx, ty, attr),
+        Form::Batch => check_batch_events(cx, ty),
+    }
+}
+
+/// One event, by value: several (`Vec<E>`, `&[E]`) mean a batch handler without `batch`.
+fn check_single_event(cx: &Ctxt, ty: &Type, attr: &HandlerAttr) {
+    if let Some(elem) = vec_elem(ty) {
         cx.error_spanned_by(
-            quote!(#reference),
+            ty,
             format!(
-                "the event is passed by value: write `event: {}` without `&`",
-                reference.elem.to_token_stream()
+                "a handler that takes `{}` is a batch handler: add `batch` to the attribute, as \
+                 in `{}`; or take one event: `event: {}`",
+                compact(ty),
+                attr.with_batch(),
+                compact(elem)
             ),
         );
+        return;
     }
+    let Type::Reference(reference) = ty else {
+        return;
+    };
+    let message = match several_elem(&reference.elem) {
+        Some(elem) => format!(
+            "a handler of several events is a batch handler, and takes them by value: add \
+             `batch` to the attribute, as in `{}`, and write `events: Vec<{elem}>`; or take one \
+             event: `event: {elem}`",
+            attr.with_batch(),
+            elem = compact(elem)
+        ),
+        None => format!(
+            "the event is passed by value: write `event: {}` without `&`",
+            compact(&reference.elem)
+        ),
+    };
+    cx.error_spanned_by(quote!(#reference), message);
+}
+
+/// A batch handler's events: `Vec<E>`, by value.
+fn check_batch_events(cx: &Ctxt, ty: &Type) {
+    if vec_elem(ty).is_some() {
+        return;
+    }
+    let message = match ty {
+        Type::ImplTrait(_) => return, // reported as a generic parameter
+        Type::Reference(reference) => format!(
+            "the events are passed by value: write `events: Vec<{}>` without `&`",
+            compact(several_elem(&reference.elem).unwrap_or(&reference.elem))
+        ),
+        other => format!(
+            "a batch handler takes its events as `events: Vec<{}>`; write that instead of `{}`, \
+             or remove `batch` for a handler of one event per call",
+            compact(several_elem(other).unwrap_or(other)),
+            compact(other)
+        ),
+    };
+    cx.error_spanned_by(ty, message);
+}
+
+fn check_tx_param(cx: &Ctxt, handler: &Handler) {
     match handler.param_ty(1) {
         Some(Type::Reference(reference)) if reference.mutability.is_some() => {}
         Some(Type::ImplTrait(_)) | None => {}
@@ -140,14 +332,34 @@ fn check_params(cx: &Ctxt, handler: &Handler) {
             "the transaction is passed by mutable reference: write `tx: &mut PgTx<'_>`",
         ),
     }
-    match handler.param_ty(2) {
-        Some(Type::Reference(reference)) if reference.mutability.is_none() => {}
-        Some(Type::ImplTrait(_)) | None => {}
-        Some(other) => cx.error_spanned_by(
-            other,
-            "the metadata is passed by shared reference: write `meta: &MessageMeta`",
-        ),
-    }
+}
+
+/// The optional third parameter: `meta: &MessageMeta`, or a batch handler's
+/// `metas: &[MessageMeta]`, one per event. (The type itself is checked by the expansion.)
+fn check_meta_param(cx: &Ctxt, handler: &Handler, form: Form) {
+    let Some(ty) = handler.param_ty(2) else {
+        return;
+    };
+    let referent = match ty {
+        Type::ImplTrait(_) => return,
+        Type::Reference(reference) if reference.mutability.is_none() => Some(&*reference.elem),
+        _ => None,
+    };
+    let message = match (form, referent) {
+        (Form::Single, Some(Type::Slice(_))) => {
+            "a handler of one event takes that event's metadata: write `meta: &MessageMeta` \
+             (`metas: &[MessageMeta]` is for a batch handler, with `batch` in the attribute)"
+        }
+        (Form::Single, Some(_)) | (Form::Batch, Some(Type::Slice(_))) => return,
+        (Form::Single, None) => {
+            "the metadata is passed by shared reference: write `meta: &MessageMeta`"
+        }
+        (Form::Batch, _) => {
+            "a batch handler takes the metadata of its events as a slice, one per event: write \
+             `metas: &[MessageMeta]`"
+        }
+    };
+    cx.error_spanned_by(ty, message);
 }
 
 fn check_output(cx: &Ctxt, handler: &Handler) {
@@ -165,7 +377,7 @@ fn check_output(cx: &Ctxt, handler: &Handler) {
     };
     let found = match ty {
         Type::Tuple(_) | Type::Never(_) | Type::Reference(_) | Type::Slice(_) | Type::Array(_) => {
-            ty.to_token_stream().to_string().replace(' ', "")
+            compact(ty)
         }
         Type::ImplTrait(_) => "`impl Trait`".to_owned(),
         _ => return, // checked on the type by the expansion

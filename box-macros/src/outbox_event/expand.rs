@@ -1,15 +1,18 @@
-//! The generated impl. It names only `::txbox::__private` and fully qualified std paths.
+//! The generated impl. It names only `<krate>::__private` (`::txbox::__private` unless
+//! `crate = "..."` says otherwise) and fully qualified std paths.
 
 use proc_macro2::TokenStream;
-use quote::{quote, quote_spanned};
-use syn::Ident;
+use quote::{format_ident, quote};
 
-use super::ast::Input;
+use super::ast::{Input, KeyField};
+use super::attr::{AGGREGATE_ID, KEY};
+use crate::tokens::respan;
 
 /// `impl OutboxEvent for T`, inside `const _: () = { .. };`.
 pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
     let ident = &input.ident;
     let attrs = &input.attrs;
+    let private = private(input);
     let event_type = &attrs.event_type;
     let topic = &attrs.topic;
     let aggregate_type = attrs.aggregate_type.as_ref().map(|lit| {
@@ -18,12 +21,17 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
                 ::core::option::Option::Some(#lit);
         }
     });
-    let key = match &attrs.key {
-        Some(field) => field_to_string(field),
+    let key_field = input.key_field(KEY);
+    let aggregate_field = input.key_field(AGGREGATE_ID);
+    let key_checks = [(KEY, &key_field), (AGGREGATE_ID, &aggregate_field)]
+        .into_iter()
+        .filter_map(|(key, field)| Some(key_check(key, field.as_ref()?)));
+    let key = match &key_field {
+        Some(field) => key_string(&private, KEY, field),
         None => quote!(::core::option::Option::None),
     };
-    let aggregate_id = attrs.aggregate_id.as_ref().map(|field| {
-        let value = field_to_string(field);
+    let aggregate_id = aggregate_field.as_ref().map(|field| {
+        let value = key_string(&private, AGGREGATE_ID, field);
         quote! {
             fn aggregate_id(&self) -> ::core::option::Option<::std::string::String> {
                 #value
@@ -33,8 +41,11 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
     quote! {
         #[doc(hidden)]
         const _: () = {
+            use #private::ProbeFallback as _;
+            #(#key_checks)*
+
             #[automatically_derived]
-            impl ::txbox::__private::OutboxEvent for #ident {
+            impl #private::OutboxEvent for #ident {
                 const EVENT_TYPE: &'static str = #event_type;
                 const TOPIC: &'static str = #topic;
                 #aggregate_type
@@ -49,11 +60,56 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
     }
 }
 
-/// `Some(key_string(&self.field))`, spanned to the field name in the attribute, so that a field
-/// whose type has no `Display` is reported there.
-fn field_to_string(field: &Ident) -> TokenStream {
-    quote_spanned! {field.span()=>
-        ::core::option::Option::Some(::txbox::__private::key_string(&self.#field))
+/// `<krate>::__private`.
+fn private(input: &Input) -> TokenStream {
+    match &input.attrs.krate {
+        Some(path) => quote!(#path::__private),
+        None => quote!(::txbox::__private),
+    }
+}
+
+/// The trait a key field's type must implement (`Display`, under a name and a message of this
+/// derive), so that a field without `Display` is reported on the key, in words about the key.
+fn key_check(key: &str, field: &KeyField) -> TokenStream {
+    let check = check_trait(key);
+    let name = &field.field.ident;
+    let written = &field.written;
+    let message = format!(
+        "the type of `{name}`, `{{Self}}`, does not implement `Display`, which `{written}` needs"
+    );
+    let label = "`{Self}` does not implement `std::fmt::Display`";
+    let note =
+        format!(
+        "the {} is the field's `Display` text: implement `std::fmt::Display` for `{{Self}}`, or \
+         name a field whose type implements it (e.g. `Uuid`, `u64`, `String`)",
+        if key == KEY { "message key" } else { "aggregate id" }
+    );
+    quote! {
+        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+        #[allow(non_camel_case_types)]
+        trait #check {
+            const CHECK: () = ();
+        }
+        #[diagnostic::do_not_recommend]
+        impl<T: ?::core::marker::Sized + ::core::fmt::Display> #check for T {}
+    }
+}
+
+fn check_trait(key: &str) -> syn::Ident {
+    format_ident!("__txbox_{}", if key == KEY { "Key" } else { "AggregateId" })
+}
+
+/// `Some(text of self.field)`, after the field type's check. The check names the type with
+/// every token at the key as written (`key = order_id`, or `key` in `#[outbox(key)]`), so that
+/// rustc reports a missing `Display` there.
+fn key_string(private: &TokenStream, key: &str, field: &KeyField) -> TokenStream {
+    let check = check_trait(key);
+    let ty = &field.field.ty;
+    let checked_ty = respan(ty, field.span);
+    let name = &field.field.ident;
+    quote! {
+        let () = <#checked_ty as #check>::CHECK;
+        ::core::option::Option::Some(#private::Probe::<#ty>::key_string(&self.#name))
     }
 }
 
@@ -65,11 +121,12 @@ pub(crate) fn fallback(input: &Input) -> TokenStream {
         return TokenStream::new();
     }
     let ident = &input.ident;
+    let private = private(input);
     quote! {
         #[doc(hidden)]
         const _: () = {
             #[automatically_derived]
-            impl ::txbox::__private::OutboxEvent for #ident {
+            impl #private::OutboxEvent for #ident {
                 const EVENT_TYPE: &'static str = "";
                 const TOPIC: &'static str = "";
 

@@ -15,6 +15,8 @@ pub(crate) fn check(cx: &Ctxt, input: &Input) {
     check_names(cx, input);
     check_fields(cx, input, KEY, input.attrs.key.as_ref());
     check_fields(cx, input, AGGREGATE_ID, input.attrs.aggregate_id.as_ref());
+    check_field_flags(cx, input, KEY, input.attrs.key.as_ref());
+    check_field_flags(cx, input, AGGREGATE_ID, input.attrs.aggregate_id.as_ref());
 }
 
 fn check_shape(cx: &Ctxt, input: &Input) {
@@ -112,6 +114,15 @@ fn check_names(cx: &Ctxt, input: &Input) {
         if let Some(lit) = lit {
             if let Some(message) = names::invalid_name(key, &lit.value(), example) {
                 cx.error_spanned_by(lit, message);
+            } else if key == TOPIC && matches!(lit.value().as_str(), "." | "..") {
+                cx.error_spanned_by(
+                    lit,
+                    format!(
+                        "`topic = \"{}\"` is not a topic Kafka accepts: `.` and `..` are \
+                         reserved; use a name, e.g. `topic = \"orders\"`",
+                        lit.value()
+                    ),
+                );
             }
         }
     }
@@ -122,10 +133,10 @@ fn check_fields(cx: &Ctxt, input: &Input, key: &str, field: Option<&Ident>) {
     let ident = &input.ident;
     match &input.shape {
         Shape::Named(fields) => {
-            if fields.iter().any(|f| f == field) {
+            if fields.iter().any(|f| f.ident == *field) {
                 return;
             }
-            let list: Vec<String> = fields.iter().map(|f| format!("`{f}`")).collect();
+            let list: Vec<String> = fields.iter().map(|f| format!("`{}`", f.ident)).collect();
             let expected = if list.is_empty() {
                 format!("`{ident}` has no fields; remove `{key}`")
             } else {
@@ -145,5 +156,39 @@ fn check_fields(cx: &Ctxt, input: &Input, key: &str, field: Option<&Ident>) {
         ),
         // The shape error says what to do.
         Shape::Tuple(_) | Shape::Enum(..) | Shape::Union(_) => {}
+    }
+}
+
+/// A field's `#[outbox(key)]` (or `#[outbox(aggregate_id)]`): on one field at most, and naming
+/// the same field as `key = field` on the struct when both are written.
+fn check_field_flags(cx: &Ctxt, input: &Input, key: &str, by_name: Option<&Ident>) {
+    let flagged: Vec<(&Ident, &Ident)> = input
+        .fields()
+        .iter()
+        .filter_map(|f| Some((&f.ident, f.flags.get(key)?)))
+        .collect();
+    if let [(first, _), rest @ ..] = flagged.as_slice() {
+        for (field, flag) in rest {
+            cx.error_spanned_by(
+                flag,
+                format!(
+                    "`#[outbox({key})]` is on two fields, `{first}` and `{field}`: an event has \
+                     one {}; keep one",
+                    if key == KEY { "key" } else { "aggregate id" }
+                ),
+            );
+        }
+    }
+    let Some(name) = by_name else { return };
+    for (field, flag) in &flagged {
+        if *field != name {
+            cx.error_spanned_by(
+                flag,
+                format!(
+                    "`{key}` is given twice: `{key} = {name}` on the struct and \
+                     `#[outbox({key})]` on `{field}`; keep one"
+                ),
+            );
+        }
     }
 }

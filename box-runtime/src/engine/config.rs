@@ -50,6 +50,19 @@ impl AckStrategy {
         matches!(self, Self::ExactlyOnceInbox)
     }
 
+    /// Whether messages may share a transaction: with the inbox, and without it when a failed
+    /// message is not acknowledged (`OnSuccess`). The two strategies that acknowledge failures
+    /// handle one message per transaction, as the seed table measures them.
+    pub(crate) fn batches(self) -> bool {
+        matches!(
+            self,
+            Self::ExactlyOnceInbox
+                | Self::AtLeastOnce {
+                    commit: CommitOn::OnSuccess
+                }
+        )
+    }
+
     /// Whether a failed message is acknowledged anyway (its effect lost by design).
     pub(crate) fn acknowledges_failures(self) -> bool {
         matches!(
@@ -151,6 +164,19 @@ impl RetryPolicy {
     }
 }
 
+/// The order in which messages of one partition are handled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Ordering {
+    /// One message after the other, in offset order (the default).
+    #[default]
+    Partition,
+    /// Messages with the same key in offset order; different keys in concurrent lanes (see
+    /// [`InboxConfig::key_lanes`]). The committed offset still never passes a message that is
+    /// not resolved.
+    Key,
+}
+
 /// What happens to a message whose handler failed on every allowed attempt.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum OnExhausted {
@@ -198,6 +224,15 @@ pub struct InboxConfig {
     pub dead_letter_payload_bytes: usize,
     /// The wait while the database is unreachable.
     pub outage_backoff: Backoff,
+    /// Messages of one partition handled in one transaction at most (default 500; 1 turns
+    /// batching off).
+    pub max_batch: usize,
+    /// How long a batch waits for more messages before it closes (default 2 ms).
+    pub max_wait: Duration,
+    /// The order of handling inside a partition (default [`Ordering::Partition`]).
+    pub ordering: Ordering,
+    /// Concurrent lanes per partition with [`Ordering::Key`] (default 8).
+    pub key_lanes: usize,
 }
 
 impl Default for InboxConfig {
@@ -213,6 +248,10 @@ impl Default for InboxConfig {
             max_payload_bytes: 1024 * 1024,
             dead_letter_payload_bytes: 1024 * 1024,
             outage_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
+            max_batch: 500,
+            max_wait: Duration::from_millis(2),
+            ordering: Ordering::Partition,
+            key_lanes: 8,
         }
     }
 }

@@ -15,15 +15,18 @@ use crate::handler::{DispatchTable, ErrorKind, HandlerError, MessageMeta};
 use crate::store::{self, Claim, DeadLetter, InboxKey, InboxStore, StoreError};
 use crate::util::CatchUnwind;
 
+mod batch;
 pub(crate) mod config;
 mod delivery;
+mod lanes;
 mod offsets;
 mod outcome;
 pub(crate) mod partition;
 mod prepare;
 
 pub use config::{
-    AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, RetryPolicy, Source, UnknownEvent,
+    AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, Ordering, RetryPolicy, Source,
+    UnknownEvent,
 };
 pub use delivery::Delivery;
 pub use offsets::OffsetTracker;
@@ -97,6 +100,9 @@ impl<S: InboxStore> Inbox<S> {
                 "retry.max_attempts must be at least 1".into(),
             ));
         }
+        if let Err(e) = store.tables().validate() {
+            return Err(SetupError::Config(e.to_string()));
+        }
         Ok(Self {
             store,
             handlers,
@@ -131,8 +137,35 @@ enum Attempt {
     Done(Outcome),
     /// The database failed (not the handler): back off and run again, counting nothing.
     Outage(StoreError),
+    /// The handler met a busy database (lock or statement timeout, serialization failure):
+    /// back off and run again, counting nothing.
+    Busy(String),
     /// The handler failed.
     Failed(HandlerError),
+}
+
+/// What a handler's error means, by the class of the database error in its chain (see
+/// [`store::ErrorClass`]), unless the handler chose the kind itself.
+fn classify_failure(error: HandlerError) -> Attempt {
+    let class = store::class_of(error.source_error());
+    if error.is_explicit() {
+        // A transient error that says the database went away is still an outage.
+        return match (error.kind(), class) {
+            (ErrorKind::Transient, Some(store::ErrorClass::Unavailable)) => {
+                Attempt::Outage(StoreError::lost_under_handler())
+            }
+            _ => Attempt::Failed(error),
+        };
+    }
+    match class {
+        Some(store::ErrorClass::Unavailable) => Attempt::Outage(StoreError::lost_under_handler()),
+        Some(store::ErrorClass::Conflict | store::ErrorClass::Timeout) => {
+            Attempt::Busy(error.to_string())
+        }
+        // A constraint or data error can never succeed: dead-letter at once.
+        Some(store::ErrorClass::Rejected) => Attempt::Failed(error.into_permanent()),
+        _ => Attempt::Failed(error),
+    }
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -184,11 +217,26 @@ impl<S: InboxStore> Inbox<S> {
     /// Runs the handler until the message is resolved: outages are waited out, failures
     /// retried or given up on as the policy says.
     async fn run(&self, msg: &Ready<'_>, shutdown: &watch::Receiver<bool>) -> Outcome {
+        self.run_from(msg, None, shutdown).await
+    }
+
+    /// [`run`](Self::run), when the first attempt already happened (in a batch) and `failed`
+    /// is how it ended.
+    async fn run_from(
+        &self,
+        msg: &Ready<'_>,
+        mut failed: Option<Attempt>,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Outcome {
         let mut outage = self.config.outage_backoff.start();
         let mut local_failures = 0u32;
         let mut rejections = 0u32;
         loop {
-            let error = match self.attempt(msg, local_failures).await {
+            let attempt = match failed.take() {
+                Some(attempt) => attempt,
+                None => self.attempt(msg, local_failures).await,
+            };
+            let error = match attempt {
                 Attempt::Done(outcome) => return outcome,
                 Attempt::Outage(e) if e.is_rejected() => {
                     // The database refuses what txbox writes for this message: a few more tries
@@ -208,6 +256,17 @@ impl<S: InboxStore> Inbox<S> {
                 }
                 Attempt::Outage(e) => {
                     if !wait_outage(&mut outage, &e, shutdown).await {
+                        return Outcome::Abandoned;
+                    }
+                    continue;
+                }
+                Attempt::Busy(error) => {
+                    // A lock or statement timeout, a serialization failure: the database is
+                    // busy, the message is fine. Back off; no attempt is counted.
+                    let wait = outage.next_delay();
+                    tracing::warn!(group = self.group(), at = %msg.d.coordinates(),
+                        error = error.as_str(), retry_in = ?wait, "database busy under the handler, retrying");
+                    if !sleep_unless_shutdown(wait, shutdown).await {
                         return Outcome::Abandoned;
                     }
                     continue;
@@ -269,12 +328,7 @@ impl<S: InboxStore> Inbox<S> {
         let attempt = previous_failures + 1;
         if let Err(error) = self.invoke(msg, &mut tx, attempt).await {
             let _ = self.store.rollback(tx).await;
-            if store::is_unavailable(error.source_error()) {
-                // The database went away under the handler: an outage, not a failure of this
-                // message.
-                return Attempt::Outage(StoreError::lost_under_handler());
-            }
-            return Attempt::Failed(error);
+            return classify_failure(error);
         }
         crate::failpoint::hit("after_handler").await;
         let marked = if inbox {
@@ -311,6 +365,32 @@ impl<S: InboxStore> Inbox<S> {
     ) -> Result<(), HandlerError> {
         let meta = self.meta(msg, attempt);
         let fut = (msg.reg.invoke)(msg.payload, tx, &meta);
+        match CatchUnwind(fut).await {
+            Ok(result) => result,
+            Err(panic) => Err(HandlerError::transient(format!(
+                "handler panicked: {panic}"
+            ))),
+        }
+    }
+
+    /// Calls a batch handler once for a run of its messages in `tx` (`attempts`: earlier failed
+    /// runs of each), turning a panic into a transient error.
+    async fn invoke_run(
+        &self,
+        run: &[(usize, &Ready<'_>)],
+        tx: &mut S::Tx,
+        attempts: &[u32],
+    ) -> Result<(), HandlerError> {
+        let Some(invoke_batch) = run.first().and_then(|(_, m)| m.reg.invoke_batch) else {
+            return Err(HandlerError::permanent("not a batch handler"));
+        };
+        let metas: Vec<MessageMeta> = run
+            .iter()
+            .zip(attempts)
+            .map(|((_, m), a)| self.meta(m, a + 1))
+            .collect();
+        let payloads: Vec<&[u8]> = run.iter().map(|(_, m)| m.payload).collect();
+        let fut = invoke_batch(&payloads, tx, &metas);
         match CatchUnwind(fut).await {
             Ok(result) => result,
             Err(panic) => Err(HandlerError::transient(format!(
@@ -486,7 +566,7 @@ impl<S: InboxStore> Inbox<S> {
             Ok(id) => Outcome::DeadLettered { reason, id },
             Err(e) => {
                 tracing::error!(group = self.group(), at = %letter.delivery.coordinates(),
-                    reason = reason.as_str(), error = %e,
+                    reason = reason.as_str(), error = e.to_string().as_str(),
                     "a dead letter could not be stored; the message is skipped");
                 Outcome::Skipped {
                     reason: format!("{reason}; the dead letter could not be stored: {e}"),
@@ -496,6 +576,10 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     fn meta(&self, msg: &Ready<'_>, attempt: u32) -> MessageMeta {
+        if !msg.reg.takes_meta {
+            // The handler never sees it: no copies of ids, topic and headers.
+            return MessageMeta::new(String::new(), String::new(), String::new());
+        }
         let (d, key) = (msg.d, &msg.key);
         // The handler sees the id as sent, even when the inbox keys on its digest.
         let event_id = match &self.config.event_id {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
-use super::{Delivery, Inbox, OffsetTracker, Outcome};
+use super::{lanes, Delivery, Inbox, OffsetTracker, Ordering, Outcome};
 use crate::backoff::Backoff;
 use crate::store::InboxStore;
 
@@ -58,64 +58,206 @@ pub struct Report {
     pub committed: Option<i64>,
 }
 
-/// Runs one partition's messages through `inbox`, in order, until the channel closes, `stop`
-/// turns true or the partition is no longer owned. Commits as messages resolve; on the way out
-/// re-queues the last position (closing the consumer waits for queued commits).
+/// Runs one partition's messages through `inbox` until the channel closes, `stop` turns true
+/// or the partition is no longer owned: in micro-batches (see [`Inbox::process_batch`]), or in
+/// key-ordered lanes with [`Ordering::Key`]. Commits once per batch as messages resolve; on the
+/// way out re-queues the last position (closing the consumer waits for queued commits).
 pub async fn run<S: InboxStore, L: PartitionLink>(
     inbox: Arc<Inbox<S>>,
-    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+    deliveries: mpsc::Receiver<Arc<Delivery>>,
     link: L,
     stop: watch::Receiver<bool>,
     reports: Option<mpsc::UnboundedSender<Report>>,
 ) {
-    let mut tracker = OffsetTracker::default();
-    let before = inbox.acknowledges_before_processing();
-    while let Some(d) = deliveries.recv().await {
-        if *stop.borrow() || !link.owned() {
-            // Shutting down, or the partition was revoked: leave the rest to the next owner.
-            break;
-        }
-        let mut committed = None;
-        if before {
-            // At most once: the offset is committed before the handler runs; a message whose
-            // commit cannot be made is left to the partition's next owner, unprocessed.
-            let Some(position) = tracker.resolve(d.offset) else {
-                continue;
-            };
-            if !commit_before(&link, position, &stop).await {
-                return;
-            }
-            committed = Some(position);
-        }
-        let outcome = inbox.process(&d, &stop).await;
-        if outcome == Outcome::Abandoned {
-            break;
-        }
-        if let Outcome::DeadLettered { reason, id } = &outcome {
-            link.dead_lettered(&d, reason, *id).await;
-        }
-        if !before {
-            let position = if outcome.acknowledges() {
-                tracker.resolve(d.offset)
-            } else {
-                tracker.hold(d.offset)
-            };
-            if let Some(position) = position {
-                if link.commit(position) {
-                    committed = Some(position);
-                }
-            }
-        }
-        if let Some(reports) = &reports {
-            let _ = reports.send(Report {
-                delivery: d.clone(),
-                outcome,
-                committed,
+    let mut part = Partition {
+        link,
+        stop,
+        reports,
+        tracker: OffsetTracker::default(),
+    };
+    if inbox.acknowledges_before_processing() {
+        part.at_most_once(&inbox, deliveries).await;
+    } else if inbox.config().ordering == Ordering::Key {
+        lanes::run(&mut part, inbox, deliveries).await;
+    } else {
+        part.batches(&inbox, deliveries).await;
+    }
+    if let Some(position) = part.tracker.position() {
+        part.link.commit(position);
+    }
+}
+
+/// One partition's state while it runs.
+pub(super) struct Partition<L> {
+    pub(super) link: L,
+    pub(super) stop: watch::Receiver<bool>,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+    pub(super) tracker: OffsetTracker,
+}
+
+impl<L: PartitionLink> Partition<L> {
+    /// Whether to stop taking messages: shutting down, or the partition was revoked (the rest
+    /// is left to the next owner).
+    pub(super) fn ending(&self) -> bool {
+        *self.stop.borrow() || !self.link.owned()
+    }
+
+    /// Micro-batches in offset order: each batch one transaction, then one commit.
+    async fn batches<S: InboxStore>(
+        &mut self,
+        inbox: &Inbox<S>,
+        mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+    ) {
+        let (max, wait) = (inbox.config().max_batch.max(1), inbox.config().max_wait);
+        let mut reminder = reminder();
+        loop {
+            let next = next_batch(&mut deliveries, max, wait, &mut reminder, || {
+                warn_if_held(&self.tracker, &self.link)
             });
+            let Some(batch) = next.await else {
+                break;
+            };
+            if self.ending() {
+                break;
+            }
+            let refs: Vec<&Delivery> = batch.iter().map(|d| &**d).collect();
+            let outcomes = inbox.process_batch(&refs, &self.stop).await;
+            if !self.settle(batch.into_iter().zip(outcomes)).await {
+                break;
+            }
         }
     }
-    if let Some(position) = tracker.position() {
-        link.commit(position);
+
+    /// Resolves a batch's messages in the tracker (dead letters also go to the transport),
+    /// commits the position once, and reports; `false` if a message was abandoned (shutdown).
+    pub(super) async fn settle(
+        &mut self,
+        results: impl IntoIterator<Item = (Arc<Delivery>, Outcome)>,
+    ) -> bool {
+        let mut settled = Vec::new();
+        // The position to commit, and the message whose resolution moved it there last.
+        let mut position = None;
+        let mut mover = 0;
+        let mut complete = true;
+        for (d, outcome) in results {
+            if outcome == Outcome::Abandoned {
+                complete = false;
+                continue;
+            }
+            if let Outcome::DeadLettered { reason, id } = &outcome {
+                self.link.dead_lettered(&d, reason, *id).await;
+            }
+            let moved = if outcome.acknowledges() {
+                self.tracker.resolve(d.offset)
+            } else {
+                self.tracker.hold(d.offset)
+            };
+            if moved.is_some() {
+                position = moved;
+                mover = settled.len();
+            }
+            settled.push((d, outcome));
+        }
+        let committed = position.filter(|p| self.link.commit(*p));
+        if let Some(reports) = &self.reports {
+            for (n, (delivery, outcome)) in settled.into_iter().enumerate() {
+                let committed = if n == mover { committed } else { None };
+                let _ = reports.send(Report {
+                    delivery,
+                    outcome,
+                    committed,
+                });
+            }
+        }
+        complete
+    }
+
+    /// At most once: each offset is committed before its handler runs; a message whose commit
+    /// cannot be made is left to the partition's next owner, unprocessed.
+    async fn at_most_once<S: InboxStore>(
+        &mut self,
+        inbox: &Inbox<S>,
+        mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+    ) {
+        while let Some(d) = deliveries.recv().await {
+            if self.ending() {
+                break;
+            }
+            let Some(position) = self.tracker.resolve(d.offset) else {
+                continue;
+            };
+            if !commit_before(&self.link, position, &self.stop).await {
+                return;
+            }
+            let outcome = inbox.process(&d, &self.stop).await;
+            if outcome == Outcome::Abandoned {
+                break;
+            }
+            if let Outcome::DeadLettered { reason, id } = &outcome {
+                self.link.dead_lettered(&d, reason, *id).await;
+            }
+            if let Some(reports) = &self.reports {
+                let _ = reports.send(Report {
+                    delivery: d,
+                    outcome,
+                    committed: Some(position),
+                });
+            }
+        }
+    }
+}
+
+/// The next batch: waits for a first message, takes what else is ready up to `max`, and waits
+/// up to `wait` for more while the batch is not full. `None` when the channel closed.
+pub(super) async fn next_batch(
+    deliveries: &mut mpsc::Receiver<Arc<Delivery>>,
+    max: usize,
+    wait: std::time::Duration,
+    reminder: &mut tokio::time::Interval,
+    mut on_reminder: impl FnMut(),
+) -> Option<Vec<Arc<Delivery>>> {
+    let first = loop {
+        tokio::select! {
+            d = deliveries.recv() => break d?,
+            _ = reminder.tick() => on_reminder(),
+        }
+    };
+    let mut batch = Vec::with_capacity(max.min(64));
+    batch.push(first);
+    while batch.len() < max {
+        match deliveries.try_recv() {
+            Ok(d) => batch.push(d),
+            Err(_) => break,
+        }
+    }
+    if batch.len() < max && !wait.is_zero() {
+        let deadline = tokio::time::Instant::now() + wait;
+        while batch.len() < max {
+            match tokio::time::timeout_at(deadline, deliveries.recv()).await {
+                Ok(Some(d)) => batch.push(d),
+                _ => break,
+            }
+        }
+    }
+    Some(batch)
+}
+
+pub(super) fn reminder() -> tokio::time::Interval {
+    let mut reminder = tokio::time::interval(HELD_REMINDER);
+    reminder.reset();
+    reminder
+}
+
+/// How often a partition whose commit position is pinned by an unacknowledged message says so.
+const HELD_REMINDER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `OnExhausted::LeaveUncommitted` pins the committed offset at the failed message until a
+/// restart or rebalance: say so periodically, so it is not silent.
+pub(super) fn warn_if_held<L: PartitionLink>(tracker: &OffsetTracker, link: &L) {
+    if let Some(offset) = tracker.lowest_held() {
+        tracing::warn!(partition = %link.name(), offset,
+            "the committed offset is held at a message left unacknowledged \
+             (OnExhausted::LeaveUncommitted); it is delivered again after a restart or rebalance");
     }
 }
 

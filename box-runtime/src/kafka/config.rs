@@ -1,5 +1,7 @@
 //! Settings of the Kafka consumer.
 
+use std::time::Duration;
+
 /// Settings of the Kafka consumer.
 ///
 /// ```
@@ -27,6 +29,13 @@ pub struct KafkaConfig {
     /// librdkafka settings of the dead-letter producer (e.g. `enable.idempotence=false` for
     /// brokers without idempotent producers).
     pub producer_settings: Vec<(String, String)>,
+    /// How long the consumer waits at start-up for a broker to answer before it fails
+    /// (default 30 s). After start-up it retries without limit.
+    pub startup_timeout: Duration,
+    /// How long a graceful stop waits for the messages in hand (default 30 s); a handler
+    /// still running then is abandoned: its transaction rolls back and its offset is not
+    /// committed, so the next owner of the partition processes it.
+    pub shutdown_grace: Duration,
 }
 
 impl KafkaConfig {
@@ -40,9 +49,11 @@ impl KafkaConfig {
             topics: topics.into_iter().map(Into::into).collect(),
             group_id: None,
             settings: Vec::new(),
-            partition_buffer: 64,
+            partition_buffer: 1000,
             dead_letter_topic: None,
             producer_settings: Vec::new(),
+            startup_timeout: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 
@@ -65,10 +76,21 @@ impl KafkaConfig {
         self
     }
 
-    /// Messages buffered per partition before the consumer waits for the partition (default
-    /// 64).
+    /// Messages buffered per partition before the partition is paused (default 1000).
     pub fn partition_buffer(mut self, messages: usize) -> Self {
         self.partition_buffer = messages.max(1);
+        self
+    }
+
+    /// How long start-up waits for a broker to answer (default 30 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = timeout;
+        self
+    }
+
+    /// How long a graceful stop waits for the messages in hand (default 30 s).
+    pub fn shutdown_grace(mut self, grace: Duration) -> Self {
+        self.shutdown_grace = grace;
         self
     }
 

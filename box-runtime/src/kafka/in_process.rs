@@ -32,6 +32,9 @@ impl std::fmt::Debug for InProcessKafka {
 pub const CONSUMER_SETTINGS: &[(&str, &str)] = &[
     ("session.timeout.ms", "1500"),
     ("heartbeat.interval.ms", "300"),
+    // The mock cluster answers a fetch only when its wait ends, not when a message arrives:
+    // a short wait keeps light traffic from waiting up to librdkafka's 500 ms default.
+    ("fetch.wait.max.ms", "10"),
 ];
 
 impl InProcessKafka {

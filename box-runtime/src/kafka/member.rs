@@ -1,7 +1,7 @@
 //! The consumer group member: subscribes, routes each message to its partition's run (one task
 //! per owned partition, see [`crate::engine::partition`]), and shuts down gracefully.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,9 +34,11 @@ struct Member<S> {
     dead_letters: Option<Arc<DeadLetterTopic>>,
     reports: Option<mpsc::UnboundedSender<Report>>,
     tasks: HashMap<PartitionKey, PartitionTask>,
-    /// Partition tasks stop after their message in hand when this turns true; the consumer's
-    /// own shutdown signal is only read by the member's loop.
-    stop: (watch::Sender<bool>, watch::Receiver<bool>),
+    /// Tasks of revoked partitions, finishing the message in hand; reaped at shutdown.
+    retired: Vec<(PartitionKey, JoinHandle<()>)>,
+    /// Messages of partitions whose task is busy, in offset order; those partitions are
+    /// paused until their task takes them, so that one slow partition never holds the others.
+    waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
     first_error: Option<KafkaTransportError>,
 }
 
@@ -48,32 +50,27 @@ pub(crate) async fn run<S: InboxStore>(
     mut shutdown: watch::Receiver<bool>,
     reports: Option<mpsc::UnboundedSender<Report>>,
 ) -> Result<(), KafkaTransportError> {
-    let mut member = Member::join(inbox, config, reports)?;
+    let mut member = Member::join(inbox, config, reports).await?;
+    let mut errors = ErrorLog::default();
+    let mut retry_waiting = tokio::time::interval(Duration::from_millis(5));
     loop {
+        // The loop only ever waits for the broker (or for room in a busy partition's task,
+        // with that partition paused): it keeps polling, so the member stays in the group
+        // whatever one partition does.
         let message = tokio::select! {
             biased;
             _ = shutdown.wait_for(|s| *s) => break,
-            m = member.consumer.recv() => m,
-        };
-        let delivery = match message {
-            Ok(m) => Arc::new(to_delivery(&m)),
-            Err(e) => {
-                tracing::warn!(error = %e, "kafka consumer error");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            _ = retry_waiting.tick(), if !member.waiting.is_empty() => {
+                member.drain_waiting();
                 continue;
             }
+            m = member.consumer.recv() => m,
         };
-        let Some(sender) = member.route(&delivery).await else {
-            // Delivered for a partition we no longer own: the next owner reads it again.
-            continue;
-        };
-        tokio::select! {
-            biased;
-            _ = shutdown.wait_for(|s| *s) => break,
-            sent = sender.send(delivery) => {
-                if let Err(mpsc::error::SendError(d)) = sent {
-                    tracing::warn!(topic = %d.topic, partition = d.partition, "partition task ended early");
-                }
+        match message {
+            Ok(m) => member.dispatch(Arc::new(to_delivery(&m))),
+            Err(e) => {
+                errors.log(&e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
@@ -81,7 +78,7 @@ pub(crate) async fn run<S: InboxStore>(
 }
 
 impl<S: InboxStore> Member<S> {
-    fn join(
+    async fn join(
         inbox: Arc<Inbox<S>>,
         config: KafkaConfig,
         reports: Option<mpsc::UnboundedSender<Report>>,
@@ -98,7 +95,10 @@ impl<S: InboxStore> Member<S> {
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // Prefetched messages are bounded by this (16 MiB) rather than the backlog; with
+            // the partition buffers it bounds the consumer's memory.
+            .set("queued.max.messages.kbytes", "16384");
         for (k, v) in &config.settings {
             client.set(k, v);
         }
@@ -107,6 +107,8 @@ impl<S: InboxStore> Member<S> {
                 ownership: ownership.clone(),
             })
             .map_err(KafkaTransportError::Setup)?;
+        let consumer = Arc::new(consumer);
+        reach_a_broker(&consumer, &config).await?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
@@ -116,21 +118,26 @@ impl<S: InboxStore> Member<S> {
         Ok(Self {
             inbox,
             config,
-            consumer: Arc::new(consumer),
+            consumer,
             ownership,
             dead_letters,
             reports,
             tasks: HashMap::new(),
-            stop: watch::channel(false),
+            retired: Vec::new(),
+            waiting: HashMap::new(),
             first_error: None,
         })
     }
 
-    /// The sender of the task running the delivery's partition, started (and a stale one
-    /// reaped) if needed; `None` when the partition is not owned.
-    async fn route(&mut self, delivery: &Delivery) -> Option<mpsc::Sender<Arc<Delivery>>> {
+    /// Hands a message to the task of its partition without ever waiting for it: when the
+    /// task is busy, the message waits here and the partition is paused (librdkafka fetches
+    /// it again from the right place once resumed). Messages of partitions no longer owned are
+    /// dropped: the next owner reads them again.
+    fn dispatch(&mut self, delivery: Arc<Delivery>) {
         let pk = (delivery.topic.clone(), delivery.partition);
-        let generation = lock(&self.ownership).owned.get(&pk).copied()?;
+        let Some(generation) = lock(&self.ownership).owned.get(&pk).copied() else {
+            return;
+        };
         let stale = self
             .tasks
             .get(&pk)
@@ -139,16 +146,79 @@ impl<S: InboxStore> Member<S> {
             if let Some(PartitionTask { sender, handle, .. }) = self.tasks.remove(&pk) {
                 // Its partition was revoked since: it finishes its message without committing.
                 drop(sender);
-                self.reap(handle, &pk).await;
+                self.retired.push((pk.clone(), handle));
             }
+            self.waiting.remove(&pk);
+            self.pause(&pk, false);
             let task = self.start(pk.clone(), generation);
             self.tasks.insert(pk.clone(), task);
         }
-        self.tasks.get(&pk).map(|t| t.sender.clone())
+        if let Some(queue) = self.waiting.get_mut(&pk) {
+            queue.push_back(delivery);
+            return;
+        }
+        let Some(task) = self.tasks.get(&pk) else {
+            return;
+        };
+        match task.sender.try_send(delivery) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(d)) => {
+                self.waiting.entry(pk.clone()).or_default().push_back(d);
+                self.pause(&pk, true);
+            }
+            Err(mpsc::error::TrySendError::Closed(d)) => {
+                tracing::warn!(topic = %d.topic, partition = d.partition, "partition task ended early");
+            }
+        }
+    }
+
+    /// Moves waiting messages to their tasks as they make room; resumes partitions whose
+    /// waiting messages are all taken.
+    fn drain_waiting(&mut self) {
+        let mut resumed = Vec::new();
+        for (pk, queue) in &mut self.waiting {
+            let Some(task) = self.tasks.get(pk) else {
+                queue.clear();
+                resumed.push(pk.clone());
+                continue;
+            };
+            while let Some(d) = queue.pop_front() {
+                match task.sender.try_send(d) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(d)) => {
+                        queue.push_front(d);
+                        break;
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => queue.clear(),
+                }
+            }
+            if queue.is_empty() {
+                resumed.push(pk.clone());
+            }
+        }
+        for pk in resumed {
+            self.waiting.remove(&pk);
+            self.pause(&pk, false);
+        }
+    }
+
+    fn pause(&self, pk: &PartitionKey, pause: bool) {
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition(&pk.0, pk.1);
+        let result = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = result {
+            tracing::debug!(topic = %pk.0, partition = pk.1, pause, error = %e, "pause/resume failed");
+        }
     }
 
     fn start(&self, key: PartitionKey, generation: u64) -> PartitionTask {
         let (sender, deliveries) = mpsc::channel(self.config.partition_buffer.max(1));
+        let (stop_tx, stop) = watch::channel(false);
+        lock(&self.ownership).stops.insert(key.clone(), stop_tx);
         let link = KafkaPartition {
             consumer: self.consumer.clone(),
             ownership: self.ownership.clone(),
@@ -160,7 +230,7 @@ impl<S: InboxStore> Member<S> {
             self.inbox.clone(),
             deliveries,
             link,
-            self.stop.1.clone(),
+            stop,
             self.reports.clone(),
         ));
         PartitionTask {
@@ -188,15 +258,103 @@ impl<S: InboxStore> Member<S> {
             group = self.inbox.group(),
             "shutting down: finishing messages in hand"
         );
-        let _ = self.stop.0.send(true);
-        let tasks: Vec<_> = self.tasks.drain().collect();
-        for (pk, PartitionTask { sender, handle, .. }) in tasks {
-            drop(sender);
-            self.reap(handle, &pk).await;
+        lock(&self.ownership).stop_all();
+        let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
+        let mut tasks: Vec<_> = self
+            .tasks
+            .drain()
+            .map(|(pk, t)| {
+                drop(t.sender);
+                (pk, t.handle)
+            })
+            .collect();
+        tasks.append(&mut self.retired);
+        for (pk, handle) in tasks {
+            let abort = handle.abort_handle();
+            match tokio::time::timeout_at(deadline, self.reap(handle, &pk)).await {
+                Ok(()) => {}
+                Err(_) => {
+                    // The grace period is over: the handler is dropped with its transaction
+                    // (rolled back) and its offset is not committed.
+                    tracing::warn!(topic = %pk.0, partition = pk.1,
+                        grace = ?self.config.shutdown_grace,
+                        "a message was still in hand at the end of the grace period; abandoned");
+                    abort.abort();
+                }
+            }
         }
-        self.consumer.unsubscribe();
+        // Leaving the group waits for the group coordinator (and closing flushes the queued
+        // commits): with the broker gone that could take for ever, so it gets what is left of
+        // the grace period, on a detached thread of its own (a blocking task would hold up the
+        // runtime's own shutdown), and is left behind after that.
+        let consumer = self.consumer;
+        let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
+        std::thread::spawn(move || {
+            consumer.unsubscribe();
+            drop(consumer);
+            let _ = closed.send(());
+        });
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_secs(5));
+        if tokio::time::timeout(left, is_closed).await.is_err() {
+            tracing::warn!(
+                group = self.inbox.group(),
+                "leaving the group did not finish within the grace period (broker unreachable?)"
+            );
+        }
         tracing::info!(group = self.inbox.group(), "consumer stopped");
         self.first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Fails start-up with a clear error when no broker answers within the start-up timeout (a
+/// wrong address, a broker that is down), instead of retrying silently for ever.
+async fn reach_a_broker(
+    consumer: &Arc<StreamConsumer<RebalanceContext>>,
+    config: &KafkaConfig,
+) -> Result<(), KafkaTransportError> {
+    let probe = consumer.clone();
+    let timeout = config.startup_timeout;
+    let answered =
+        tokio::task::spawn_blocking(move || probe.fetch_metadata(None, timeout).map(|_| ())).await;
+    match answered {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(KafkaTransportError::Unreachable {
+            brokers: config.brokers.clone(),
+            timeout,
+            source,
+        }),
+        Err(join) => Err(KafkaTransportError::Task {
+            topic: String::new(),
+            partition: -1,
+            message: join.to_string(),
+        }),
+    }
+}
+
+/// Consumer errors (e.g. every broker down) are logged once, then at most every 30 s with
+/// how many there were, instead of ten lines a second.
+#[derive(Default)]
+struct ErrorLog {
+    since: Option<std::time::Instant>,
+    suppressed: u64,
+}
+
+impl ErrorLog {
+    fn log(&mut self, error: &rdkafka::error::KafkaError) {
+        let now = std::time::Instant::now();
+        match self.since {
+            Some(since) if now.duration_since(since) < Duration::from_secs(30) => {
+                self.suppressed += 1;
+            }
+            _ => {
+                tracing::warn!(error = %error, repeated = self.suppressed,
+                    "kafka consumer error; retrying");
+                self.since = Some(now);
+                self.suppressed = 0;
+            }
+        }
     }
 }
 

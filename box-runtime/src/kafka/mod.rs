@@ -26,6 +26,17 @@ pub enum KafkaTransportError {
     /// Creating or subscribing the consumer failed.
     #[error("kafka consumer setup failed: {0}")]
     Setup(#[source] KafkaError),
+    /// No broker answered within the start-up timeout.
+    #[error("no Kafka broker at {brokers} answered within {timeout:?}: {source}")]
+    Unreachable {
+        /// `bootstrap.servers`.
+        brokers: String,
+        /// The start-up timeout.
+        timeout: std::time::Duration,
+        /// The last error.
+        #[source]
+        source: KafkaError,
+    },
     /// A partition task died.
     #[error("partition task for {topic}/{partition} failed: {message}")]
     Task {

@@ -8,6 +8,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use tokio::sync::watch;
 
 use super::dead_letter::DeadLetterTopic;
 use crate::engine::{Delivery, PartitionLink};
@@ -19,6 +20,19 @@ pub(super) type PartitionKey = (String, i32);
 pub(super) struct Ownership {
     generation: u64,
     pub(super) owned: HashMap<PartitionKey, u64>,
+    /// The stop signal of each running partition task: turned on when the partition is
+    /// revoked (the task stops retrying at once, so it never dead-letters a message the next
+    /// owner is processing) and at shutdown.
+    pub(super) stops: HashMap<PartitionKey, watch::Sender<bool>>,
+}
+
+impl Ownership {
+    /// Signals every partition task to stop.
+    pub(super) fn stop_all(&mut self) {
+        for (_, stop) in self.stops.drain() {
+            let _ = stop.send(true);
+        }
+    }
 }
 
 /// Follows rebalances; the lock is also held while committing, so no commit for a partition
@@ -34,7 +48,11 @@ impl ConsumerContext for RebalanceContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let mut own = lock(&self.ownership);
             for e in tpl.elements() {
-                own.owned.remove(&(e.topic().to_owned(), e.partition()));
+                let key = (e.topic().to_owned(), e.partition());
+                own.owned.remove(&key);
+                if let Some(stop) = own.stops.remove(&key) {
+                    let _ = stop.send(true);
+                }
                 tracing::info!(
                     topic = e.topic(),
                     partition = e.partition(),

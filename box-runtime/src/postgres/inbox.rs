@@ -4,12 +4,18 @@ use sqlx::{Postgres, Row};
 
 use super::PgStore;
 use crate::engine::Delivery;
-use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
+use crate::store::{
+    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
+};
 
 impl InboxStore for PgStore {
     type Tx = sqlx::Transaction<'static, Postgres>;
 
     const NAME: &'static str = "postgres";
+
+    fn tables(&self) -> &Tables {
+        &self.tables
+    }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.shared().begin().await
@@ -34,6 +40,73 @@ impl InboxStore for PgStore {
         if had_failures {
             self.shared().clear_attempts(tx, key).await?;
         }
+        Ok(())
+    }
+
+    async fn claim_batch<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let Some(first) = requests.first() else {
+            return Ok(Vec::new());
+        };
+        let n = requests.len();
+        let (mut sources, mut ids, mut types) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut partitions, mut offsets) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for r in requests {
+            sources.push(r.key.source.as_str());
+            ids.push(r.key.event_id.as_str());
+            types.push(r.event_type);
+            partitions.push(r.delivery.partition);
+            offsets.push(r.delivery.offset);
+        }
+        let rows = sqlx::query(&self.sql.claim_batch)
+            .bind(&first.key.group)
+            .bind(&sources)
+            .bind(&ids)
+            .bind(&types)
+            .bind(&partitions)
+            .bind(&offsets)
+            .bind(&first.delivery.topic)
+            .fetch_all(&mut **tx)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let inserted: bool = row.try_get("inserted")?;
+                let attempts: i32 = row.try_get("attempts")?;
+                Ok(if inserted {
+                    Claim::New {
+                        attempts: attempts.max(0) as u32,
+                    }
+                } else {
+                    Claim::Duplicate
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    async fn release_claims<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+    ) -> Result<(), StoreError> {
+        let Some(first) = keys.first() else {
+            return Ok(());
+        };
+        let sources: Vec<&str> = keys.iter().map(|k| k.source.as_str()).collect();
+        let ids: Vec<&str> = keys.iter().map(|k| k.event_id.as_str()).collect();
+        sqlx::query(&self.sql.release_claims)
+            .bind(&first.group)
+            .bind(&sources)
+            .bind(&ids)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 

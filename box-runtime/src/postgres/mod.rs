@@ -86,6 +86,8 @@ impl Migrator for Postgres {
 struct Statements {
     shared: InboxSql,
     claim: String,
+    claim_batch: String,
+    release_claims: String,
     dead_letter: String,
     load_dead_letter: String,
 }
@@ -94,6 +96,30 @@ impl Statements {
     fn new(t: &Tables) -> Self {
         Self {
             shared: InboxSql::new(t, DIALECT),
+            // Rows are inserted in key order, so that two transactions claiming overlapping
+            // batches take the unique-index locks in one order (no deadlock); the answer comes
+            // back in the batch's order.
+            release_claims: format!(
+                "DELETE FROM {inbox} WHERE consumer_group = $1 AND (source, event_id) IN \
+                 (SELECT * FROM unnest($2::text[], $3::text[]))",
+                inbox = t.inbox
+            ),
+            claim_batch: format!(
+                "WITH input AS (\
+                   SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[]) \
+                   WITH ORDINALITY AS i(source, event_id, event_type, part, off, ord)), \
+                 ins AS (\
+                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
+                   SELECT $1, source, event_id, event_type, $7, part, off, now() FROM input ORDER BY source, event_id \
+                   ON CONFLICT DO NOTHING RETURNING source, event_id) \
+                 SELECT ins.event_id IS NOT NULL AS inserted, COALESCE(a.attempts, 0) AS attempts \
+                 FROM input i \
+                 LEFT JOIN ins ON ins.source = i.source AND ins.event_id = i.event_id \
+                 LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = i.source AND a.event_id = i.event_id \
+                 ORDER BY i.ord",
+                inbox = t.inbox,
+                attempts = t.attempts
+            ),
             claim: format!(
                 "WITH ins AS (\
                    INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
@@ -148,6 +174,25 @@ impl PgStore {
     /// A store on `pool` with the default table names.
     pub fn new(pool: PgPool) -> Self {
         Self::with_tables(pool, Tables::default())
+    }
+
+    /// Connects to the PostgreSQL database at `url` (`postgres://` or `postgresql://`) with a
+    /// pool of up to `max_connections`, failing within [`CONNECT_TIMEOUT`] with the target
+    /// (password hidden) and the cause. Waiting for a pooled connection is bounded the same way.
+    ///
+    /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self, StoreError> {
+        use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
+        check_scheme(url, &["postgres", "postgresql"], "PgStore")?;
+        // No ping before each acquire: a broken connection fails its first statement, which
+        // the engine treats as an outage (back off, retry), so the ping would only add a round
+        // trip to every transaction.
+        let options = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .test_before_acquire(false);
+        let pool = bounded(url, options.connect(url)).await?;
+        Ok(Self::new(pool))
     }
 
     /// A store on `pool` with the given table names.

@@ -4,12 +4,18 @@ use sqlx::{Row, Sqlite};
 
 use super::SqliteStore;
 use crate::engine::Delivery;
-use crate::store::{Claim, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter};
+use crate::store::{
+    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
+};
 
 impl InboxStore for SqliteStore {
     type Tx = sqlx::Transaction<'static, Sqlite>;
 
     const NAME: &'static str = "sqlite";
+
+    fn tables(&self) -> &Tables {
+        &self.tables
+    }
 
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.shared().begin().await
@@ -34,6 +40,78 @@ impl InboxStore for SqliteStore {
         if had_failures {
             self.shared().clear_attempts(tx, key).await?;
         }
+        Ok(())
+    }
+
+    async fn claim_batch<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> Result<Vec<Claim>, StoreError> {
+        let Some(first) = requests.first() else {
+            return Ok(Vec::new());
+        };
+        // SQLite has no arrays: the batch travels as one JSON array of rows.
+        let rows: Vec<(&str, &str, &str, i32, i64)> = requests
+            .iter()
+            .map(|r| {
+                let d = r.delivery;
+                (
+                    r.key.source.as_str(),
+                    r.key.event_id.as_str(),
+                    r.event_type,
+                    d.partition,
+                    d.offset,
+                )
+            })
+            .collect();
+        let json = serde_json::to_string(&rows).map_err(|e| StoreError::Config(e.to_string()))?;
+        let inserted: Vec<(String, String)> = sqlx::query_as(&self.sql.claim_batch)
+            .bind(&first.key.group)
+            .bind(&first.delivery.topic)
+            .bind(&json)
+            .fetch_all(&mut **tx)
+            .await?;
+        let inserted: std::collections::HashSet<(String, String)> = inserted.into_iter().collect();
+        let failed: Vec<(String, String, i64)> = sqlx::query_as(&self.sql.batch_attempts)
+            .bind(&first.key.group)
+            .bind(&json)
+            .fetch_all(&mut **tx)
+            .await?;
+        let failed: std::collections::HashMap<(String, String), i64> =
+            failed.into_iter().map(|(s, e, n)| ((s, e), n)).collect();
+        Ok(requests
+            .iter()
+            .map(|r| {
+                let k = (r.key.source.clone(), r.key.event_id.clone());
+                match inserted.contains(&k) {
+                    true => Claim::New {
+                        attempts: failed.get(&k).copied().unwrap_or(0).max(0) as u32,
+                    },
+                    false => Claim::Duplicate,
+                }
+            })
+            .collect())
+    }
+
+    async fn release_claims<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+    ) -> Result<(), StoreError> {
+        let Some(first) = keys.first() else {
+            return Ok(());
+        };
+        let pairs: Vec<(&str, &str)> = keys
+            .iter()
+            .map(|k| (k.source.as_str(), k.event_id.as_str()))
+            .collect();
+        let json = serde_json::to_string(&pairs).map_err(|e| StoreError::Config(e.to_string()))?;
+        sqlx::query(&self.sql.release_claims)
+            .bind(&first.group)
+            .bind(json)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 

@@ -83,6 +83,9 @@ impl Migrator for Sqlite3 {
 struct Statements {
     shared: InboxSql,
     claim: String,
+    claim_batch: String,
+    release_claims: String,
+    batch_attempts: String,
     attempts: String,
     dead_letter: String,
     load_dead_letter: String,
@@ -93,6 +96,25 @@ impl Statements {
         let now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
         Self {
             shared: InboxSql::new(t, DIALECT),
+            // `WHERE true` keeps SQLite from reading `ON CONFLICT` as a join constraint.
+            release_claims: format!(
+                "DELETE FROM {inbox} WHERE consumer_group = $1 AND EXISTS (SELECT 1 FROM json_each($2) AS j \
+                 WHERE j.value ->> 0 = {inbox}.source AND j.value ->> 1 = {inbox}.event_id)",
+                inbox = t.inbox,
+            ),
+            claim_batch: format!(
+                "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
+                 SELECT $1, j.value ->> 0, j.value ->> 1, j.value ->> 2, $2, j.value ->> 3, j.value ->> 4, {now} \
+                 FROM json_each($3) AS j WHERE true \
+                 ON CONFLICT DO NOTHING RETURNING source, event_id",
+                inbox = t.inbox,
+            ),
+            batch_attempts: format!(
+                "SELECT a.source, a.event_id, a.attempts FROM {attempts} a \
+                 JOIN json_each($2) AS j ON a.source = j.value ->> 0 AND a.event_id = j.value ->> 1 \
+                 WHERE a.consumer_group = $1",
+                attempts = t.attempts,
+            ),
             claim: format!(
                 "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, {now}) ON CONFLICT DO NOTHING",
@@ -145,6 +167,26 @@ impl SqliteStore {
     /// A store on `pool` with the default table names.
     pub fn new(pool: SqlitePool) -> Self {
         Self::build(pool, Tables::default())
+    }
+
+    /// Opens (creating it if missing) the SQLite database at `url` (`sqlite:path`), in WAL mode
+    /// with a busy timeout, failing within [`CONNECT_TIMEOUT`] with the target and the cause.
+    ///
+    /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
+        use std::str::FromStr;
+        check_scheme(url, &["sqlite"], "SqliteStore")?;
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(url)
+            .map_err(|e| StoreError::Config(format!("invalid SQLite URL `{url}`: {e}")))?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(std::time::Duration::from_secs(30));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(CONNECT_TIMEOUT);
+        let pool = bounded(url, pool.connect_with(options)).await?;
+        Ok(Self::new(pool))
     }
 
     /// A store on `pool` with the given table names (without a schema).

@@ -65,6 +65,15 @@ pub enum StoreError {
     /// Anything else.
     #[error("database error: {0}")]
     Other(#[source] sqlx::Error),
+    /// Connecting failed (the target's password is hidden).
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        /// The URL, password hidden.
+        target: String,
+        /// The cause.
+        #[source]
+        source: sqlx::Error,
+    },
     /// A shipped migration could not be rendered (a bug in txbox).
     #[error("migration error: {0}")]
     Migration(String),

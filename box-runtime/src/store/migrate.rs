@@ -94,6 +94,7 @@ where
     for<'q> String: sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
     (String, i32): for<'r> sqlx::FromRow<'r, <M::Db as Database>::Row>,
 {
+    tables.validate()?;
     for statement in M::begin(tables) {
         sqlx::raw_sql(&statement).execute(&mut *conn).await?;
     }
@@ -180,6 +181,42 @@ mod tests {
     #[test]
     fn an_unknown_table_is_an_error() {
         assert!(render("{nope}", &Tables::default()).is_err());
+    }
+
+    #[test]
+    fn every_derived_name_of_the_migrations_is_validated() {
+        let mut templates: Vec<&str> = crate::postgres::MIGRATIONS.iter().map(|m| m.sql).collect();
+        #[cfg(feature = "sqlite")]
+        templates.extend(crate::sqlite::MIGRATIONS.iter().map(|m| m.sql));
+        for sql in templates {
+            for part in sql.split('{').skip(1) {
+                let inner = part.split('}').next().unwrap_or("");
+                if let Some((table, suffix)) = inner.split_once(':') {
+                    assert!(
+                        crate::store::tables::DERIVED.contains(&(table, suffix)),
+                        "`{{{inner}}}` is not in store::tables::DERIVED"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn colliding_or_too_long_table_names_are_rejected() {
+        let same = Tables::default().attempts("txbox_inbox").unwrap();
+        let err = same.validate().unwrap_err().to_string();
+        assert!(err.contains("`txbox_inbox`"), "{err}");
+        let long = Tables::default().inbox(&"i".repeat(63)).unwrap();
+        let err = long.validate().unwrap_err().to_string();
+        assert!(err.contains("exceeds 63 bytes"), "{err}");
+        // a table named like another's index
+        let clash = Tables::default().outbox("txbox_inbox_processed").unwrap();
+        assert!(clash.validate().is_ok());
+        let clash = Tables::default()
+            .attempts("txbox_inbox_processed_idx")
+            .unwrap();
+        assert!(clash.validate().is_err());
+        Tables::default().validate().unwrap();
     }
 
     #[test]

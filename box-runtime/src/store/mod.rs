@@ -6,12 +6,15 @@ use std::future::Future;
 
 use crate::engine::Delivery;
 
+mod connect;
 mod error;
 pub(crate) mod migrate;
 pub(crate) mod sql;
-mod tables;
+pub(crate) mod tables;
 pub mod text;
 
+pub(crate) use connect::{bounded, check_scheme};
+pub use connect::{redact_url, CONNECT_TIMEOUT};
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
 
@@ -36,6 +39,17 @@ pub enum Claim {
     },
     /// The row existed: the message was already processed.
     Duplicate,
+}
+
+/// One message of a batch to claim: its key (unique within the batch), type and coordinates.
+#[derive(Clone, Copy, Debug)]
+pub struct ClaimRequest<'a> {
+    /// The inbox key (all of one group).
+    pub key: &'a InboxKey,
+    /// The event type.
+    pub event_type: &'a str,
+    /// The message.
+    pub delivery: &'a Delivery,
 }
 
 /// A message given up on, with everything needed to inspect or replay it.
@@ -119,6 +133,9 @@ pub trait InboxStore: Send + Sync + 'static {
     /// A short name for messages (`"postgres"`).
     const NAME: &'static str;
 
+    /// The table names.
+    fn tables(&self) -> &Tables;
+
     /// Opens a transaction.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
 
@@ -141,6 +158,22 @@ pub trait InboxStore: Send + Sync + 'static {
         event_type: &'a str,
         delivery: &'a Delivery,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a;
+
+    /// [`claim`](Self::claim) for a batch in one statement: the keys are distinct and of one
+    /// group; returns one [`Claim`] per request, in order.
+    fn claim_batch<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a;
+
+    /// Deletes inbox rows this transaction claimed but whose handlers will not run in it (a
+    /// batch cut short by a graceful stop), so that they commit unclaimed.
+    fn release_claims<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Marks the inbox row processed (if `claim` did not already), in the same transaction;
     /// clears recorded failures when there were some.

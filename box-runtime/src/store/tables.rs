@@ -1,7 +1,25 @@
 //! The names of txbox's tables, shared by every store.
 
+use super::StoreError;
 use crate::ident::{Ident, IdentError, TableName};
 use crate::names;
+
+/// The names derived from table names by the shipped migrations (`{table:suffix}`): checked by
+/// [`Tables::validate`], and kept in step with the migrations by a test.
+pub(crate) const DERIVED: &[(&str, &str)] = &[
+    ("inbox", "unprocessed_idx"),
+    ("inbox", "processed_idx"),
+    ("dead_letters", "group_idx"),
+    ("dead_letters", "event_idx"),
+    ("outbox", "pending_idx"),
+    ("outbox", "pending_key_idx"),
+    ("outbox", "published_idx"),
+    ("outbox", "parked_idx"),
+    ("outbox", "relay_locks"),
+    ("outbox", "fresh_idx"),
+    ("outbox", "retry_idx"),
+    ("outbox", "slot"),
+];
 
 /// The names of txbox's tables. Every name is a validated identifier; set a schema to keep
 /// txbox's tables (and tests) apart.
@@ -55,6 +73,51 @@ impl Tables {
 
     fn table(&self, name: &str) -> Result<TableName, IdentError> {
         Ok(TableName::new(self.schema().cloned(), Ident::new(name)?))
+    }
+
+    /// Checks that the tables and the names derived from them (indexes, the SQLite relay's
+    /// lease table) are all distinct and fit PostgreSQL's 63-byte identifiers, so that no
+    /// migration silently skips an object whose name collides with another's.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        let tables = [
+            ("inbox", &self.inbox),
+            ("attempts", &self.attempts),
+            ("dead_letters", &self.dead_letters),
+            ("outbox", &self.outbox),
+            ("migrations", &self.migrations),
+        ];
+        let mut seen: Vec<(String, String)> = Vec::new();
+        let mut claim = |name: String, what: String| match seen.iter().find(|(n, _)| *n == name) {
+            Some((_, other)) => Err(StoreError::Config(format!(
+                "{what} and {other} would both be named `{name}`: give the tables distinct names"
+            ))),
+            None => {
+                seen.push((name, what));
+                Ok(())
+            }
+        };
+        for (role, table) in tables {
+            claim(
+                table.name().as_str().to_owned(),
+                format!("the {role} table"),
+            )?;
+        }
+        for (role, suffix) in DERIVED {
+            let table = self
+                .by_placeholder(role)
+                .expect("DERIVED names known tables");
+            let name = format!("{}_{suffix}", table.name().as_str());
+            if name.len() > 63 {
+                return Err(StoreError::Config(format!(
+                    "the {role} table name `{}` is too long: `{name}`, derived from it, exceeds \
+                     63 bytes; use a name of at most {} bytes",
+                    table.name().as_str(),
+                    62 - suffix.len()
+                )));
+            }
+            claim(name, format!("the `{suffix}` of the {role} table"))?;
+        }
+        Ok(())
     }
 
     /// The table a migration template names `{name}` (see `store::migrate`).

@@ -1,0 +1,123 @@
+//! Key-ordered lanes ([`Ordering::Key`](crate::engine::Ordering::Key)): the messages of one
+//! partition are spread over concurrent lanes by a hash of their key, so that one key's
+//! messages stay in offset order in one lane while different keys run side by side. Each lane
+//! takes micro-batches; the partition resolves offsets as lanes finish, and the tracker keeps
+//! the committed position from passing any message still in a lane.
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, watch};
+
+use super::partition::{next_batch, reminder, warn_if_held, Partition, PartitionLink};
+use super::{Delivery, Inbox, Outcome};
+use crate::store::InboxStore;
+
+type Results = Vec<(Arc<Delivery>, Outcome)>;
+
+pub(super) async fn run<S: InboxStore, L: PartitionLink>(
+    part: &mut Partition<L>,
+    inbox: Arc<Inbox<S>>,
+    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+) {
+    let lanes = inbox.config().key_lanes.max(1);
+    let capacity = inbox.config().max_batch.max(1);
+    let (done_tx, mut done) = mpsc::unbounded_channel::<Results>();
+    let mut senders = Vec::with_capacity(lanes);
+    let mut handles = Vec::with_capacity(lanes);
+    for _ in 0..lanes {
+        let (tx, rx) = mpsc::channel(capacity);
+        senders.push(tx);
+        handles.push(tokio::spawn(lane(
+            inbox.clone(),
+            rx,
+            part.stop.clone(),
+            done_tx.clone(),
+        )));
+    }
+    drop(done_tx);
+    let mut reminder = reminder();
+    loop {
+        tokio::select! {
+            d = deliveries.recv() => {
+                let Some(d) = d else { break };
+                if part.ending() {
+                    break;
+                }
+                part.tracker.start(d.offset);
+                let lane = lane_of(d.key.as_deref(), lanes);
+                if senders[lane].send(d).await.is_err() {
+                    break; // the lane stopped (shutdown)
+                }
+            }
+            Some(results) = done.recv() => {
+                if !part.settle(results).await {
+                    break;
+                }
+            }
+            _ = reminder.tick() => warn_if_held(&part.tracker, &part.link),
+        }
+    }
+    // Lanes finish the batch in hand; what they never started stays unresolved, so the
+    // committed position stays before it.
+    drop(senders);
+    while let Some(results) = done.recv().await {
+        part.settle(results).await;
+    }
+    for handle in handles {
+        let _ = handle.await;
+    }
+}
+
+async fn lane<S: InboxStore>(
+    inbox: Arc<Inbox<S>>,
+    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+    stop: watch::Receiver<bool>,
+    done: mpsc::UnboundedSender<Results>,
+) {
+    let (max, wait) = (inbox.config().max_batch.max(1), inbox.config().max_wait);
+    let mut idle = reminder();
+    loop {
+        let Some(batch) = next_batch(&mut deliveries, max, wait, &mut idle, || {}).await else {
+            break;
+        };
+        if *stop.borrow() {
+            break;
+        }
+        let refs: Vec<&Delivery> = batch.iter().map(|d| &**d).collect();
+        let outcomes = inbox.process_batch(&refs, &stop).await;
+        let abandoned = outcomes.contains(&Outcome::Abandoned);
+        if done
+            .send(batch.into_iter().zip(outcomes).collect())
+            .is_err()
+            || abandoned
+        {
+            break;
+        }
+    }
+}
+
+/// The lane of a key: a stable hash (FNV-1a) of its bytes; keyless messages share lane 0.
+fn lane_of(key: Option<&[u8]>, lanes: usize) -> usize {
+    let Some(key) = key else { return 0 };
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h % lanes as u64) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_of;
+
+    #[test]
+    fn one_key_one_lane() {
+        assert_eq!(lane_of(Some(b"k-1"), 8), lane_of(Some(b"k-1"), 8));
+        assert_eq!(lane_of(None, 8), 0);
+        let spread: std::collections::HashSet<usize> = (0..100)
+            .map(|i| lane_of(Some(format!("key-{i}").as_bytes()), 8))
+            .collect();
+        assert!(spread.len() > 4, "keys spread over lanes: {spread:?}");
+    }
+}

@@ -1,0 +1,91 @@
+//! Connecting a store from a URL: the scheme must match the store, connecting is bounded in
+//! time, and every message names the target with its password hidden.
+
+use std::time::Duration;
+
+use super::StoreError;
+
+/// How long connecting may take before it fails with the target and the cause.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `url` with the password (the part between `user:` and `@`) replaced by `***`.
+///
+/// ```
+/// use txbox::store::redact_url;
+/// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
+/// assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// Checks that `url` is one of `schemes` (`"postgres"`, ...), for the store named `store`.
+pub(crate) fn check_scheme(url: &str, schemes: &[&str], store: &str) -> Result<(), StoreError> {
+    let scheme = url.split_once(':').map_or("", |(s, _)| s);
+    if schemes.contains(&scheme) {
+        return Ok(());
+    }
+    Err(StoreError::Config(format!(
+        "{store} needs a URL starting with {}, got `{}`",
+        schemes
+            .iter()
+            .map(|s| format!("`{s}:`"))
+            .collect::<Vec<_>>()
+            .join(" or "),
+        redact_url(url)
+    )))
+}
+
+/// Runs `connect`, failing after [`CONNECT_TIMEOUT`] with the (redacted) target and the cause.
+pub(crate) async fn bounded<T>(
+    url: &str,
+    connect: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, StoreError> {
+    let target = redact_url(url);
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(pool)) => Ok(pool),
+        Ok(Err(source)) => Err(StoreError::Connect { target, source }),
+        Err(_) => Err(StoreError::Connect {
+            target,
+            source: sqlx::Error::PoolTimedOut,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_hidden_everywhere() {
+        assert_eq!(
+            redact_url("postgresql://u:p%40ss@h/db?sslmode=require"),
+            "postgresql://u:***@h/db?sslmode=require"
+        );
+        assert_eq!(redact_url("sqlite:/tmp/x.db"), "sqlite:/tmp/x.db");
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn a_wrong_scheme_is_refused_with_the_url_redacted() {
+        let err = check_scheme("mysql://u:pw@h/db", &["postgres", "postgresql"], "PgStore")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`postgres:` or `postgresql:`"), "{err}");
+        assert!(err.contains("mysql://u:***@h/db"), "{err}");
+        assert!(!err.contains("pw"), "{err}");
+    }
+}

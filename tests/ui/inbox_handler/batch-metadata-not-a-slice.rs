@@ -1,0 +1,19 @@
+use serde::{Deserialize, Serialize};
+use txbox::prelude::*;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+pub struct OrderCreated {
+    pub order_id: u64,
+}
+
+#[inbox_handler(event = "OrderCreated", group = "billing", batch)]
+async fn create_invoices(
+    _events: Vec<OrderCreated>,
+    _tx: &mut PgTx<'_>,
+    _meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}

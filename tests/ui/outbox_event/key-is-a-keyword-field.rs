@@ -1,0 +1,10 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "TicketOpened", topic = "tickets", key = type)]
+pub struct TicketOpened {
+    pub r#type: String,
+}
+
+fn main() {}

@@ -1,0 +1,13 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders")]
+pub struct OrderCreated {
+    #[outbox(key)]
+    pub order_id: u64,
+    #[outbox(key)]
+    pub customer_id: String,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "..")]
+pub struct OrderCreated {
+    pub order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,11 @@
+use serde::{Deserialize, Serialize};
+use txbox::OutboxEvent;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders")]
+pub struct OrderCreated {
+    #[outbox(partition)]
+    pub order_id: u64,
+}
+
+fn main() {}
