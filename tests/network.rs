@@ -610,7 +610,12 @@ async fn consumer_cut_off_from_the_broker_past_its_session_commits_nothing_it_lo
     let topic = support::unique("netkafka");
     broker.create_topic(&topic, 6).await;
     let w = produce(broker.brokers(), &topic, 8_000, 10, 200, &mut rng).await;
-    let (url, args) = (db.url(), ["--topic", topic.as_str()]);
+    // Each handler takes 10 ms more, so that the batched engine still has work when the second
+    // member joins (it would otherwise have drained the topic alone).
+    let (url, args) = (
+        db.url(),
+        ["--topic", topic.as_str(), "--finish-slowly-ms", "10"],
+    );
 
     // The old member, on a link of its own (its connections are told apart by process), with
     // the transport's debug lines; then a second member.
