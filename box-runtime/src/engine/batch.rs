@@ -62,7 +62,7 @@ impl<S: InboxStore> Inbox<S> {
         }
         for (i, p) in prepared.into_iter().enumerate() {
             if outcomes[i].is_none() {
-                outcomes[i] = Some(self.resolve_unrunnable(batch[i], p, shutdown).await);
+                outcomes[i] = Some(self.resolve(batch[i], p, shutdown).await);
             }
         }
         let outcomes: Vec<Outcome> = outcomes.into_iter().flatten().collect();
@@ -70,28 +70,6 @@ impl<S: InboxStore> Inbox<S> {
             self.log(d, outcome);
         }
         outcomes
-    }
-
-    /// A message that never reaches a handler: dead-lettered or skipped.
-    async fn resolve_unrunnable(
-        &self,
-        d: &Delivery,
-        prepared: Prepared<'_>,
-        shutdown: &watch::Receiver<bool>,
-    ) -> Outcome {
-        match prepared {
-            Prepared::Skip(reason) => Outcome::Skipped { reason },
-            Prepared::Bad {
-                reason,
-                key,
-                event_type,
-            } => {
-                self.dead_letter(d, key.as_ref(), event_type, &reason, 0, shutdown)
-                    .await
-            }
-            // Not reached: ready messages are run.
-            Prepared::Ready(ready) => self.run(&ready, shutdown).await,
-        }
     }
 
     /// Runs `msgs` as one batch; on a failure, splits around the failing message (see the

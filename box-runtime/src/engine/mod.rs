@@ -173,7 +173,19 @@ impl<S: InboxStore> Inbox<S> {
     /// handler runs as the retry policy says; returns [`Outcome::Abandoned`] if `shutdown`
     /// becomes true while waiting.
     pub async fn process(&self, d: &Delivery, shutdown: &watch::Receiver<bool>) -> Outcome {
-        let outcome = match self.prepare(d) {
+        let outcome = self.resolve(d, self.prepare(d), shutdown).await;
+        self.log(d, &outcome);
+        outcome
+    }
+
+    /// Takes a prepared message to its outcome: skipped, dead-lettered, or run alone.
+    async fn resolve(
+        &self,
+        d: &Delivery,
+        prepared: Prepared<'_>,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Outcome {
+        match prepared {
             Prepared::Skip(reason) => Outcome::Skipped { reason },
             Prepared::Bad {
                 reason,
@@ -184,9 +196,7 @@ impl<S: InboxStore> Inbox<S> {
                     .await
             }
             Prepared::Ready(ready) => self.run(&ready, shutdown).await,
-        };
-        self.log(d, &outcome);
-        outcome
+        }
     }
 
     fn log(&self, d: &Delivery, outcome: &Outcome) {
