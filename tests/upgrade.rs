@@ -194,6 +194,18 @@ where
         .await,
         Outcome::Processed { attempt: 1 }
     );
+    // a new dead letter uses the columns added since (times, payload size and digest)
+    let mut bad = delivery(&UpgradeOrder {
+        order_id: "o-bad".into(),
+    });
+    bad.payload = Some(b"not json".to_vec());
+    let outcome = tokio::time::timeout(Duration::from_secs(30), kit.deliver_raw(bad))
+        .await
+        .expect("a bad message is dead-lettered within 30 s (the store accepts the letter)");
+    assert!(
+        matches!(outcome, Outcome::DeadLettered { .. }),
+        "{outcome:?}"
+    );
     let replayed = kit.inbox().replay(dead_letter).await.expect("replay");
     assert!(
         matches!(replayed, Outcome::Processed { .. }),
