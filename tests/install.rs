@@ -32,7 +32,10 @@ fn blocks(text: &str, lang: &str) -> Vec<String> {
         let Some(info) = line.strip_prefix("```") else {
             continue;
         };
-        let body: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("```")).collect();
+        let body: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .collect();
         if info.starts_with(lang) {
             // rustdoc's hidden lines (`# ...`) are part of the program
             let body: Vec<&str> = body

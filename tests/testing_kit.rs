@@ -86,7 +86,10 @@ async fn a_delivered_event_runs_the_handler_once_and_its_redelivery_is_a_duplica
         .fetch_one(store.pool())
         .await
         .expect("inbox rows");
-    assert_eq!(inbox_rows, 2, "one inbox row per event id, written by the real path");
+    assert_eq!(
+        inbox_rows, 2,
+        "one inbox row per event id, written by the real path"
+    );
 }
 
 #[tokio::test]
@@ -117,12 +120,11 @@ async fn failures_roll_back_retry_and_dead_letter_as_the_consumer_does() {
         matches!(&outcome, Outcome::DeadLettered { reason, .. } if reason.contains("JSON") || reason.contains("json") || reason.contains("decode")),
         "{outcome:?}"
     );
-    let letters: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT error, attempts FROM txbox_dead_letters ORDER BY id",
-    )
-    .fetch_all(store.pool())
-    .await
-    .expect("letters");
+    let letters: Vec<(String, i64)> =
+        sqlx::query_as("SELECT error, attempts FROM txbox_dead_letters ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .expect("letters");
     assert_eq!(letters.len(), 3, "{letters:?}");
     assert_eq!(letters[0].1, 3, "the transient failure ran three times");
     assert!(letters[1].0.contains("negative total"), "{letters:?}");
@@ -199,7 +201,14 @@ async fn drain_publishes_every_row_and_returns_once_the_outbox_is_empty() {
         acked += usize::from(matches!(report, RelayReport::Published { .. }));
     }
     assert_eq!(acked, 40);
-    let msgs = read_topic(kafka.brokers(), "kit-orders", 1, 40, Duration::from_secs(30)).await;
+    let msgs = read_topic(
+        kafka.brokers(),
+        "kit-orders",
+        1,
+        40,
+        Duration::from_secs(30),
+    )
+    .await;
     assert_eq!(msgs.len(), 40);
 }
 

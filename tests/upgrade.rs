@@ -61,7 +61,11 @@ fn render_v1(template: &str) -> String {
         let after = &rest[open + 1..];
         let close = after.find('}').expect("closing brace");
         let inner = &after[..close];
-        if inner.is_empty() || !inner.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':') {
+        if inner.is_empty()
+            || !inner
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+        {
             out.push('{');
             rest = after;
             continue;
@@ -224,11 +228,12 @@ where
     .await
     .expect("drained within 60 s")
     .expect("drain");
-    let mut payloads: Vec<String> = read_topic(kafka.brokers(), "upgrade", 1, 2, Duration::from_secs(30))
-        .await
-        .into_iter()
-        .map(|m| String::from_utf8_lossy(&m.bytes).into_owned())
-        .collect();
+    let mut payloads: Vec<String> =
+        read_topic(kafka.brokers(), "upgrade", 1, 2, Duration::from_secs(30))
+            .await
+            .into_iter()
+            .map(|m| String::from_utf8_lossy(&m.bytes).into_owned())
+            .collect();
     payloads.sort();
     let mut expected = [new_row, OLD_PAYLOAD];
     expected.sort();
@@ -246,7 +251,10 @@ async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
     let db = TestDb::new("upgrade").await;
     first_release_postgres(&db).await;
     let store = db.store();
-    store.migrate().await.expect("the current migrator upgrades the first release's tables");
+    store
+        .migrate()
+        .await
+        .expect("the current migrator upgrades the first release's tables");
     let rows: Vec<(String, i32)> =
         sqlx::query_as("SELECT component, version FROM txbox_migrations")
             .fetch_all(&db.pool)
@@ -256,7 +264,11 @@ async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
         recorded(&rows, "inbox", 2) && recorded(&rows, "outbox", 3),
         "{rows:?}"
     );
-    assert_eq!(db.count("SELECT count(*) FROM txbox_outbox").await, 2, "rows kept");
+    assert_eq!(
+        db.count("SELECT count(*) FROM txbox_outbox").await,
+        2,
+        "rows kept"
+    );
     let dead_letter: i64 = sqlx::query_scalar("SELECT id FROM txbox_dead_letters")
         .fetch_one(&db.pool)
         .await
@@ -272,7 +284,11 @@ async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
     .expect("enqueue after the upgrade");
     tx.commit().await.expect("commit");
     works_on_the_old_data(store, "upgrade-pg", dead_letter, NEW_PAYLOAD).await;
-    assert_eq!(db.count("SELECT count(*) FROM handled").await, 2, "o-new and o-dead");
+    assert_eq!(
+        db.count("SELECT count(*) FROM handled").await,
+        2,
+        "o-new and o-dead"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,7 +297,10 @@ async fn a_sqlite_database_of_the_first_release_upgrades_and_keeps_working() {
     let url = format!("sqlite:{}", dir.0.join("txbox.db").display());
     let store = txbox::SqliteStore::connect(&url).await.expect("open");
     first_release_sqlite(store.pool()).await;
-    store.migrate().await.expect("the current migrator upgrades the first release's tables");
+    store
+        .migrate()
+        .await
+        .expect("the current migrator upgrades the first release's tables");
     let rows: Vec<(String, i32)> =
         sqlx::query_as("SELECT component, version FROM txbox_migrations")
             .fetch_all(store.pool())

@@ -91,8 +91,18 @@ mod source_rules {
     #[test]
     fn every_log_event_has_a_txbox_target() {
         let macros = [
-            "trace", "debug", "info", "warn", "error", "event", "span", "trace_span",
-            "debug_span", "info_span", "warn_span", "error_span",
+            "trace",
+            "debug",
+            "info",
+            "warn",
+            "error",
+            "event",
+            "span",
+            "trace_span",
+            "debug_span",
+            "info_span",
+            "warn_span",
+            "error_span",
         ];
         let mut missing = Vec::new();
         for (file, text) in sources("src") {
@@ -121,13 +131,18 @@ mod source_rules {
                         }
                     }
                 }
-                if line.contains(concat!("#[", "instrument")) && !line.contains("target = \"txbox::")
+                if line.contains(concat!("#[", "instrument"))
+                    && !line.contains("target = \"txbox::")
                 {
                     missing.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
                 }
             }
         }
-        assert!(missing.is_empty(), "log events without a `txbox::` target:\n{}", missing.join("\n"));
+        assert!(
+            missing.is_empty(),
+            "log events without a `txbox::` target:\n{}",
+            missing.join("\n")
+        );
     }
 
     /// Doc examples compile as a user's code: they name `txbox::`, never this crate.
@@ -139,12 +154,19 @@ mod source_rules {
                 for (n, line) in text.lines().enumerate() {
                     let t = line.trim_start();
                     let doc = t.starts_with("///") || t.starts_with("//!");
-                    if doc && (t.contains(concat!("box_runtime", "::")) || t.contains(concat!("box_macros", "::"))) {
+                    if doc
+                        && (t.contains(concat!("box_runtime", "::"))
+                            || t.contains(concat!("box_macros", "::")))
+                    {
                         found.push(format!("{}:{}: {}", file.display(), n + 1, t));
                     }
                 }
             }
         }
-        assert!(found.is_empty(), "doc comments naming the inner crates:\n{}", found.join("\n"));
+        assert!(
+            found.is_empty(),
+            "doc comments naming the inner crates:\n{}",
+            found.join("\n")
+        );
     }
 }

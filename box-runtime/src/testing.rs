@@ -116,8 +116,8 @@ pub fn delivery<E: OutboxEvent>(event: &E) -> Delivery {
 pub async fn sqlite_memory() -> Result<crate::SqliteStore, StoreError> {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
     use std::str::FromStr;
-    let options = SqliteConnectOptions::from_str("sqlite::memory:")?
-        .busy_timeout(Duration::from_secs(30));
+    let options =
+        SqliteConnectOptions::from_str("sqlite::memory:")?.busy_timeout(Duration::from_secs(30));
     let pool = SqlitePoolOptions::new()
         .min_connections(1)
         .max_connections(4)

@@ -206,7 +206,9 @@ impl<S: InboxStore> Inbox<S> {
             Outcome::Processed { attempt } => {
                 tracing::info!(target: "txbox::engine", group, %at, event_id = id, attempt, "processed")
             }
-            Outcome::Duplicate => tracing::info!(target: "txbox::engine", group, %at, event_id = id, "duplicate"),
+            Outcome::Duplicate => {
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "duplicate")
+            }
             // Text from the message (ids, types, reasons quoting them) is logged as a field with
             // Debug escaping, never in the message part: a newline in it cannot forge a line.
             Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {

@@ -254,7 +254,7 @@ impl<S: InboxStore> Member<S> {
 
     /// Finishes the messages in hand, commits and leaves the group.
     async fn leave(mut self) -> Result<(), KafkaTransportError> {
-        tracing::info!(target: "txbox::kafka", 
+        tracing::info!(target: "txbox::kafka",
             group = self.inbox.group(),
             "shutting down: finishing messages in hand"
         );
@@ -298,7 +298,7 @@ impl<S: InboxStore> Member<S> {
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_secs(5));
         if tokio::time::timeout(left, is_closed).await.is_err() {
-            tracing::warn!(target: "txbox::kafka", 
+            tracing::warn!(target: "txbox::kafka",
                 group = self.inbox.group(),
                 "leaving the group did not finish within the grace period (broker unreachable?)"
             );

@@ -53,7 +53,7 @@ impl ConsumerContext for RebalanceContext {
                 if let Some(stop) = own.stops.remove(&key) {
                     let _ = stop.send(true);
                 }
-                tracing::info!(target: "txbox::kafka", 
+                tracing::info!(target: "txbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),
                     "partition revoked"
@@ -70,7 +70,7 @@ impl ConsumerContext for RebalanceContext {
             for e in tpl.elements() {
                 own.owned
                     .insert((e.topic().to_owned(), e.partition()), generation);
-                tracing::info!(target: "txbox::kafka", 
+                tracing::info!(target: "txbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),
                     "partition assigned"

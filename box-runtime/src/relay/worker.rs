@@ -85,7 +85,7 @@ impl Slots {
             self.held.extend(claimed);
             self.held.sort_unstable();
         }
-        tracing::debug!(target: "txbox::relay", 
+        tracing::debug!(target: "txbox::relay",
             members = members.count,
             share,
             held = ?self.held,
