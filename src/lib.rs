@@ -71,6 +71,13 @@ pub mod store {
     pub use box_runtime::IdentError;
 }
 
+#[cfg(feature = "testing")]
+#[doc = include_str!("docs/testing.md")]
+pub mod testing {
+    #[doc(inline)]
+    pub use box_runtime::testing::*;
+}
+
 /// The Kafka transport: consumer settings, and an in-process Kafka for zero-setup runs.
 pub mod kafka {
     #[doc(inline)]

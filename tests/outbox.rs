@@ -255,6 +255,59 @@ async fn relay_publishes_cloudevents_envelope_keyed_by_the_event_key() {
     assert_eq!(unpublished(&db).await, 0, "the row is marked published");
 }
 
+/// An event serialised with its keys out of sorted order and a raw JSON field with its own
+/// spacing: what a signature or a byte-exact comparison depends on.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "Signed", topic = "signed", key = zz)]
+pub struct Signed {
+    pub zz: String,
+    pub a: i64,
+    pub mmm: Box<serde_json::value::RawValue>,
+}
+
+/// The payload of `Signed { zz: "k-1", a: 1, mmm: RAW }` as serde_json writes it.
+pub const SIGNED_RAW: &str = r#"{"b" : 1,  "a":[1, 2], "b": 2}"#;
+pub const SIGNED_BYTES: &str = r#"{"zz":"k-1","a":1,"mmm":{"b" : 1,  "a":[1, 2], "b": 2}}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_publishes_exactly_the_bytes_the_producer_serialised() {
+    let broker = Broker::start();
+    broker.create_topic("signed", 1).await;
+    let db = TestDb::new("exact_bytes").await;
+    db.migrated_store().await;
+    let event = Signed {
+        zz: "k-1".into(),
+        a: 1,
+        mmm: serde_json::value::RawValue::from_string(SIGNED_RAW.into()).expect("raw"),
+    };
+    assert_eq!(serde_json::to_string(&event).expect("json"), SIGNED_BYTES);
+    let mut tx = db.pool.begin().await.expect("begin");
+    let id = outbox::enqueue(&mut tx, &event).await.expect("enqueue");
+    // and through the multi-row insert
+    let ids = outbox::enqueue_all(&mut tx, [&event, &event])
+        .await
+        .expect("enqueue_all");
+    tx.commit().await.expect("commit");
+
+    let mut relay = RunningRelay::start(relay_builder(&db, &broker.brokers));
+    relay.published(3, Duration::from_secs(30)).await;
+    relay.stop().await;
+    let msgs = read_topic(&broker.brokers, "signed", 1, 3, Duration::from_secs(30)).await;
+    let mut seen = Vec::new();
+    for msg in &msgs {
+        seen.push(msg.header("ce_id").expect("ce_id").to_owned());
+        assert_eq!(
+            String::from_utf8_lossy(&msg.bytes),
+            SIGNED_BYTES,
+            "the payload on the broker is byte for byte what the producer serialised"
+        );
+    }
+    seen.sort();
+    let mut expected: Vec<String> = [id, ids[0], ids[1]].iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(seen, expected);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Several relays: nothing lost, nothing doubled, per-key commit order.
 

@@ -208,5 +208,5 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = term => {},
     }
-    tracing::info!("shutdown signal received");
+    tracing::info!(target: "txbox::consumer", "shutdown signal received");
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 /// generates what this example writes out:
 ///
 /// ```
-/// use box_runtime::OutboxEvent;
+/// use txbox::OutboxEvent;
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[derive(Serialize, Deserialize)]

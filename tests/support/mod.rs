@@ -550,6 +550,8 @@ pub struct Received {
     pub offset: i64,
     pub key: Option<String>,
     pub payload: serde_json::Value,
+    /// The payload's bytes as the broker holds them.
+    pub bytes: Vec<u8>,
     pub headers: Vec<(String, String)>,
 }
 
@@ -618,6 +620,7 @@ pub async fn read_topic(
                         key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
                         payload: serde_json::from_slice(m.payload().unwrap_or_default())
                             .expect("JSON payload"),
+                        bytes: m.payload().unwrap_or_default().to_vec(),
                         headers,
                     });
                 }
@@ -690,6 +693,7 @@ pub async fn read_topic_until_quiet(
                         key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
                         payload: serde_json::from_slice(m.payload().unwrap_or_default())
                             .expect("JSON payload"),
+                        bytes: m.payload().unwrap_or_default().to_vec(),
                         headers,
                     });
                 }

@@ -204,22 +204,24 @@ impl<S: InboxStore> Inbox<S> {
         let (group, at) = (self.group(), d.coordinates());
         match outcome {
             Outcome::Processed { attempt } => {
-                tracing::info!(group, %at, event_id = id, attempt, "processed")
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, attempt, "processed")
             }
-            Outcome::Duplicate => tracing::info!(group, %at, event_id = id, "duplicate"),
+            Outcome::Duplicate => {
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "duplicate")
+            }
             // Text from the message (ids, types, reasons quoting them) is logged as a field with
             // Debug escaping, never in the message part: a newline in it cannot forge a line.
             Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {
-                tracing::warn!(group, %at, event_id = id, error = error.as_str(), outcome = outcome.label(), "failed")
+                tracing::warn!(target: "txbox::engine", group, %at, event_id = id, error = error.as_str(), outcome = outcome.label(), "failed")
             }
             Outcome::DeadLettered { reason, .. } => {
-                tracing::warn!(group, %at, event_id = id, reason = reason.as_str(), "dead-lettered")
+                tracing::warn!(target: "txbox::engine", group, %at, event_id = id, reason = reason.as_str(), "dead-lettered")
             }
             Outcome::Skipped { reason } => {
-                tracing::info!(group, %at, event_id = id, reason = reason.as_str(), "skipped")
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, reason = reason.as_str(), "skipped")
             }
             Outcome::Abandoned => {
-                tracing::info!(group, %at, event_id = id, "abandoned at shutdown")
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "abandoned at shutdown")
             }
         }
     }
@@ -281,7 +283,7 @@ impl<S: InboxStore> Inbox<S> {
                     // A lock or statement timeout, a serialization failure: the database is
                     // busy, the message is fine. Back off; no attempt is counted.
                     let wait = outage.next_delay();
-                    tracing::warn!(group = self.group(), at = %msg.d.coordinates(),
+                    tracing::warn!(target: "txbox::engine", group = self.group(), at = %msg.d.coordinates(),
                         error = error.as_str(), retry_in = ?wait, "database busy under the handler, retrying");
                     if !sleep_unless_shutdown(wait, shutdown).await {
                         return Outcome::Abandoned;
@@ -429,7 +431,7 @@ impl<S: InboxStore> Inbox<S> {
         let transient = error.kind() == ErrorKind::Transient;
         if transient && attempts < self.config.retry.max_attempts {
             let wait = self.config.retry.delay(attempts);
-            tracing::info!(group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
+            tracing::info!(target: "txbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
                 error = chain.as_str(), retry_in = ?wait, "handler failed, retrying");
             if !sleep_unless_shutdown(wait, shutdown).await {
                 return Some(Outcome::Abandoned);
@@ -582,7 +584,7 @@ impl<S: InboxStore> Inbox<S> {
         match self.store.dead_letter(&stripped).await {
             Ok(id) => Outcome::DeadLettered { reason, id },
             Err(e) => {
-                tracing::error!(group = self.group(), at = %letter.delivery.coordinates(),
+                tracing::error!(target: "txbox::engine", group = self.group(), at = %letter.delivery.coordinates(),
                     reason = reason.as_str(), error = e.to_string().as_str(),
                     "a dead letter could not be stored; the message is skipped");
                 Outcome::Skipped {
@@ -641,9 +643,9 @@ async fn wait_outage(
     // A database message may quote the data: logged escaped, as a field.
     let text = error.to_string();
     if error.is_retryable() {
-        tracing::warn!(error = text.as_str(), retry_in = ?wait, "database unavailable, backing off");
+        tracing::warn!(target: "txbox::engine", error = text.as_str(), retry_in = ?wait, "database unavailable, backing off");
     } else {
-        tracing::error!(error = text.as_str(), retry_in = ?wait, "database error, retrying");
+        tracing::error!(target: "txbox::engine", error = text.as_str(), retry_in = ?wait, "database error, retrying");
     }
     sleep_unless_shutdown(wait, shutdown).await
 }

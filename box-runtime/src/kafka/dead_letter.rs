@@ -55,12 +55,12 @@ impl DeadLetterTopic {
             match self.producer.send(record, Duration::from_secs(10)).await {
                 Ok(_) => return,
                 Err((e, _)) => {
-                    tracing::warn!(topic = %self.topic, attempt, error = %e, "publishing a dead letter failed");
+                    tracing::warn!(target: "txbox::kafka", topic = %self.topic, attempt, error = %e, "publishing a dead letter failed");
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }
-        tracing::error!(topic = %self.topic, at = %d.coordinates(),
+        tracing::error!(target: "txbox::kafka", topic = %self.topic, at = %d.coordinates(),
             "dead letter not published to the topic after 5 attempts; it is in the dead-letter table");
     }
 }

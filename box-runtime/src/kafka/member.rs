@@ -113,7 +113,7 @@ impl<S: InboxStore> Member<S> {
         consumer
             .subscribe(&topics)
             .map_err(KafkaTransportError::Setup)?;
-        tracing::info!(group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
+        tracing::info!(target: "txbox::kafka", group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
             inbox,
@@ -167,7 +167,7 @@ impl<S: InboxStore> Member<S> {
                 self.pause(&pk, true);
             }
             Err(mpsc::error::TrySendError::Closed(d)) => {
-                tracing::warn!(topic = %d.topic, partition = d.partition, "partition task ended early");
+                tracing::warn!(target: "txbox::kafka", topic = %d.topic, partition = d.partition, "partition task ended early");
             }
         }
     }
@@ -211,7 +211,7 @@ impl<S: InboxStore> Member<S> {
             self.consumer.resume(&tpl)
         };
         if let Err(e) = result {
-            tracing::debug!(topic = %pk.0, partition = pk.1, pause, error = %e, "pause/resume failed");
+            tracing::debug!(target: "txbox::kafka", topic = %pk.0, partition = pk.1, pause, error = %e, "pause/resume failed");
         }
     }
 
@@ -247,14 +247,14 @@ impl<S: InboxStore> Member<S> {
                 partition: pk.1,
                 message: e.to_string(),
             };
-            tracing::error!(%error);
+            tracing::error!(target: "txbox::kafka", %error);
             self.first_error.get_or_insert(error);
         }
     }
 
     /// Finishes the messages in hand, commits and leaves the group.
     async fn leave(mut self) -> Result<(), KafkaTransportError> {
-        tracing::info!(
+        tracing::info!(target: "txbox::kafka",
             group = self.inbox.group(),
             "shutting down: finishing messages in hand"
         );
@@ -276,7 +276,7 @@ impl<S: InboxStore> Member<S> {
                 Err(_) => {
                     // The grace period is over: the handler is dropped with its transaction
                     // (rolled back) and its offset is not committed.
-                    tracing::warn!(topic = %pk.0, partition = pk.1,
+                    tracing::warn!(target: "txbox::kafka", topic = %pk.0, partition = pk.1,
                         grace = ?self.config.shutdown_grace,
                         "a message was still in hand at the end of the grace period; abandoned");
                     abort.abort();
@@ -298,12 +298,12 @@ impl<S: InboxStore> Member<S> {
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_secs(5));
         if tokio::time::timeout(left, is_closed).await.is_err() {
-            tracing::warn!(
+            tracing::warn!(target: "txbox::kafka",
                 group = self.inbox.group(),
                 "leaving the group did not finish within the grace period (broker unreachable?)"
             );
         }
-        tracing::info!(group = self.inbox.group(), "consumer stopped");
+        tracing::info!(target: "txbox::kafka", group = self.inbox.group(), "consumer stopped");
         self.first_error.map_or(Ok(()), Err)
     }
 }
@@ -349,7 +349,7 @@ impl ErrorLog {
                 self.suppressed += 1;
             }
             _ => {
-                tracing::warn!(error = %error, repeated = self.suppressed,
+                tracing::warn!(target: "txbox::kafka", error = %error, repeated = self.suppressed,
                     "kafka consumer error; retrying");
                 self.since = Some(now);
                 self.suppressed = 0;

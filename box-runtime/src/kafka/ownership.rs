@@ -53,7 +53,7 @@ impl ConsumerContext for RebalanceContext {
                 if let Some(stop) = own.stops.remove(&key) {
                     let _ = stop.send(true);
                 }
-                tracing::info!(
+                tracing::info!(target: "txbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),
                     "partition revoked"
@@ -70,7 +70,7 @@ impl ConsumerContext for RebalanceContext {
             for e in tpl.elements() {
                 own.owned
                     .insert((e.topic().to_owned(), e.partition()), generation);
-                tracing::info!(
+                tracing::info!(target: "txbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),
                     "partition assigned"
@@ -105,7 +105,7 @@ impl KafkaPartition {
         match tpl.add_partition_offset(&self.key.0, self.key.1, Offset::Offset(position)) {
             Ok(()) => Some(tpl),
             Err(e) => {
-                tracing::error!(error = %e, "cannot build the offset list");
+                tracing::error!(target: "txbox::kafka", error = %e, "cannot build the offset list");
                 None
             }
         }
@@ -125,7 +125,7 @@ impl PartitionLink for KafkaPartition {
     fn commit(&self, position: i64) -> bool {
         let own = lock(&self.ownership);
         if !self.owned_in(&own) {
-            tracing::debug!(topic = %self.key.0, partition = self.key.1, position,
+            tracing::debug!(target: "txbox::kafka", topic = %self.key.0, partition = self.key.1, position,
                 "partition no longer owned; not committing");
             return false;
         }
@@ -135,7 +135,7 @@ impl PartitionLink for KafkaPartition {
         match self.consumer.commit(&tpl, CommitMode::Async) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(topic = %self.key.0, partition = self.key.1, position, error = %e,
+                tracing::warn!(target: "txbox::kafka", topic = %self.key.0, partition = self.key.1, position, error = %e,
                     "offset commit failed; a later commit or the next owner covers it");
                 false
             }

@@ -55,7 +55,7 @@
 //! | `aggregatetype`  | `text`, null  | `#[outbox(aggregate_type = ...)]` (Debezium: `aggregatetype`) |
 //! | `aggregateid`    | `text`, null  | aggregate id, defaults to the key (Debezium: `aggregateid`) |
 //! | `type`           | `text`        | event type, becomes `ce_type` (Debezium: `type`)          |
-//! | `payload`        | `jsonb`       | the event's JSON (Debezium: `payload`)                    |
+//! | `payload`        | `json`        | the event's JSON as serialised, published byte for byte (Debezium: `payload`) |
 //! | `topic`          | `text`        | destination topic (Debezium routes by `aggregatetype`)    |
 //! | `message_key`    | `text`, null  | Kafka key (Debezium keys by `aggregateid` by default)     |
 //! | `headers`        | `jsonb`       | extra headers, e.g. `traceparent`                         |
@@ -166,8 +166,8 @@ pub struct NewRow {
     pub aggregate_type: Option<String>,
     /// Aggregate id.
     pub aggregate_id: Option<String>,
-    /// JSON payload.
-    pub payload: Value,
+    /// The JSON payload exactly as serialised: the relay publishes these bytes.
+    pub payload: String,
     /// Extra headers (`traceparent`, ...).
     pub headers: Map<String, Value>,
 }
@@ -175,7 +175,7 @@ pub struct NewRow {
 impl NewRow {
     /// The row for `event`, with a new UUID v7 and the current task's trace context.
     pub fn from_event<E: OutboxEvent>(event: &E) -> Result<Self, EnqueueError> {
-        let payload = serde_json::to_value(event).map_err(|source| EnqueueError::Serialize {
+        let payload = serde_json::to_string(event).map_err(|source| EnqueueError::Serialize {
             event_type: E::EVENT_TYPE,
             topic: E::TOPIC,
             source,

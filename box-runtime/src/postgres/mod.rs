@@ -42,6 +42,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "relay slots, fresh and retry indexes",
         sql: include_str!("migrations/outbox_v2.sql"),
     },
+    Migration {
+        component: "outbox",
+        version: 3,
+        description: "payload stored as json: the exact bytes the producer serialised",
+        sql: include_str!("migrations/outbox_v3.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {
@@ -277,7 +283,7 @@ impl PgStore {
             Err(StoreError::Connect { source, .. })
                 if !defaults.is_empty() && refuses_startup_options(&source) =>
             {
-                tracing::warn!(target = %redact_url(url), error = %source,
+                tracing::warn!(target: "txbox::postgres", target = %redact_url(url), error = %source,
                     "the server or pooler refuses startup options: connected without txbox's \
                      session timeouts and keepalives; set them on the server (docs/deployment.md)");
                 bounded(url, pool().connect_with(target)).await?
@@ -285,7 +291,7 @@ impl PgStore {
             pool => {
                 let pool = pool?;
                 if !defaults.is_empty() && !applied(&pool, &defaults).await {
-                    tracing::warn!(target = %redact_url(url),
+                    tracing::warn!(target: "txbox::postgres", target = %redact_url(url),
                         "the server or pooler ignored startup options (PgBouncer's \
                          `ignore_startup_parameters = options`?): txbox's session timeouts and \
                          keepalives are not in force; set them on the server (docs/deployment.md)");

@@ -99,7 +99,7 @@ impl Outbox {
             lock_scope,
             insert_one: format!(
                 "INSERT INTO {table} ({columns}) \
-                 SELECT $3, $4, $5, $6, $7, $8, $9, $10, {slot} \
+                 SELECT $3, $4, $5, $6, $7, $8, $9::text::json, $10, {slot} \
                  WHERE ($2::int8 IS NULL OR pg_advisory_xact_lock($2)::text = '') AND {wake}",
                 slot = slot_expr("$8::text", "$3::uuid"),
             ),
@@ -108,9 +108,9 @@ impl Outbox {
             insert_many: format!(
                 "INSERT INTO {table} ({columns}) \
                  SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, \
-                        r.payload, r.headers, {slot} \
+                        r.payload::json, r.headers, {slot} \
                  FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], \
-                             $8::text[], $9::jsonb[], $10::jsonb[]) WITH ORDINALITY \
+                             $8::text[], $9::text[], $10::jsonb[]) WITH ORDINALITY \
                    AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
                  WHERE (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k) >= 0 \
                    AND {wake} \

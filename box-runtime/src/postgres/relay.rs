@@ -388,13 +388,13 @@ impl RelayStore for PgRelayStore {
             drop(guard);
             tokio::time::sleep(timeout).await;
             if let Err(e) = self.listen().await {
-                tracing::warn!(error = %e, "relay cannot LISTEN; polling only");
+                tracing::warn!(target: "txbox::postgres", error = %e, "relay cannot LISTEN; polling only");
             }
             return;
         };
         if listener.next_buffered().is_none() {
             if let Ok(Err(e)) = tokio::time::timeout(timeout, listener.recv()).await {
-                tracing::warn!(error = %e, "relay lost its LISTEN connection; reconnecting");
+                tracing::warn!(target: "txbox::postgres", error = %e, "relay lost its LISTEN connection; reconnecting");
                 *guard = None;
                 return;
             }
@@ -404,6 +404,15 @@ impl RelayStore for PgRelayStore {
 
     async fn purge<'a>(&'a self, retention: &'a Retention) -> Result<u64, StoreError> {
         purge_published(&self.pool, &self.tables, retention).await
+    }
+
+    async fn unpublished(&self) -> Result<u64, StoreError> {
+        let sql = format!(
+            "SELECT count(*) FROM {} WHERE published_at IS NULL AND parked_at IS NULL",
+            self.tables.outbox
+        );
+        let n: i64 = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 }
 

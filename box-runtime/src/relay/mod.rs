@@ -439,4 +439,25 @@ impl<S: RelayStore> Relay<S> {
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
         run::run(self, shutdown).await
     }
+
+    /// Publishes every row committed so far and the rows committed while it runs, and returns
+    /// once none is left to publish ([`RelayStore::unpublished`] is 0: every row published
+    /// or parked), stopping as [`Relay::run`] does. For tests, tools and batch jobs: a test
+    /// enqueues, drains, and then reads the topic knowing everything is there.
+    ///
+    /// It waits as long as rows remain, a broker outage included: bound it with
+    /// `tokio::time::timeout` when the broker may be away.
+    pub async fn drain(self) -> Result<(), RelayError> {
+        let store = Arc::clone(&self.store);
+        let check = Duration::from_millis(20);
+        self.run(async move {
+            loop {
+                if let Ok(0) = store.unpublished().await {
+                    return;
+                }
+                tokio::time::sleep(check).await;
+            }
+        })
+        .await
+    }
 }

@@ -112,11 +112,13 @@ async fn finish(tasks: &mut Tasks, config: &RelayConfig) {
     let deadline = tokio::time::Instant::now() + config.grace;
     loop {
         match tokio::time::timeout_at(deadline, tasks.join_next()).await {
-            Ok(Some(Ok(Err(e)))) => tracing::warn!(error = %e, "relay task failed while stopping"),
+            Ok(Some(Ok(Err(e)))) => {
+                tracing::warn!(target: "txbox::relay", error = %e, "relay task failed while stopping")
+            }
             Ok(Some(_)) => {}
             Ok(None) => return,
             Err(_) => {
-                tracing::warn!(
+                tracing::warn!(target: "txbox::relay",
                     grace = ?config.grace,
                     "relay stop: batches still unacknowledged after the grace period are \
                      abandoned unmarked (they will be published again)"
@@ -151,8 +153,10 @@ async fn purge<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> 
     loop {
         match shared.store.purge(retention).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(deleted = n, "outbox retention purge"),
-            Err(e) => tracing::warn!(error = %e, "outbox retention purge failed"),
+            Ok(n) => tracing::info!(target: "txbox::relay", deleted = n, "outbox retention purge"),
+            Err(e) => {
+                tracing::warn!(target: "txbox::relay", error = %e, "outbox retention purge failed")
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(retention.interval) => {}

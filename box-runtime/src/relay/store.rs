@@ -133,6 +133,11 @@ pub trait RelayStore: Send + Sync + 'static {
         &'a self,
         retention: &'a Retention,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
+
+    /// How many committed rows are still to publish: neither published nor parked (rows
+    /// waiting for a retry count). [`Relay::drain`](crate::relay::Relay::drain) runs until it
+    /// is 0.
+    fn unpublished(&self) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
 }
 
 /// One worker's session: membership, claimed slots, and the reads, marks and failures of the

@@ -85,7 +85,7 @@ impl Slots {
             self.held.extend(claimed);
             self.held.sort_unstable();
         }
-        tracing::debug!(
+        tracing::debug!(target: "txbox::relay",
             members = members.count,
             share,
             held = ?self.held,
@@ -179,7 +179,7 @@ async fn pause<S>(
     worker: usize,
 ) {
     let wait = shared.config.backoff.delay(errors);
-    tracing::warn!(worker, %error, retry_in = ?wait, "relay worker: store error; reconnecting");
+    tracing::warn!(target: "txbox::relay", worker, %error, retry_in = ?wait, "relay worker: store error; reconnecting");
     tokio::select! {
         () = tokio::time::sleep(wait) => {}
         _ = stop.wait_for(|stopped| *stopped) => {}

@@ -50,7 +50,7 @@ impl SqliteOutbox {
                 .bind(&row.event_type)
                 .bind(&row.topic)
                 .bind(&row.key)
-                .bind(row.payload.to_string())
+                .bind(row.payload)
                 .bind(Value::Object(row.headers).to_string())
                 .execute(&mut *conn)
                 .await

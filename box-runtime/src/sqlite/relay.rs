@@ -51,6 +51,7 @@ struct Statements {
     mark_published: String,
     record_failure: String,
     purge: String,
+    unpublished: String,
 }
 
 impl SqliteRelayStore {
@@ -92,6 +93,9 @@ impl SqliteRelayStore {
                    parked_at = CASE WHEN $3 THEN {NOW} END, next_attempt_at = {until} \
                  WHERE id = $1 AND published_at IS NULL",
                 until = later("$4")
+            ),
+            unpublished: format!(
+                "SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL"
             ),
             purge: format!(
                 "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
@@ -262,6 +266,13 @@ impl RelayStore for SqliteRelayStore {
             Ok(done.rows_affected())
         })
         .await
+    }
+
+    async fn unpublished(&self) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(&self.sql.unpublished)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 }
 

@@ -150,7 +150,7 @@ where
             .bind(m.description)
             .execute(&mut *conn)
             .await?;
-        tracing::info!(
+        tracing::info!(target: "txbox::store",
             component = m.component,
             version = m.version,
             "txbox migration applied"

@@ -1,0 +1,11 @@
+-- txbox migration (outbox, 3): the payload keeps the bytes the producer serialised.
+-- Names in braces are filled in from the configured table names (see store::migrate).
+--
+-- `jsonb` normalises what it stores (keys sorted by length then bytes, duplicates dropped,
+-- whitespace rewritten), so the relay published different bytes than `enqueue` serialised.
+-- `json` keeps the text exactly as written and still checks that it is JSON. The column keeps
+-- its name (`payload`, the Debezium outbox router's default) and stays JSON-typed, so a
+-- Debezium mapping of the table is unchanged. Rows already stored keep the text of their
+-- `jsonb` form. The change rewrites the table once (an ACCESS EXCLUSIVE lock for as long as
+-- the rewrite takes): it is fast on an outbox whose published rows are purged.
+ALTER TABLE {outbox} ALTER COLUMN payload TYPE json USING payload::json;

@@ -1,0 +1,159 @@
+//! The README's Install section is what a new user copies: a crate written from it alone must
+//! build and run.
+//!
+//! Each test writes a new crate in a temporary directory: its `Cargo.toml` is a snippet of the
+//! README verbatim, plus a `[patch.crates-io]` that takes txbox from this repository (it is not
+//! on a registry here); its `src/main.rs` is a program of the README. The build runs offline on
+//! a copy of this workspace's `Cargo.lock`, in this workspace's target directory, so it
+//! resolves the same versions and reuses what is compiled.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const README: &str = include_str!("../README.md");
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The text of the `## {heading}` section, up to the next `## ` heading.
+fn section(heading: &str) -> &'static str {
+    let start = README
+        .find(&format!("\n## {heading}\n"))
+        .unwrap_or_else(|| panic!("README.md has no `## {heading}` section"));
+    let body = &README[start + 1..];
+    let end = body[3..].find("\n## ").map_or(body.len(), |i| i + 3);
+    &body[..end]
+}
+
+/// The fenced code blocks of `text` whose info string starts with `lang`, in order.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let Some(info) = line.strip_prefix("```") else {
+            continue;
+        };
+        let body: Vec<&str> = lines
+            .by_ref()
+            .take_while(|l| !l.starts_with("```"))
+            .collect();
+        if info.starts_with(lang) {
+            // rustdoc's hidden lines (`# ...`) are part of the program
+            let body: Vec<&str> = body
+                .into_iter()
+                .map(|l| match l {
+                    "#" => "",
+                    _ => l.strip_prefix("# ").unwrap_or(l),
+                })
+                .collect();
+            out.push(body.join("\n") + "\n");
+        }
+    }
+    out
+}
+
+/// The snippet of the Install section for `backend` (`"PostgreSQL"` or `"SQLite"`): the TOML
+/// block that follows the paragraph naming it.
+fn snippet(backend: &str) -> String {
+    let install = section("Install");
+    let at = install
+        .find(&format!("A service on {backend}"))
+        .unwrap_or_else(|| panic!("the Install section has no paragraph `A service on {backend}`"));
+    blocks(&install[at..], "toml")
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| panic!("no TOML block after `A service on {backend}`"))
+}
+
+/// A new crate named `name` with `dependencies` (a README snippet) and `main`.
+fn new_crate(name: &str, dependencies: &str, main: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("src")).expect("crate directory");
+    let manifest = format!(
+        "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n\
+         {dependencies}\n\
+         [patch.crates-io]\n\
+         txbox = {{ path = {repo:?} }}\n\
+         box-runtime = {{ path = {runtime:?} }}\n\
+         box-macros = {{ path = {macros:?} }}\n\n\
+         [workspace]\n",
+        repo = REPO,
+        runtime = format!("{REPO}/box-runtime"),
+        macros = format!("{REPO}/box-macros"),
+    );
+    std::fs::write(dir.join("Cargo.toml"), manifest).expect("Cargo.toml");
+    std::fs::copy(Path::new(REPO).join("Cargo.lock"), dir.join("Cargo.lock")).expect("lockfile");
+    std::fs::write(dir.join("src/main.rs"), main).expect("main.rs");
+    dir
+}
+
+/// This workspace's target directory (the parent of the integration tests' temporary one).
+fn target_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target directory")
+        .to_path_buf()
+}
+
+/// Runs `cargo <args>` in `dir` offline; returns its stdout, or panics with both outputs.
+fn cargo(dir: &Path, args: &[&str], within: Duration) -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut child = Command::new(cargo)
+        .args(args)
+        .arg("--offline")
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", target_dir())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("cargo starts");
+    let started = Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "`cargo {}` in {} did not finish within {within:?}:\n{}",
+                args.join(" "),
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().expect("output");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`cargo {}` in {} failed ({}):\nstdout:\n{stdout}\nstderr:\n{}",
+        args.join(" "),
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+#[test]
+fn a_crate_from_the_sqlite_snippet_runs_the_zero_setup_program() {
+    let programs = blocks(section("Install"), "rust");
+    assert_eq!(
+        programs.len(),
+        1,
+        "the Install section has one program (the zero-setup check)"
+    );
+    let dir = new_crate("txbox-install-sqlite", &snippet("SQLite"), &programs[0]);
+    let stdout = cargo(&dir, &["run", "--quiet"], Duration::from_secs(1800));
+    assert!(
+        stdout.contains("hello, world\n") && stdout.contains("greetings stored: 1\n"),
+        "the program's output: {stdout:?}"
+    );
+}
+
+#[test]
+fn a_crate_from_the_postgres_snippet_compiles_the_tour() {
+    let tour = blocks(section("Tour"), "rust");
+    assert!(!tour.is_empty(), "the Tour section has a program");
+    let dir = new_crate("txbox-install-postgres", &snippet("PostgreSQL"), &tour[0]);
+    cargo(&dir, &["build", "--quiet"], Duration::from_secs(1800));
+}

@@ -1,0 +1,323 @@
+//! `txbox::testing`: the real inbox path without a broker, the in-memory SQLite store, the
+//! relay's drain and `wait_idle`; and the `txbox::...` log targets a `txbox` filter catches.
+//!
+//! Everything here runs in process (SQLite in memory, librdkafka's in-process Kafka): no
+//! service is needed.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use support::read_topic;
+use txbox::inbox::{Backoff, InboxConfig};
+use txbox::kafka::InProcessKafka;
+use txbox::prelude::*;
+use txbox::relay::RelayReport;
+use txbox::testing::{delivery, sqlite_memory, wait_idle, NotIdle, TestInbox};
+use txbox::{Outcome, Relay, RetryPolicy};
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "KitOrder", topic = "kit-orders", key = order_id)]
+pub struct KitOrder {
+    pub order_id: String,
+    pub total_cents: i64,
+}
+
+/// Writes an invoice; a negative total is a permanent error, a zero total a transient one.
+#[inbox_handler(event = "KitOrder", group = "kit")]
+async fn kit_invoice(event: KitOrder, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
+    if event.total_cents < 0 {
+        return Err(HandlerError::permanent("negative total"));
+    }
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(&event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    if event.total_cents == 0 {
+        return Err(HandlerError::transient("zero total, try later"));
+    }
+    Ok(())
+}
+
+async fn store_with_invoices() -> txbox::SqliteStore {
+    let store = sqlite_memory().await.expect("in-memory store");
+    sqlx::query("CREATE TABLE invoices (order_id TEXT NOT NULL, total_cents INTEGER NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("invoices table");
+    store
+}
+
+async fn invoices(store: &txbox::SqliteStore) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM invoices")
+        .fetch_one(store.pool())
+        .await
+        .expect("count")
+}
+
+fn order(id: &str, total_cents: i64) -> KitOrder {
+    KitOrder {
+        order_id: id.into(),
+        total_cents,
+    }
+}
+
+#[tokio::test]
+async fn a_delivered_event_runs_the_handler_once_and_its_redelivery_is_a_duplicate() {
+    let store = store_with_invoices().await;
+    let kit = TestInbox::new(store.clone(), "kit").expect("inbox");
+    let message = delivery(&order("o-1", 1200));
+    assert_eq!(
+        kit.deliver_raw(message.clone()).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(kit.deliver_raw(message).await, Outcome::Duplicate);
+    // a new event id is a new event
+    assert_eq!(
+        kit.deliver(&order("o-1", 1200)).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(invoices(&store).await, 2);
+    let inbox_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM txbox_inbox")
+        .fetch_one(store.pool())
+        .await
+        .expect("inbox rows");
+    assert_eq!(
+        inbox_rows, 2,
+        "one inbox row per event id, written by the real path"
+    );
+}
+
+#[tokio::test]
+async fn failures_roll_back_retry_and_dead_letter_as_the_consumer_does() {
+    let store = store_with_invoices().await;
+    let fast = Backoff::new(Duration::from_millis(1), Duration::from_millis(2));
+    let mut config = InboxConfig::default();
+    config.retry = RetryPolicy::default().max_attempts(3).backoff(fast);
+    let kit = TestInbox::with_config(store.clone(), "kit", config).expect("inbox");
+    // transient: the write rolls back each time, three runs, then a dead letter
+    let outcome = kit.deliver(&order("o-0", 0)).await;
+    assert!(
+        matches!(outcome, Outcome::DeadLettered { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(invoices(&store).await, 0, "every failed run rolled back");
+    // permanent: dead-lettered at once
+    let outcome = kit.deliver(&order("o-neg", -1)).await;
+    assert!(
+        matches!(outcome, Outcome::DeadLettered { .. }),
+        "{outcome:?}"
+    );
+    // raw bytes that are not JSON
+    let mut bad = delivery(&order("o-bad", 1));
+    bad.payload = Some(b"not json".to_vec());
+    let outcome = kit.deliver_raw(bad).await;
+    assert!(
+        matches!(&outcome, Outcome::DeadLettered { reason, .. } if reason.contains("JSON") || reason.contains("json") || reason.contains("decode")),
+        "{outcome:?}"
+    );
+    let letters: Vec<(String, i64)> =
+        sqlx::query_as("SELECT error, attempts FROM txbox_dead_letters ORDER BY id")
+            .fetch_all(store.pool())
+            .await
+            .expect("letters");
+    assert_eq!(letters.len(), 3, "{letters:?}");
+    assert_eq!(letters[0].1, 3, "the transient failure ran three times");
+    assert!(letters[1].0.contains("negative total"), "{letters:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_in_memory_store_is_one_database_for_every_connection_of_its_pool() {
+    let store = sqlite_memory().await.expect("store");
+    let mut first = store.pool().acquire().await.expect("first");
+    let mut second = store.pool().acquire().await.expect("second");
+    sqlx::query("CREATE TABLE seen (n INTEGER)")
+        .execute(&mut *first)
+        .await
+        .expect("create");
+    sqlx::query("INSERT INTO seen VALUES (7)")
+        .execute(&mut *first)
+        .await
+        .expect("insert");
+    let n: i64 = sqlx::query_scalar("SELECT n FROM seen")
+        .fetch_one(&mut *second)
+        .await
+        .expect("the other connection sees the table");
+    assert_eq!(n, 7);
+    drop((first, second));
+    // idle connections are not retired with the database
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let migrated: i64 = sqlx::query_scalar("SELECT count(*) FROM txbox_migrations")
+        .fetch_one(store.pool())
+        .await
+        .expect("migrations table");
+    assert!(migrated >= 3, "migrated: {migrated}");
+    // another call is another database
+    let other = sqlite_memory().await.expect("other");
+    assert!(sqlx::query("SELECT n FROM seen")
+        .fetch_one(other.pool())
+        .await
+        .is_err());
+}
+
+async fn enqueue_orders(store: &txbox::SqliteStore, n: usize) {
+    let mut tx = store.pool().begin().await.expect("begin");
+    for i in 0..n {
+        txbox::outbox::enqueue(&mut tx, &order(&format!("o-{i}"), i as i64 + 1))
+            .await
+            .expect("enqueue");
+    }
+    tx.commit().await.expect("commit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_publishes_every_row_and_returns_once_the_outbox_is_empty() {
+    let kafka = InProcessKafka::start().expect("in-process kafka");
+    kafka.create_topic("kit-orders", 1).expect("topic");
+    let store = sqlite_memory().await.expect("store");
+    enqueue_orders(&store, 40).await;
+    let (reports, mut published) = tokio::sync::mpsc::unbounded_channel();
+    let relay = Relay::builder(store.clone(), kafka.brokers())
+        .reports(reports)
+        .build()
+        .expect("relay");
+    tokio::time::timeout(Duration::from_secs(60), relay.drain())
+        .await
+        .expect("drain returns")
+        .expect("drain");
+    // when drain returns, every row is marked published and the broker acknowledged it
+    let unpublished: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+    assert_eq!(unpublished, 0);
+    let mut acked = 0;
+    while let Ok(report) = published.try_recv() {
+        acked += usize::from(matches!(report, RelayReport::Published { .. }));
+    }
+    assert_eq!(acked, 40);
+    let msgs = read_topic(
+        kafka.brokers(),
+        "kit-orders",
+        1,
+        40,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(msgs.len(), 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_idle_returns_when_a_running_relay_has_published_everything() {
+    let kafka = InProcessKafka::start().expect("in-process kafka");
+    kafka.create_topic("kit-orders", 1).expect("topic");
+    let store = sqlite_memory().await.expect("store");
+    enqueue_orders(&store, 25).await;
+    // no relay yet: not idle
+    match wait_idle(&store, Duration::from_millis(200)).await {
+        Err(NotIdle::Unpublished { unpublished, .. }) => assert_eq!(unpublished, 25),
+        other => panic!("expected 25 unpublished rows, got {other:?}"),
+    }
+    let relay = Relay::builder(store.clone(), kafka.brokers())
+        .build()
+        .expect("relay");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(relay.run(async move {
+        let _ = stopped.await;
+    }));
+    wait_idle(&store, Duration::from_secs(60))
+        .await
+        .expect("the relay publishes everything");
+    let published: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL")
+            .fetch_one(store.pool())
+            .await
+            .expect("count");
+    assert_eq!(published, 25);
+    let _ = stop.send(());
+    task.await.expect("task").expect("relay");
+}
+
+/// The payload on the broker is the producer's JSON byte for byte (SQLite stores it as text).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_relay_publishes_exactly_the_serialised_bytes() {
+    #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+    #[outbox(event_type = "KitSigned", topic = "kit-signed", key = zz)]
+    struct KitSigned {
+        zz: String,
+        a: i64,
+        mmm: Box<serde_json::value::RawValue>,
+    }
+    let raw = r#"{"b" : 1,  "a":[1, 2], "b": 2}"#;
+    let expected = r#"{"zz":"k","a":1,"mmm":{"b" : 1,  "a":[1, 2], "b": 2}}"#;
+    let kafka = InProcessKafka::start().expect("in-process kafka");
+    kafka.create_topic("kit-signed", 1).expect("topic");
+    let store = sqlite_memory().await.expect("store");
+    let event = KitSigned {
+        zz: "k".into(),
+        a: 1,
+        mmm: serde_json::value::RawValue::from_string(raw.into()).expect("raw"),
+    };
+    let mut tx = store.pool().begin().await.expect("begin");
+    txbox::outbox::enqueue(&mut tx, &event)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    Relay::builder(store.clone(), kafka.brokers())
+        .build()
+        .expect("relay")
+        .drain()
+        .await
+        .expect("drain");
+    let msg = read_topic(kafka.brokers(), "kit-signed", 1, 1, Duration::from_secs(30))
+        .await
+        .remove(0);
+    assert_eq!(String::from_utf8_lossy(&msg.bytes), expected);
+}
+
+/// A `Write` into a shared buffer, for a subscriber's output.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `RUST_LOG=txbox=debug` shows the engine's logs: every event is under a `txbox::...`
+/// target (the filter here is the same directive, parsed by tracing-subscriber).
+#[tokio::test]
+async fn a_txbox_filter_catches_the_engine_logs() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let store = store_with_invoices().await;
+    let kit = TestInbox::new(store.clone(), "kit").expect("inbox");
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let filter: tracing_subscriber::filter::Targets = "txbox=debug".parse().expect("filter");
+    let subscriber = tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        )
+        .with(filter);
+    let guard = tracing::subscriber::set_default(subscriber);
+    let outcome = kit.deliver(&order("o-log", 5)).await;
+    drop(guard);
+    assert_eq!(outcome, Outcome::Processed { attempt: 1 });
+    let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    assert!(
+        text.contains("txbox::engine") && text.contains("processed"),
+        "the engine's `processed` line under a txbox::engine target: {text:?}"
+    );
+}
