@@ -21,6 +21,7 @@ pub mod relay;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod store;
+pub mod telemetry;
 mod util;
 
 pub use backoff::Backoff;

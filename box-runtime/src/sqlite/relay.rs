@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::{SqliteStore, NOW};
 use crate::outbox::Retention;
 use crate::relay::{
-    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+    parse_headers, Backlog, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
 };
 use crate::store::{StoreError, Tables};
 
@@ -51,6 +51,7 @@ struct Statements {
     mark_published: String,
     record_failure: String,
     purge: String,
+    backlog: String,
 }
 
 impl SqliteRelayStore {
@@ -98,6 +99,9 @@ impl SqliteRelayStore {
                  WHERE published_at IS NOT NULL AND published_at < {before} \
                  ORDER BY published_at LIMIT $2)",
                 before = earlier("$1")
+            ),
+            backlog: format!(
+                "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT (julianday('now') - julianday(min(created_at))) * 86400.0 FROM {t}                      WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL)"
             ),
         };
         Self {
@@ -262,6 +266,14 @@ impl RelayStore for SqliteRelayStore {
             Ok(done.rows_affected())
         })
         .await
+    }
+
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
+            sqlx::query_as(&self.sql.backlog)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog::new(unpublished, oldest, parked))
     }
 }
 
