@@ -161,7 +161,7 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
             && value(s, metric::INBOX_DEAD_LETTERS, &group) == Some(1.0)
             && (0..3).all(|p| {
                 let partition = format!("partition=\"{p}\"");
-                value(s, metric::CONSUMER_LAG, &[&partition, &orders[0]]) == Some(0.0)
+                value(s, metric::CONSUMER_LAG, &[&partition, orders[0]]) == Some(0.0)
             })
     })
     .await;

@@ -131,13 +131,23 @@ pub async fn with_traceparent<F: Future>(traceparent: impl Into<String>, fut: F)
 /// The trace context set by [`with_traceparent`] for the current task, if valid; with the
 /// `otel` feature, failing that, the current `tracing` span's OpenTelemetry context.
 pub fn current_traceparent() -> Option<String> {
-    let scoped = TRACEPARENT
+    TRACEPARENT
         .try_with(|tp| tp.clone())
         .ok()
-        .filter(|tp| is_valid_traceparent(tp));
-    #[cfg(feature = "otel")]
-    let scoped = scoped.or_else(crate::telemetry::otel::current_traceparent);
-    scoped
+        .filter(|tp| is_valid_traceparent(tp))
+        .or_else(span_traceparent)
+}
+
+/// The current span's trace context (feature `otel`).
+#[cfg(feature = "otel")]
+fn span_traceparent() -> Option<String> {
+    crate::telemetry::otel::current_traceparent()
+}
+
+/// Without the `otel` feature, spans carry no trace context.
+#[cfg(not(feature = "otel"))]
+fn span_traceparent() -> Option<String> {
+    None
 }
 
 /// Whether `value` is a W3C `traceparent` of version `00` with non-zero ids.

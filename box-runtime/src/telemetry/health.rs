@@ -9,9 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// relay updates it as it runs.
 ///
 /// - [`live`](Self::live): its run loop is running (from the start of `run` to its end).
-/// - [`ready`](Self::ready): live, joined (a consumer: it has an assignment from the group
-///   coordinator; a relay: its workers have joined the relays sharing the outbox), and its
-///   database answered the last probe.
+/// - [`ready`](Self::ready): live, joined (a consumer: it has received an assignment from
+///   the group coordinator, even of no partition; a relay: its workers have opened their
+///   sessions), and its database answered its last use (a probe of the gauge sampler, every
+///   sample interval, or a cycle).
 /// - [`last_cycle`](Self::last_cycle): when it last completed a cycle: a consumer, a batch
 ///   of messages resolved; a relay, a read (and publication) of its outbox.
 ///
@@ -64,8 +65,8 @@ impl Health {
         self.0.joined.load(Ordering::Relaxed)
     }
 
-    /// Whether the database answered the last probe (and the last transaction did not fail
-    /// on an outage).
+    /// Whether the database answered its last use: the last probe of the sampler or the last
+    /// cycle, whichever came last.
     pub fn database_reachable(&self) -> bool {
         self.0.database.load(Ordering::Relaxed)
     }
