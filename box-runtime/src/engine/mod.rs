@@ -199,9 +199,11 @@ impl<S: InboxStore> Inbox<S> {
 
     /// The span of one message (see [`crate::telemetry`]).
     fn message_span(&self, d: &Delivery) -> Span {
-        let event_type = d.header_str(&self.config.event_type_header);
-        let id = d.header_str(self.config.event_id_header());
-        self.telemetry.message_span(d, event_type, id)
+        let headers = (
+            &*self.config.event_type_header,
+            self.config.event_id_header(),
+        );
+        self.telemetry.message_span(d, headers)
     }
 
     /// A message is resolved: its log line, metrics and span fields.

@@ -81,13 +81,10 @@ impl InboxTelemetry {
     }
 
     /// The span of one message (see [`message_span`]).
-    pub(crate) fn message_span(
-        &self,
-        d: &Delivery,
-        event_type: Option<&str>,
-        id: Option<&str>,
-    ) -> Span {
-        message_span(&self.group, d, event_type, id)
+    /// `headers` names the event type and event id headers, read only when the span is
+    /// enabled.
+    pub(crate) fn message_span(&self, d: &Delivery, headers: (&str, &str)) -> Span {
+        message_span(&self.group, d, headers)
     }
 
     /// A batch of `size` messages was taken from a partition.
@@ -149,11 +146,12 @@ impl InboxTelemetry {
 /// The span of one message: group, event type, event id, topic, partition, offset; attempt,
 /// outcome and duration are recorded when it is resolved. With the `otel` feature its parent
 /// is the trace context of the message's `traceparent` header.
-fn message_span(group: &str, d: &Delivery, event_type: Option<&str>, id: Option<&str>) -> Span {
+fn message_span(group: &str, d: &Delivery, (type_header, id_header): (&str, &str)) -> Span {
+    // The field values are computed only if a subscriber wants the span.
     let span = tracing::info_span!(target: "txbox::inbox", "txbox.message",
         group,
-        event_type = event_type.unwrap_or(""),
-        event_id = id.unwrap_or(""),
+        event_type = d.header_str(type_header).unwrap_or(""),
+        event_id = d.header_str(id_header).unwrap_or(""),
         topic = d.topic.as_str(),
         partition = d.partition,
         offset = d.offset,
