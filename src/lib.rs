@@ -78,6 +78,13 @@ pub mod testing {
     pub use box_runtime::testing::*;
 }
 
+/// Operations: the metric names ([`telemetry::metric`]), the [`Health`](telemetry::Health) of
+/// consumers and relays, and how spans are named. See `docs/operations.md`.
+pub mod telemetry {
+    #[doc(inline)]
+    pub use box_runtime::telemetry::*;
+}
+
 /// The Kafka transport: consumer settings, and an in-process Kafka for zero-setup runs.
 pub mod kafka {
     #[doc(inline)]

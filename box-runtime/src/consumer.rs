@@ -11,6 +11,8 @@ use crate::engine::{
 };
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
 use crate::store::InboxStore;
+use crate::telemetry::sampler::{sample_inbox, Sampling};
+use crate::telemetry::Health;
 
 /// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.
 ///
@@ -31,6 +33,7 @@ pub struct Consumer<S> {
     inbox: Arc<Inbox<S>>,
     kafka: KafkaConfig,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    sampling: Sampling,
 }
 
 /// Builds a [`Consumer`]; every setting has a safe default.
@@ -41,6 +44,7 @@ pub struct ConsumerBuilder<S> {
     kafka: KafkaConfig,
     config: InboxConfig,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    sampling: Sampling,
 }
 
 impl<S: InboxStore> Consumer<S> {
@@ -52,12 +56,20 @@ impl<S: InboxStore> Consumer<S> {
             kafka,
             config: InboxConfig::default(),
             reports: None,
+            sampling: Sampling::default(),
         }
     }
 
     /// The inbox engine.
     pub fn inbox(&self) -> &Inbox<S> {
         &self.inbox
+    }
+
+    /// The consumer's health (see [`Health`]): live while `run` runs, joined while it holds
+    /// an assignment of the group, the database reachable as the last transaction and the last
+    /// gauge sample found it, and the time the last batch was resolved.
+    pub fn health(&self) -> Health {
+        self.inbox.health()
     }
 
     /// Consumes until `shutdown` completes; then finishes the messages in hand, commits and
@@ -67,15 +79,22 @@ impl<S: InboxStore> Consumer<S> {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), KafkaTransportError> {
         let (tx, rx) = watch::channel(false);
-        let run = member::run(self.inbox, self.kafka, rx, self.reports);
+        let health = self.inbox.health();
+        health.set_live(true);
+        let sampler = tokio::spawn(sample_inbox(self.inbox.clone(), self.sampling, rx.clone()));
+        let run = member::run(self.inbox, self.kafka, rx, self.reports, self.sampling);
         tokio::pin!(run);
-        tokio::select! {
+        let result = tokio::select! {
             result = &mut run => result,
             () = shutdown => {
                 let _ = tx.send(true);
                 run.await
             }
-        }
+        };
+        sampler.abort();
+        health.set_live(false);
+        health.set_joined(false);
+        result
     }
 
     /// Consumes until SIGINT or SIGTERM.
@@ -170,6 +189,20 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// How often the consumer samples its gauges (dead letters, stuck rows, lag per partition)
+    /// and probes its database (default 15 s; see [`crate::telemetry`]).
+    pub fn sample_interval(mut self, interval: std::time::Duration) -> Self {
+        self.sampling.interval = interval;
+        self
+    }
+
+    /// After how long a received inbox row still not processed counts as stuck (default
+    /// 5 minutes).
+    pub fn stuck_after(mut self, after: std::time::Duration) -> Self {
+        self.sampling.stuck_after = after;
+        self
+    }
+
     /// Sends a [`Report`] for every message handled (for tests and metrics).
     pub fn reports(mut self, sender: mpsc::UnboundedSender<Report>) -> Self {
         self.reports = Some(sender);
@@ -184,6 +217,7 @@ impl<S: InboxStore> ConsumerBuilder<S> {
             inbox: Arc::new(inbox),
             kafka: self.kafka,
             reports: self.reports,
+            sampling: self.sampling,
         })
     }
 }

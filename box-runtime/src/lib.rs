@@ -23,6 +23,7 @@ pub mod sqlite;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod telemetry;
 mod util;
 
 pub use backoff::Backoff;

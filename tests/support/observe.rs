@@ -218,4 +218,11 @@ impl<S: InboxStore> InboxStore for Observed<S> {
     ) -> impl Future<Output = Result<i64, StoreError>> + Send + '_ {
         self.inner.count_stuck(older_than)
     }
+
+    fn count_dead_letters<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a {
+        self.inner.count_dead_letters(group)
+    }
 }

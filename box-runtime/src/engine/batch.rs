@@ -8,8 +8,10 @@
 //! counted and dead-lettered, exactly as without batching.
 
 use std::collections::HashSet;
+use std::time::Instant;
 
 use tokio::sync::watch;
+use tracing::{Instrument, Span};
 
 use super::prepare::{Prepared, Ready};
 use super::{classify_failure, Attempt, Delivery, Inbox, Outcome};
@@ -36,6 +38,7 @@ impl<S: InboxStore> Inbox<S> {
         batch: &[&Delivery],
         shutdown: &watch::Receiver<bool>,
     ) -> Vec<Outcome> {
+        self.telemetry.batch_size(batch.len());
         if batch.len() <= 1 || !self.config.ack.batches() {
             let mut outcomes = Vec::with_capacity(batch.len());
             for d in batch {
@@ -43,7 +46,12 @@ impl<S: InboxStore> Inbox<S> {
             }
             return outcomes;
         }
-        let prepared: Vec<Prepared<'_>> = batch.iter().map(|d| self.prepare(d)).collect();
+        let (span, started) = (self.telemetry.batch_span(batch.len()), Instant::now());
+        let spans: Vec<Span> =
+            span.in_scope(|| batch.iter().map(|d| self.message_span(d)).collect());
+        let prepared: Vec<Prepared<'_>> = (batch.iter().zip(&spans))
+            .map(|(d, s)| self.prepare(d).with_span(s))
+            .collect();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
         // The first message of each key runs; a later copy in the same batch is a duplicate.
         let mut seen = HashSet::with_capacity(batch.len());
@@ -57,17 +65,22 @@ impl<S: InboxStore> Inbox<S> {
                 }
             }
         }
-        for (i, outcome) in self.run_split(&runnable, shutdown).await {
+        let split = self.run_split(&runnable, shutdown);
+        for (i, outcome) in split.instrument(span.clone()).await {
             outcomes[i] = Some(outcome);
         }
         for (i, p) in prepared.into_iter().enumerate() {
             if outcomes[i].is_none() {
-                outcomes[i] = Some(self.resolve(batch[i], p, shutdown).await);
+                let resolve = self.resolve(batch[i], p, shutdown);
+                outcomes[i] = Some(resolve.instrument(spans[i].clone()).await);
             }
         }
         let outcomes: Vec<Outcome> = outcomes.into_iter().flatten().collect();
-        for (d, outcome) in batch.iter().zip(&outcomes) {
-            self.log(d, outcome);
+        for ((d, outcome), s) in batch.iter().zip(&outcomes).zip(&spans) {
+            self.finish(d, s, started, outcome);
+        }
+        if outcomes.iter().any(Outcome::acknowledges) {
+            self.telemetry.health.cycle();
         }
         outcomes
     }

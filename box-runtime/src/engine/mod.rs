@@ -6,13 +6,16 @@
 //! knows neither Kafka nor PostgreSQL: stores implement [`InboxStore`], transports feed
 //! `partition::run` through a [`PartitionLink`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+use tracing::{Instrument, Span};
 
 use crate::backoff::Attempts;
 use crate::handler::{DispatchTable, ErrorKind, HandlerError, MessageMeta};
 use crate::store::{self, Claim, DeadLetter, InboxKey, InboxStore, StoreError};
+use crate::telemetry::inbox::InboxTelemetry;
+use crate::telemetry::Health;
 use crate::util::CatchUnwind;
 
 mod batch;
@@ -41,6 +44,7 @@ pub struct Inbox<S> {
     store: S,
     handlers: DispatchTable,
     config: InboxConfig,
+    telemetry: InboxTelemetry,
 }
 
 /// Why an inbox could not be set up.
@@ -104,6 +108,7 @@ impl<S: InboxStore> Inbox<S> {
             return Err(SetupError::Config(e.to_string()));
         }
         Ok(Self {
+            telemetry: InboxTelemetry::new(handlers.group(), handlers.event_types()),
             store,
             handlers,
             config,
@@ -123,6 +128,12 @@ impl<S: InboxStore> Inbox<S> {
     /// The consumer group.
     pub fn group(&self) -> &str {
         self.handlers.group()
+    }
+
+    /// The inbox's health: see [`Health`] (the consumer running it sets liveness and
+    /// membership; the inbox records its cycles).
+    pub fn health(&self) -> Health {
+        self.telemetry.health.clone()
     }
 
     /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
@@ -173,9 +184,35 @@ impl<S: InboxStore> Inbox<S> {
     /// handler runs as the retry policy says; returns [`Outcome::Abandoned`] if `shutdown`
     /// becomes true while waiting.
     pub async fn process(&self, d: &Delivery, shutdown: &watch::Receiver<bool>) -> Outcome {
-        let outcome = self.resolve(d, self.prepare(d), shutdown).await;
-        self.log(d, &outcome);
+        let (span, started) = (self.message_span(d), Instant::now());
+        let prepared = self.prepare(d).with_span(&span);
+        let outcome = self
+            .resolve(d, prepared, shutdown)
+            .instrument(span.clone())
+            .await;
+        self.finish(d, &span, started, &outcome);
+        if outcome.acknowledges() {
+            self.telemetry.health.cycle();
+        }
         outcome
+    }
+
+    /// The span of one message (see [`crate::telemetry`]).
+    fn message_span(&self, d: &Delivery) -> Span {
+        let headers = (
+            &*self.config.event_type_header,
+            self.config.event_id_header(),
+        );
+        self.telemetry.message_span(d, headers)
+    }
+
+    /// A message is resolved: its log line, metrics and span fields.
+    fn finish(&self, d: &Delivery, span: &Span, started: Instant, outcome: &Outcome) {
+        let event_type = d.header_str(&self.config.event_type_header);
+        let id = d.header_str(self.config.event_id_header());
+        self.telemetry
+            .resolved(span, event_type, id, outcome, started);
+        self.log(d, outcome);
     }
 
     /// Takes a prepared message to its outcome: skipped, dead-lettered, or run alone.
@@ -384,7 +421,11 @@ impl<S: InboxStore> Inbox<S> {
     ) -> Result<(), HandlerError> {
         let meta = self.meta(msg, attempt);
         let fut = (msg.reg.invoke)(msg.payload, tx, &meta);
-        match CatchUnwind(fut).await {
+        let started = Instant::now();
+        let result = CatchUnwind(fut).instrument(msg.span.clone()).await;
+        self.telemetry
+            .handler_ran(msg.event_type, started.elapsed());
+        match result {
             Ok(result) => result,
             Err(panic) => Err(HandlerError::transient(format!(
                 "handler panicked: {panic}"
@@ -410,7 +451,13 @@ impl<S: InboxStore> Inbox<S> {
             .collect();
         let payloads: Vec<&[u8]> = run.iter().map(|(_, m)| m.payload).collect();
         let fut = invoke_batch(&payloads, tx, &metas);
-        match CatchUnwind(fut).await {
+        let started = Instant::now();
+        let result = CatchUnwind(fut).await;
+        if let Some((_, first)) = run.first() {
+            self.telemetry
+                .handler_ran(first.event_type, started.elapsed());
+        }
+        match result {
             Ok(result) => result,
             Err(panic) => Err(HandlerError::transient(format!(
                 "handler panicked: {panic}"
@@ -430,6 +477,7 @@ impl<S: InboxStore> Inbox<S> {
     ) -> Option<Outcome> {
         let transient = error.kind() == ErrorKind::Transient;
         if transient && attempts < self.config.retry.max_attempts {
+            self.telemetry.retried(msg.event_type);
             let wait = self.config.retry.delay(attempts);
             tracing::info!(target: "txbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
                 error = chain.as_str(), retry_in = ?wait, "handler failed, retrying");
@@ -499,6 +547,7 @@ impl<S: InboxStore> Inbox<S> {
         let outcome = self.process(&letter.delivery, &shutdown).await;
         if matches!(outcome, Outcome::Processed { .. } | Outcome::Duplicate) {
             self.store.mark_replayed(id).await?;
+            self.telemetry.replayed(letter.event_type.as_deref());
         }
         Ok(outcome)
     }

@@ -12,6 +12,8 @@ pub(super) struct Ready<'d> {
     pub(super) key: InboxKey,
     pub(super) event_type: &'d str,
     pub(super) payload: &'d [u8],
+    /// The message's span: the handler runs in it.
+    pub(super) span: tracing::Span,
 }
 
 /// What a message is, before any handler runs.
@@ -25,6 +27,16 @@ pub(super) enum Prepared<'d> {
     },
     /// Acknowledge it without running anything.
     Skip(String),
+}
+
+impl Prepared<'_> {
+    /// The message's handler runs in `span`.
+    pub(super) fn with_span(mut self, span: &tracing::Span) -> Self {
+        if let Prepared::Ready(ready) = &mut self {
+            ready.span = span.clone();
+        }
+        self
+    }
 }
 
 /// Why a message is bad, for [`Prepared::Bad`].
@@ -74,6 +86,7 @@ impl<S: InboxStore> Inbox<S> {
             key,
             event_type,
             payload,
+            span: tracing::Span::none(),
         }))
     }
 

@@ -13,10 +13,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use super::dead_letter::DeadLetterTopic;
+use super::lag::{self, LagGauges};
 use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceContext};
 use super::{KafkaConfig, KafkaTransportError};
 use crate::engine::{partition, Delivery, Inbox, Report};
 use crate::store::{text, InboxStore};
+use crate::telemetry::sampler::{Sampling, MIN_SAMPLE_INTERVAL};
 
 /// The task running one partition of one ownership generation.
 struct PartitionTask {
@@ -49,10 +51,14 @@ pub(crate) async fn run<S: InboxStore>(
     config: KafkaConfig,
     mut shutdown: watch::Receiver<bool>,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    sampling: Sampling,
 ) -> Result<(), KafkaTransportError> {
     let mut member = Member::join(inbox, config, reports).await?;
     let mut errors = ErrorLog::default();
     let mut retry_waiting = tokio::time::interval(Duration::from_millis(5));
+    let lag = LagGauges::new(member.inbox.group());
+    let mut sample = tokio::time::interval(sampling.interval.max(MIN_SAMPLE_INTERVAL));
+    sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // The loop only ever waits for the broker (or for room in a busy partition's task,
         // with that partition paused): it keeps polling, so the member stays in the group
@@ -62,6 +68,10 @@ pub(crate) async fn run<S: InboxStore>(
             _ = shutdown.wait_for(|s| *s) => break,
             _ = retry_waiting.tick(), if !member.waiting.is_empty() => {
                 member.drain_waiting();
+                continue;
+            }
+            _ = sample.tick() => {
+                lag::sample(&member.consumer, &lag);
                 continue;
             }
             m = member.consumer.recv() => m,
@@ -105,6 +115,7 @@ impl<S: InboxStore> Member<S> {
         let consumer: StreamConsumer<RebalanceContext> = client
             .create_with_context(RebalanceContext {
                 ownership: ownership.clone(),
+                health: inbox.health(),
             })
             .map_err(KafkaTransportError::Setup)?;
         let consumer = Arc::new(consumer);

@@ -13,6 +13,7 @@ use rdkafka::error::KafkaError;
 mod config;
 mod dead_letter;
 mod in_process;
+mod lag;
 pub(crate) mod member;
 mod ownership;
 

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use super::dead_letter::DeadLetterTopic;
 use crate::engine::{Delivery, PartitionLink};
+use crate::telemetry::Health;
 
 pub(super) type PartitionKey = (String, i32);
 
@@ -39,6 +40,8 @@ impl Ownership {
 /// goes out after its revocation was seen.
 pub(super) struct RebalanceContext {
     pub(super) ownership: Arc<Mutex<Ownership>>,
+    /// Joined from the first assignment (even of no partition) until a rebalance fails.
+    pub(super) health: Health,
 }
 
 impl ClientContext for RebalanceContext {}
@@ -63,7 +66,12 @@ impl ConsumerContext for RebalanceContext {
     }
 
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Error(error) = rebalance {
+            self.health.set_joined(false);
+            tracing::warn!(%error, "rebalance failed");
+        }
         if let Rebalance::Assign(tpl) = rebalance {
+            self.health.set_joined(true);
             let mut own = lock(&self.ownership);
             own.generation += 1;
             let generation = own.generation;

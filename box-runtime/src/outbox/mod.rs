@@ -72,8 +72,10 @@
 //!
 //! `traceparent` is captured at enqueue time from a task-local scope, [`with_traceparent`]: run
 //! the code that enqueues inside it (a tracing layer or an HTTP middleware usually has the W3C
-//! `traceparent` of the current span at hand). txbox does not depend on any tracing backend.
-//! An invalid value is ignored (never stored).
+//! `traceparent` of the current span at hand). With the `otel` feature, an enqueue outside such
+//! a scope stores the trace context of the current `tracing` span (through
+//! `tracing-opentelemetry`), so the consumer's spans continue the producer's trace. An invalid
+//! value is ignored (never stored).
 
 use std::future::Future;
 
@@ -126,12 +128,26 @@ pub async fn with_traceparent<F: Future>(traceparent: impl Into<String>, fut: F)
     TRACEPARENT.scope(traceparent.into(), fut).await
 }
 
-/// The trace context set by [`with_traceparent`] for the current task, if valid.
+/// The trace context set by [`with_traceparent`] for the current task, if valid; with the
+/// `otel` feature, failing that, the current `tracing` span's OpenTelemetry context.
 pub fn current_traceparent() -> Option<String> {
     TRACEPARENT
         .try_with(|tp| tp.clone())
         .ok()
         .filter(|tp| is_valid_traceparent(tp))
+        .or_else(span_traceparent)
+}
+
+/// The current span's trace context (feature `otel`).
+#[cfg(feature = "otel")]
+fn span_traceparent() -> Option<String> {
+    crate::telemetry::otel::current_traceparent()
+}
+
+/// Without the `otel` feature, spans carry no trace context.
+#[cfg(not(feature = "otel"))]
+fn span_traceparent() -> Option<String> {
+    None
 }
 
 /// Whether `value` is a W3C `traceparent` of version `00` with non-zero ids.

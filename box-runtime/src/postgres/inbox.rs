@@ -134,6 +134,10 @@ impl InboxStore for PgStore {
         self.shared().count_stuck(older_than).await
     }
 
+    async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
+        self.shared().count_dead_letters(group).await
+    }
+
     async fn claim<'a>(
         &'a self,
         tx: &'a mut Self::Tx,

@@ -19,7 +19,7 @@ use super::outbox::notify_channel;
 use super::PgStore;
 use crate::outbox::Retention;
 use crate::relay::{
-    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+    parse_headers, Backlog, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
 };
 use crate::store::{StoreError, Tables};
 
@@ -406,13 +406,18 @@ impl RelayStore for PgRelayStore {
         purge_published(&self.pool, &self.tables, retention).await
     }
 
-    async fn unpublished(&self) -> Result<u64, StoreError> {
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        // Three scalar subqueries, each on a partial index of the rows it counts.
         let sql = format!(
-            "SELECT count(*) FROM {} WHERE published_at IS NULL AND parked_at IS NULL",
-            self.tables.outbox
+            "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL), \
+               (SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM {t} \
+                 WHERE published_at IS NULL AND parked_at IS NULL), \
+               (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL)",
+            t = self.tables.outbox
         );
-        let n: i64 = sqlx::query_scalar(&sql).fetch_one(&self.pool).await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+        let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
+            sqlx::query_as(&sql).fetch_one(&self.pool).await?;
+        Ok(Backlog::new(unpublished, oldest, parked))
     }
 }
 

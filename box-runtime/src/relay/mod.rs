@@ -112,6 +112,7 @@ use crate::names;
 use crate::outbox::Retention;
 use crate::postgres::PgRelayStore;
 use crate::store::StoreError;
+use crate::telemetry::{Health, DEFAULT_SAMPLE_INTERVAL};
 
 mod publish;
 mod run;
@@ -122,7 +123,7 @@ pub use crate::postgres::relay::PgRelaySession;
 #[cfg(feature = "sqlite")]
 pub use crate::sqlite::relay::SqliteRelaySession;
 pub(crate) use store::parse_headers;
-pub use store::{Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};
+pub use store::{Backlog, Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};
 
 /// A relay failure that stops it.
 #[derive(Debug, thiserror::Error)]
@@ -250,6 +251,8 @@ pub struct Relay<S = PgRelayStore> {
     producer: FutureProducer,
     config: RelayConfig,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    health: Health,
+    sample_interval: Duration,
 }
 
 /// Builds a [`Relay`] on a PostgreSQL or SQLite store; every setting has a safe default.
@@ -258,6 +261,7 @@ pub struct RelayBuilder<S> {
     store: S,
     config: RelayConfig,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    sample_interval: Duration,
 }
 
 impl<S: RelayStore> RelayBuilder<S> {
@@ -344,10 +348,18 @@ impl<S: RelayStore> RelayBuilder<S> {
         self
     }
 
+    /// How often the backlog gauges are sampled (one statement; default 15 s, see
+    /// [`crate::telemetry`]).
+    pub fn sample_interval(mut self, interval: Duration) -> Self {
+        self.sample_interval = interval;
+        self
+    }
+
     /// Creates the producer.
     pub fn build(self) -> Result<Relay<S>, RelayError> {
         let mut relay = Relay::with_store(self.store, self.config)?;
         relay.reports = self.reports;
+        relay.sample_interval = self.sample_interval;
         Ok(relay)
     }
 }
@@ -395,6 +407,7 @@ impl Relay {
             store: store.into_relay_store(),
             config: RelayConfig::new(brokers),
             reports: None,
+            sample_interval: DEFAULT_SAMPLE_INTERVAL,
         }
     }
 }
@@ -414,7 +427,16 @@ impl<S: RelayStore> Relay<S> {
             producer,
             config,
             reports: None,
+            health: Health::default(),
+            sample_interval: DEFAULT_SAMPLE_INTERVAL,
         })
+    }
+
+    /// The relay's health (see [`Health`]): live while `run` runs, joined once its workers
+    /// have opened their sessions, the database reachable as the last read and the last
+    /// backlog sample found it, and the time of the last read.
+    pub fn health(&self) -> Health {
+        self.health.clone()
     }
 
     /// Sends a [`RelayReport`] for every row published or failed (for tests and metrics).

@@ -13,6 +13,7 @@ use super::run::Shared;
 use super::{is_message_error, Failure, PendingRow, RelayReport, RelaySession, RelayStore};
 use crate::names;
 use crate::store::StoreError;
+use crate::telemetry::relay::TopicMetrics;
 
 impl<S: RelayStore> Shared<S> {
     /// Publishes `rows` (a worker's batch, in the order read) and records the outcome.
@@ -43,10 +44,18 @@ impl<S: RelayStore> Shared<S> {
             }
         }
         let mut published = Vec::with_capacity(in_flight.len());
+        // The topic handles of the last row: a batch is mostly of one topic.
+        let mut topic: Option<(&str, TopicMetrics)> = None;
         for (row, delivery) in in_flight {
             match delivery.await {
                 Ok(Ok(d)) => {
                     published.push(row.id);
+                    if topic.as_ref().is_none_or(|(t, _)| *t != row.topic) {
+                        topic = Some((&row.topic, self.telemetry.topic(&row.topic)));
+                    }
+                    if let Some((_, metrics)) = &topic {
+                        metrics.published(&row.id);
+                    }
                     if self.reports.is_some() {
                         self.report(RelayReport::Published {
                             id: row.id,
@@ -110,6 +119,9 @@ impl<S: RelayStore> Shared<S> {
             .collect();
         session.record_failures(&records).await?;
         for ((row, _), (message, park)) in failures.iter().zip(messages) {
+            if park {
+                self.telemetry.topic(&row.topic).parked();
+            }
             self.report(RelayReport::Failed {
                 id: row.id,
                 error: message,

@@ -5,12 +5,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
+use std::time::Duration;
 
 use rdkafka::producer::FutureProducer;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::{worker, Relay, RelayConfig, RelayError, RelayReport, RelayStore};
+use crate::telemetry::relay::RelayTelemetry;
+use crate::telemetry::sampler::MIN_SAMPLE_INTERVAL;
 
 /// What every task of one relay shares.
 pub(super) struct Shared<S> {
@@ -22,6 +25,8 @@ pub(super) struct Shared<S> {
     pub(super) stop: watch::Sender<bool>,
     /// Bumped by every notification (and every poll interval): idle workers read again.
     pub(super) wake: watch::Sender<u64>,
+    pub(super) telemetry: RelayTelemetry,
+    sample_interval: Duration,
 }
 
 impl<S> Shared<S> {
@@ -56,7 +61,11 @@ pub(super) async fn run<S: RelayStore>(
         reports: relay.reports,
         stop: watch::Sender::new(false),
         wake: watch::Sender::new(0),
+        telemetry: RelayTelemetry::new(relay.health),
+        sample_interval: relay.sample_interval,
     });
+    let health = shared.telemetry.health.clone();
+    health.set_live(true);
     let mut tasks = Tasks::new();
     let outcome = tokio::select! {
         result = supervise(&shared, &mut tasks) => result,
@@ -64,6 +73,8 @@ pub(super) async fn run<S: RelayStore>(
     };
     shared.stop.send_replace(true);
     finish(&mut tasks, &shared.config).await;
+    health.set_live(false);
+    health.set_joined(false);
     outcome
 }
 
@@ -88,7 +99,9 @@ async fn supervise<S: RelayStore>(
             Err(_) => {}
         }
     }
+    shared.telemetry.health.set_joined(!sessions.is_empty());
     tasks.spawn(wake_up(shared.clone()));
+    tasks.spawn(sample(shared.clone()));
     if shared.config.retention.is_some() {
         tasks.spawn(purge(shared.clone()));
     }
@@ -139,6 +152,28 @@ async fn wake_up<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError
             () = shared.store.wait(shared.config.poll_interval) => {
                 shared.wake.send_modify(|n| *n = n.wrapping_add(1));
             }
+            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+        }
+    }
+}
+
+/// Samples the backlog gauges every sample interval; the outcome also tells the relay's
+/// health whether the database answers.
+async fn sample<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
+    let mut stop = shared.stop.subscribe();
+    loop {
+        match shared.store.backlog().await {
+            Ok(backlog) => {
+                shared.telemetry.backlog(&backlog);
+                shared.telemetry.health.set_database(true);
+            }
+            Err(e) => {
+                shared.telemetry.health.set_database(false);
+                tracing::debug!(target: "txbox::relay", error = %e, "sampling the outbox backlog failed");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(shared.sample_interval.max(MIN_SAMPLE_INTERVAL)) => {}
             _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
         }
     }

@@ -137,7 +137,36 @@ pub trait RelayStore: Send + Sync + 'static {
     /// How many committed rows are still to publish: neither published nor parked (rows
     /// waiting for a retry count). [`Relay::drain`](crate::relay::Relay::drain) runs until it
     /// is 0.
-    fn unpublished(&self) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
+    fn unpublished(&self) -> impl Future<Output = Result<u64, StoreError>> + Send + '_ {
+        async move { Ok(u64::try_from(self.backlog().await?.unpublished).unwrap_or(0)) }
+    }
+
+    /// The outbox's backlog, for the relay's gauges: one statement.
+    fn backlog(&self) -> impl Future<Output = Result<Backlog, StoreError>> + Send + '_;
+}
+
+/// What an outbox holds that is not published yet.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Backlog {
+    /// Rows not published yet (parked rows excluded).
+    pub unpublished: i64,
+    /// How long ago the oldest of them was enqueued; `None` when there is none.
+    pub oldest_unpublished_age: Option<Duration>,
+    /// Parked rows (given up on until unparked).
+    pub parked: i64,
+}
+
+impl Backlog {
+    /// From the counts and the oldest row's age in seconds.
+    pub fn new(unpublished: i64, oldest_age_secs: Option<f64>, parked: i64) -> Self {
+        Self {
+            unpublished,
+            oldest_unpublished_age: oldest_age_secs
+                .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)),
+            parked,
+        }
+    }
 }
 
 /// One worker's session: membership, claimed slots, and the reads, marks and failures of the

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::run::Shared;
 use super::{RelayError, RelaySession, RelayStore};
@@ -129,7 +130,12 @@ pub(super) async fn run<S: RelayStore>(
                 None => break,
             },
         };
-        match step(&shared, current, &mut slots, &mut wake).await {
+        let stepped = step(&shared, current, &mut slots, &mut wake).await;
+        match &stepped {
+            Ok(_) => shared.telemetry.health.cycle(),
+            Err(_) => shared.telemetry.health.set_database(false),
+        }
+        match stepped {
             Ok(Step::Busy) => errors = 0,
             Ok(Step::Idle) => {
                 errors = 0;
@@ -213,6 +219,7 @@ async fn step<S: RelayStore>(
         // every held slot gets its turn however busy the first ones are.
         slots.start = (last.slot + 1) % slots.count;
     }
-    shared.publish(session, &rows).await?;
+    let span = tracing::info_span!(target: "txbox::relay", "txbox.relay.batch", rows = rows.len());
+    shared.publish(session, &rows).instrument(span).await?;
     Ok(Step::Busy)
 }

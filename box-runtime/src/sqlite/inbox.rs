@@ -139,6 +139,10 @@ impl InboxStore for SqliteStore {
         self.shared().count_stuck(older_than).await
     }
 
+    async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
+        self.shared().count_dead_letters(group).await
+    }
+
     async fn claim<'a>(
         &'a self,
         tx: &'a mut Self::Tx,

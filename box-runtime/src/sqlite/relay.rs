@@ -17,7 +17,7 @@ use uuid::Uuid;
 use super::{SqliteStore, NOW};
 use crate::outbox::Retention;
 use crate::relay::{
-    parse_headers, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
+    parse_headers, Backlog, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
 };
 use crate::store::{StoreError, Tables};
 
@@ -51,7 +51,7 @@ struct Statements {
     mark_published: String,
     record_failure: String,
     purge: String,
-    unpublished: String,
+    backlog: String,
 }
 
 impl SqliteRelayStore {
@@ -94,14 +94,14 @@ impl SqliteRelayStore {
                  WHERE id = $1 AND published_at IS NULL",
                 until = later("$4")
             ),
-            unpublished: format!(
-                "SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL"
-            ),
             purge: format!(
                 "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
                  WHERE published_at IS NOT NULL AND published_at < {before} \
                  ORDER BY published_at LIMIT $2)",
                 before = earlier("$1")
+            ),
+            backlog: format!(
+                "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT (julianday('now') - julianday(min(created_at))) * 86400.0 FROM {t}                      WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL)"
             ),
         };
         Self {
@@ -268,11 +268,12 @@ impl RelayStore for SqliteRelayStore {
         .await
     }
 
-    async fn unpublished(&self) -> Result<u64, StoreError> {
-        let n: i64 = sqlx::query_scalar(&self.sql.unpublished)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(u64::try_from(n).unwrap_or(0))
+    async fn backlog(&self) -> Result<Backlog, StoreError> {
+        let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
+            sqlx::query_as(&self.sql.backlog)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(Backlog::new(unpublished, oldest, parked))
     }
 }
 

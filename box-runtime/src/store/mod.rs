@@ -219,6 +219,12 @@ pub trait InboxStore: Send + Sync + 'static {
         &self,
         older_than: std::time::Duration,
     ) -> impl Future<Output = Result<i64, StoreError>> + Send + '_;
+
+    /// Counts the dead letters of `group` not replayed.
+    fn count_dead_letters<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a;
 }
 
 /// A dead letter as stored: the raw message and what went wrong.

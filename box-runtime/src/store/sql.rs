@@ -23,6 +23,7 @@ pub(crate) struct InboxSql {
     pub(crate) mark_replayed: String,
     pub(crate) delete_processed: String,
     pub(crate) count_stuck: String,
+    pub(crate) count_dead_letters: String,
     pub(crate) record_failure: String,
 }
 
@@ -48,6 +49,10 @@ impl InboxSql {
                 "SELECT count(*) FROM {} WHERE processed_at IS NULL AND received_at < {}",
                 t.inbox,
                 (d.ago)("$1")
+            ),
+            count_dead_letters: format!(
+                "SELECT count(*) FROM {} WHERE consumer_group = $1 AND replayed_at IS NULL",
+                t.dead_letters
             ),
             record_failure: format!(
                 "INSERT INTO {a} AS a (consumer_group, source, event_id, attempts, last_error) \
@@ -148,6 +153,15 @@ where
         let mut conn = self.pool.acquire().await?;
         let (count,): (i64,) = sqlx::query_as(&self.sql.count_stuck)
             .bind(older_than.as_secs_f64())
+            .fetch_one(&mut *conn)
+            .await?;
+        Ok(count)
+    }
+
+    pub(crate) async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let (count,): (i64,) = sqlx::query_as(&self.sql.count_dead_letters)
+            .bind(group)
             .fetch_one(&mut *conn)
             .await?;
         Ok(count)

@@ -1,0 +1,27 @@
+//! Telemetry: `tracing` spans, metrics through the [`metrics`] facade, and health.
+//!
+//! - **Spans.** Every message gets a span `txbox.message` (target `txbox::inbox`) with its
+//!   group, event type, event id, topic, partition and offset; its attempt, outcome and
+//!   duration are recorded when it is resolved, and the handler runs inside it. A batch taken
+//!   from a partition is a span `txbox.batch` with its size; a relay batch a span
+//!   `txbox.relay.batch` (target `txbox::relay`) with its rows. With the `otel` feature the
+//!   message span continues the trace of the message's W3C `traceparent` (see `otel`), and
+//!   [`enqueue`](crate::outbox::enqueue) stores the current span's trace context.
+//! - **Metrics.** Recorded only when the application installs a `metrics` recorder (such as
+//!   `metrics-exporter-prometheus`) *before* it builds its consumers and relays: they take
+//!   their handles once, when built. The names, types, labels and meanings are in [`metric`].
+//!   Gauges are sampled by a task of each consumer and relay every
+//!   [`DEFAULT_SAMPLE_INTERVAL`] (configurable), one set of queries per tick.
+//! - **Health.** [`Consumer::health`](crate::Consumer::health) and
+//!   [`Relay::health`](crate::relay::Relay::health) return a [`Health`].
+
+mod health;
+pub(crate) mod inbox;
+pub mod metric;
+#[cfg(feature = "otel")]
+pub(crate) mod otel;
+pub(crate) mod relay;
+pub(crate) mod sampler;
+
+pub use health::Health;
+pub use sampler::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER};

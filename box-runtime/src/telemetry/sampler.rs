@@ -1,0 +1,71 @@
+//! Gauges sampled periodically: one set of queries per tick, which also probes the database
+//! for [`Health`](super::Health).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics::SharedString;
+use tokio::sync::watch;
+
+use super::metric::{self as m, LABEL_GROUP};
+use crate::engine::Inbox;
+use crate::store::InboxStore;
+
+/// How often gauges are sampled, by default: every 15 s.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
+/// The shortest sample interval accepted.
+pub(crate) const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+/// After how long a received, unprocessed inbox row counts as stuck, by default: 5 minutes.
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(300);
+
+/// What a consumer samples, and how often.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sampling {
+    pub(crate) interval: Duration,
+    pub(crate) stuck_after: Duration,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            interval: DEFAULT_SAMPLE_INTERVAL,
+            stuck_after: DEFAULT_STUCK_AFTER,
+        }
+    }
+}
+
+/// Samples the group's dead letters and stuck rows every `sampling.interval` until `stop`;
+/// the outcome of the queries is the database half of the consumer's health.
+pub(crate) async fn sample_inbox<S: InboxStore>(
+    inbox: Arc<Inbox<S>>,
+    sampling: Sampling,
+    mut stop: watch::Receiver<bool>,
+) {
+    let group = SharedString::from(inbox.group().to_owned());
+    let dead_letters = metrics::gauge!(m::INBOX_DEAD_LETTERS, LABEL_GROUP => group.clone());
+    let stuck = metrics::gauge!(m::INBOX_STUCK, LABEL_GROUP => group);
+    let health = inbox.health();
+    loop {
+        let counted = async {
+            let letters = inbox.store().count_dead_letters(inbox.group()).await?;
+            let stuck = inbox.stuck(sampling.stuck_after).await?;
+            Ok::<_, crate::store::StoreError>((letters, stuck))
+        };
+        match counted.await {
+            Ok((letters, rows)) => {
+                dead_letters.set(letters as f64);
+                stuck.set(rows as f64);
+                health.set_database(true);
+            }
+            Err(e) => {
+                health.set_database(false);
+                tracing::debug!(target: "txbox::inbox", group = inbox.group(), error = %e,
+                    "sampling the inbox gauges failed");
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(sampling.interval.max(MIN_SAMPLE_INTERVAL)) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
