@@ -68,7 +68,7 @@ impl ConsumerContext for RebalanceContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Error(error) = rebalance {
             self.health.set_joined(false);
-            tracing::warn!(%error, "rebalance failed");
+            tracing::warn!(target: "txbox::kafka", %error, "rebalance failed");
         }
         if let Rebalance::Assign(tpl) = rebalance {
             self.health.set_joined(true);
