@@ -10,6 +10,7 @@ use crate::engine::{
     SetupError, Source, UnknownEvent,
 };
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
+use crate::outbox::Retention;
 use crate::store::InboxStore;
 
 /// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.
@@ -67,15 +68,18 @@ impl<S: InboxStore> Consumer<S> {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), KafkaTransportError> {
         let (tx, rx) = watch::channel(false);
+        let purge = tokio::spawn(retention(self.inbox.clone(), rx.clone()));
         let run = member::run(self.inbox, self.kafka, rx, self.reports);
         tokio::pin!(run);
-        tokio::select! {
+        let result = tokio::select! {
             result = &mut run => result,
             () = shutdown => {
                 let _ = tx.send(true);
                 run.await
             }
-        }
+        };
+        purge.abort();
+        result
     }
 
     /// Consumes until SIGINT or SIGTERM.
@@ -164,6 +168,13 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// How processed inbox rows are purged (default: those processed over 7 days ago, 1000
+    /// rows per statement, every minute); `None` turns the purge off.
+    pub fn retention(mut self, retention: Option<Retention>) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
     /// Replaces the whole inbox configuration.
     pub fn config(mut self, config: InboxConfig) -> Self {
         self.config = config;
@@ -185,6 +196,32 @@ impl<S: InboxStore> ConsumerBuilder<S> {
             kafka: self.kafka,
             reports: self.reports,
         })
+    }
+}
+
+/// Deletes inbox rows processed longer ago than the retention window, every
+/// `retention.interval`, until `stop`: in statements of `retention.batch_size` rows, each its
+/// own short transaction, so no lock is held for long. Every group's rows in the inbox table
+/// go, whichever consumer purges; several consumers purging at once only share the work.
+async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, mut stop: watch::Receiver<bool>) {
+    let (Some(retention), true) = (inbox.config().retention, inbox.config().ack.uses_inbox())
+    else {
+        return;
+    };
+    let group = inbox.group();
+    loop {
+        match inbox
+            .purge_processed(retention.older_than, retention.batch_size)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(group, deleted = n, "inbox retention purge"),
+            Err(e) => tracing::warn!(group, error = %e, "inbox retention purge failed"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retention.interval) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 
 #![deny(missing_docs)]
 
+pub mod admin;
 mod backoff;
 mod consumer;
 pub mod engine;
@@ -17,6 +18,7 @@ pub mod kafka;
 pub mod names;
 pub mod outbox;
 pub mod postgres;
+pub mod redact;
 pub mod relay;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
