@@ -115,13 +115,13 @@ fn status_text(s: &Status) -> String {
                 g.inbox_rows.to_string(),
                 g.processed_last_minute.to_string(),
                 g.dead_letters_pending.to_string(),
-                g.dead_letters.to_string(),
+                (g.dead_letters - g.dead_letters_pending).to_string(),
             ]
         })
         .collect();
     let mut text = String::from("INBOX\n");
     text.push_str(&table(
-        &["GROUP", "ROWS", "PROCESSED/1M", "DEAD LETTERS", "(ALL, INCL. REPLAYED)"],
+        &["GROUP", "ROWS", "PROCESSED/1M", "DEAD LETTERS", "REPLAYED"],
         &groups,
     ));
     let o = &s.outbox;
