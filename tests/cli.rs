@@ -461,3 +461,61 @@ async fn the_consumer_purges_old_inbox_rows_by_itself() {
     assert_eq!(db.count("SELECT count(*) FROM txbox_inbox WHERE event_id LIKE 'new-%'").await, 3, "recent rows stay");
     assert_eq!(db.count("SELECT count(*) FROM txbox_inbox WHERE event_id = 'stuck'").await, 1, "unprocessed rows stay");
 }
+
+/// A consumer on a real broker meets a poisoned message: `status` shows the dead letter and,
+/// with `--brokers`, each partition's lag from the broker's watermarks; `show` prints the
+/// poisoned message.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
+    let db = TestDb::new("cli_lag").await;
+    let store = db.migrated_store().await;
+    sqlx::raw_sql("CREATE TABLE books_closed (since timestamptz)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let broker = support::Broker::start();
+    let topic = support::unique("cli-orders");
+    broker.create_topic(&topic, 2).await;
+    let producer = support::producer(&broker.brokers);
+    let send = |n: i32, payload: Option<&str>| {
+        let mut msg = support::Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 100).on_partition(n % 2);
+        msg.event_type = Some("CliOrder".into());
+        if let Some(p) = payload {
+            msg.payload = p.as_bytes().to_vec();
+        }
+        msg
+    };
+    for n in 0..3 {
+        support::send(&producer, &topic, send(n, None)).await;
+    }
+    support::send(&producer, &topic, send(3, Some(r#"{"order_id": 42, "total_cents": "lots"}"#))).await;
+    let mut running = support::Running::start(
+        Consumer::builder("cli", store, support::kafka(&broker.brokers, &topic)).retry(RetryPolicy::no_retries()),
+    );
+    running.take(4).await;
+    for p in 0..2 {
+        support::wait_committed(&broker.brokers, "cli", &topic, p, 2).await;
+    }
+    running.stop().await;
+    support::send(&producer, &topic, send(0, None)).await;
+
+    let t = Target(vec!["--database-url".into(), db.url(), "--schema".into(), db.schema.clone()]);
+    let status = t.txbox(&["status", "--brokers", &broker.brokers]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    println!("{}", status.stdout);
+    assert!(status.stdout.contains("KAFKA LAG"), "{}", status.stdout);
+    let json = t.txbox(&["status", "--brokers", &broker.brokers, "--json"]).json();
+    assert_eq!(json["groups"][0]["inbox_rows"], 3);
+    assert_eq!(json["groups"][0]["dead_letters"], 1);
+    let lags: Vec<(i64, i64)> = json["kafka_lag"]
+        .as_array()
+        .expect("kafka_lag")
+        .iter()
+        .map(|l| (l["partition"].as_i64().unwrap(), l["lag"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(lags, [(0, 1), (1, 0)], "one message sent after the consumer stopped");
+    let id = t.txbox(&["dead-letters", "list", "--json"]).json()[0]["id"].as_i64().unwrap();
+    let show = t.txbox(&["dead-letters", "show", &id.to_string()]);
+    println!("{}", show.stdout);
+    assert!(show.stdout.contains("\"total_cents\": \"lots\""), "{}", show.stdout);
+}
