@@ -86,10 +86,10 @@ pub mod kafka {
     #[doc(inline)]
     pub use box_runtime::kafka::*;
     #[doc(inline)]
-    pub use box_runtime::redact::{is_secret_setting, redact_setting, REDACTED};
-    #[doc(inline)]
     pub use box_runtime::names::{
         CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_ID, HEADER_SOURCE, HEADER_SPECVERSION,
         HEADER_TRACEPARENT, HEADER_TYPE, SPECVERSION,
     };
+    #[doc(inline)]
+    pub use box_runtime::redact::{is_secret_setting, redact_setting, REDACTED};
 }

@@ -133,7 +133,11 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => 3600,
         "d" => 86_400,
         "w" => 7 * 86_400,
-        _ => return Err(format!("`{text}`: the unit must be one of ms, s, m, h, d, w")),
+        _ => {
+            return Err(format!(
+                "`{text}`: the unit must be one of ms, s, m, h, d, w"
+            ))
+        }
     };
     n.checked_mul(secs)
         .map(Duration::from_secs)

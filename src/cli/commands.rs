@@ -125,9 +125,9 @@ fn status_text(s: &Status) -> String {
         &groups,
     ));
     let o = &s.outbox;
-    let oldest = o.oldest_unpublished_secs.map_or_else(String::new, |secs| {
-        format!(", oldest {}", age(secs))
-    });
+    let oldest = o
+        .oldest_unpublished_secs
+        .map_or_else(String::new, |secs| format!(", oldest {}", age(secs)));
     let _ = write!(
         text,
         "stuck rows (unprocessed for over {}): {}\n\nOUTBOX\nunpublished: {}{oldest}\nparked: {}\n",
@@ -216,7 +216,15 @@ async fn list(admin: &Admin, filter: &Filter) -> Result<Reply, Failure> {
         .collect();
     let text = table(
         &[
-            "ID", "GROUP", "EVENT TYPE", "EVENT ID", "FROM", "ATTEMPTS", "AT", "REPLAYED", "ERROR",
+            "ID",
+            "GROUP",
+            "EVENT TYPE",
+            "EVENT ID",
+            "FROM",
+            "ATTEMPTS",
+            "AT",
+            "REPLAYED",
+            "ERROR",
         ],
         &rows,
     );
@@ -228,7 +236,10 @@ async fn list(admin: &Admin, filter: &Filter) -> Result<Reply, Failure> {
 
 async fn show(admin: &Admin, id: i64) -> Result<Reply, Failure> {
     let (row, stored) = admin.dead_letter(id).await?;
-    Ok(Reply::ok(show_text(&row, &stored), show_json(&row, &stored)))
+    Ok(Reply::ok(
+        show_text(&row, &stored),
+        show_json(&row, &stored),
+    ))
 }
 
 /// A header value as it may be printed: secrets (`authorization`, `*password*`, ...) hidden.
@@ -265,20 +276,48 @@ fn payload_text(payload: Option<&[u8]>) -> String {
 fn show_text(row: &DeadLetterRow, stored: &StoredDeadLetter) -> String {
     let d = &stored.delivery;
     let mut text = String::new();
-    let _ = writeln!(text, "dead letter {} (group {})", row.id, cell(&row.group, 80));
-    let _ = writeln!(text, "event id:      {}", or_dash(row.event_id.as_deref(), 200));
-    let _ = writeln!(text, "event type:    {}", or_dash(row.event_type.as_deref(), 200));
-    let _ = writeln!(text, "from:          {}/{}@{}", cell(&d.topic, 200), d.partition, d.offset);
+    let _ = writeln!(
+        text,
+        "dead letter {} (group {})",
+        row.id,
+        cell(&row.group, 80)
+    );
+    let _ = writeln!(
+        text,
+        "event id:      {}",
+        or_dash(row.event_id.as_deref(), 200)
+    );
+    let _ = writeln!(
+        text,
+        "event type:    {}",
+        or_dash(row.event_type.as_deref(), 200)
+    );
+    let _ = writeln!(
+        text,
+        "from:          {}/{}@{}",
+        cell(&d.topic, 200),
+        d.partition,
+        d.offset
+    );
     let key = d.key.as_deref().map(String::from_utf8_lossy);
     let _ = writeln!(text, "key:           {}", or_dash(key.as_deref(), 200));
     let _ = writeln!(text, "attempts:      {}", stored.attempts);
     let _ = writeln!(text, "dead-lettered: {}", row.dead_lettered_at);
-    let _ = writeln!(text, "replayed:      {}", or_dash(row.replayed_at.as_deref(), 40));
+    let _ = writeln!(
+        text,
+        "replayed:      {}",
+        or_dash(row.replayed_at.as_deref(), 40)
+    );
     let _ = write!(text, "error:\n{}", block(&stored.error));
     text.push_str("headers:\n");
     for (name, value) in &d.headers {
         let value = header_value(name, value.as_deref());
-        let _ = writeln!(text, "  {}: {}", cell(name, 80), or_dash(value.as_deref(), 500));
+        let _ = writeln!(
+            text,
+            "  {}: {}",
+            cell(name, 80),
+            or_dash(value.as_deref(), 500)
+        );
     }
     let size = d.payload.as_ref().map_or(0, Vec::len);
     let _ = write!(
@@ -384,7 +423,11 @@ async fn discard(
     }
     let list: Vec<String> = discarded.iter().map(i64::to_string).collect();
     Ok(Reply {
-        text: format!("discarded {} dead letter(s): {}\n", discarded.len(), list.join(" ")),
+        text: format!(
+            "discarded {} dead letter(s): {}\n",
+            discarded.len(),
+            list.join(" ")
+        ),
         json: json!({ "discarded": discarded }),
         code: if discarded.is_empty() {
             exit::NOT_FOUND

@@ -137,7 +137,14 @@ impl Cli {
         let json = line.json;
         let result = self.dispatch(line).await;
         let (code, out) = match result {
-            Ok(reply) => (reply.code, if json { pretty(&reply.json) } else { reply.text }),
+            Ok(reply) => (
+                reply.code,
+                if json {
+                    pretty(&reply.json)
+                } else {
+                    reply.text
+                },
+            ),
             Err(failure) => {
                 eprintln!("error: {}", scrub(&failure.message, secret.as_deref()));
                 let out = if json {

@@ -241,6 +241,9 @@ impl std::fmt::Debug for Admin {
     }
 }
 
+/// A row of the parked-keys query: topic, key, rows, last error, parked at.
+type ParkedKeyRow = (String, Option<String>, i64, Option<String>, Option<String>);
+
 fn store_name<S: InboxStore>(_: &S) -> &'static str {
     S::NAME
 }
@@ -307,7 +310,7 @@ impl Admin {
             let stuck = s.count_stuck(stuck_after).await?;
             let outbox: (i64, Option<f64>, i64) =
                 sqlx::query_as(&sql.outbox).fetch_one(s.pool()).await.map_err(StoreError::from)?;
-            let keys: Vec<(String, Option<String>, i64, Option<String>, Option<String>)> =
+            let keys: Vec<ParkedKeyRow> =
                 sqlx::query_as(&sql.parked_keys).fetch_all(s.pool()).await.map_err(StoreError::from)?;
             (groups, stuck, outbox, keys)
         });

@@ -154,7 +154,10 @@ mod tests {
             .set("sasl.username", "app");
         let debug = format!("{config:?} {config:#?}");
         assert!(!debug.contains("pw-"), "{debug}");
-        assert!(debug.contains("sasl.username") && debug.contains("app"), "{debug}");
+        assert!(
+            debug.contains("sasl.username") && debug.contains("app"),
+            "{debug}"
+        );
         assert!(debug.contains("\"sasl.password\", \"***\""), "{debug}");
     }
 }
