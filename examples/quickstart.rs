@@ -237,6 +237,8 @@ async fn on_chosen_database(no_idempotence: bool) -> Result<(), Error> {
             run(db, no_idempotence).await
         }
         Some(url) => {
+            // The URL may hold a password: never echo it.
+            let url = txbox::store::redact_url(&url);
             Err(format!("DATABASE_URL must start with postgres:// or sqlite:, got {url}").into())
         }
         None => on_temporary_sqlite(no_idempotence).await,

@@ -28,6 +28,16 @@ pub mod prelude {
     pub use crate::{inbox_handler, HandlerError, MessageMeta, OutboxEvent, PgTx};
 }
 
+/// Operating a txbox database: status, dead letters, parked outbox rows, purges, Kafka lag
+/// (what the `txbox` command shows and does).
+pub mod admin {
+    #[doc(inline)]
+    pub use box_runtime::admin::*;
+}
+
+#[cfg(feature = "cli")]
+pub mod cli;
+
 /// The consumer side in detail: how a consumer group's inbox behaves, what became of a message,
 /// and the engine itself (for tests and tools).
 pub mod inbox {
@@ -94,4 +104,6 @@ pub mod kafka {
         CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_ID, HEADER_SOURCE, HEADER_SPECVERSION,
         HEADER_TRACEPARENT, HEADER_TYPE, SPECVERSION,
     };
+    #[doc(inline)]
+    pub use box_runtime::redact::{is_secret_setting, redact_setting, REDACTED};
 }

@@ -10,6 +10,7 @@ use crate::engine::{
     SetupError, Source, UnknownEvent,
 };
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
+use crate::outbox::Retention;
 use crate::store::InboxStore;
 use crate::telemetry::sampler::{sample_inbox, Sampling};
 use crate::telemetry::Health;
@@ -82,6 +83,7 @@ impl<S: InboxStore> Consumer<S> {
         let health = self.inbox.health();
         health.set_live(true);
         let sampler = tokio::spawn(sample_inbox(self.inbox.clone(), self.sampling, rx.clone()));
+        let purge = tokio::spawn(retention(self.inbox.clone(), rx.clone()));
         let run = member::run(self.inbox, self.kafka, rx, self.reports, self.sampling);
         tokio::pin!(run);
         let result = tokio::select! {
@@ -94,6 +96,7 @@ impl<S: InboxStore> Consumer<S> {
         sampler.abort();
         health.set_live(false);
         health.set_joined(false);
+        purge.abort();
         result
     }
 
@@ -183,6 +186,13 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// How processed inbox rows are purged (default: those processed over 7 days ago, 1000
+    /// rows per statement, every minute); `None` turns the purge off.
+    pub fn retention(mut self, retention: Option<Retention>) -> Self {
+        self.config.retention = retention;
+        self
+    }
+
     /// Replaces the whole inbox configuration.
     pub fn config(mut self, config: InboxConfig) -> Self {
         self.config = config;
@@ -219,6 +229,36 @@ impl<S: InboxStore> ConsumerBuilder<S> {
             reports: self.reports,
             sampling: self.sampling,
         })
+    }
+}
+
+/// Deletes inbox rows processed longer ago than the retention window, every
+/// `retention.interval`, until `stop`: in statements of `retention.batch_size` rows, each its
+/// own short transaction, so no lock is held for long. Every group's rows in the inbox table
+/// go, whichever consumer purges; several consumers purging at once only share the work.
+async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, mut stop: watch::Receiver<bool>) {
+    let (Some(retention), true) = (inbox.config().retention, inbox.config().ack.uses_inbox())
+    else {
+        return;
+    };
+    let group = inbox.group();
+    loop {
+        match inbox
+            .purge_processed(retention.older_than, retention.batch_size)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(target: "txbox::consumer", group, deleted = n, "inbox retention purge")
+            }
+            Err(e) => {
+                tracing::warn!(target: "txbox::consumer", group, error = %e, "inbox retention purge failed")
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(retention.interval) => {}
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 
 #![deny(missing_docs)]
 
+pub mod admin;
 mod backoff;
 mod consumer;
 pub mod engine;
@@ -17,13 +18,14 @@ pub mod kafka;
 pub mod names;
 pub mod outbox;
 pub mod postgres;
+pub mod redact;
 pub mod relay;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 pub mod store;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod telemetry;
 mod util;
 
 pub use backoff::Backoff;

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 use crate::names;
+use crate::outbox::Retention;
 
 /// When the broker is told a message is done (the offset committed), and whether the inbox
 /// deduplicates. The four strategies measured in the seed article; [`AckStrategy::ExactlyOnceInbox`]
@@ -238,6 +239,12 @@ pub struct InboxConfig {
     /// backoff): a connection left half-open by the network would otherwise wait for ever
     /// (default 60 s).
     pub transaction_timeout: Duration,
+    /// How the consumer deletes processed inbox rows: by default those processed more than
+    /// 7 days ago, 1000 rows per statement, every minute; `None` turns it off (then nothing
+    /// deletes them: purge them yourself, e.g. with `txbox purge`). A deleted row no longer
+    /// protects against a redelivery of its event: keep the window longer than any
+    /// redelivery can be late.
+    pub retention: Option<Retention>,
 }
 
 impl Default for InboxConfig {
@@ -258,6 +265,7 @@ impl Default for InboxConfig {
             ordering: Ordering::Partition,
             key_lanes: 8,
             transaction_timeout: Duration::from_secs(60),
+            retention: Some(Retention::default()),
         }
     }
 }

@@ -16,7 +16,8 @@ pub(crate) const NETWORK_DEFAULTS: &[(&str, &str)] = &[
     ("socket.keepalive.enable", "true"),
 ];
 
-/// Settings of the Kafka consumer.
+/// Settings of the Kafka consumer. Its `Debug` hides secret settings (`sasl.password`, ...:
+/// see [`is_secret_setting`](crate::redact::is_secret_setting)) and URL passwords.
 ///
 /// ```
 /// let kafka = txbox::KafkaConfig::new("127.0.0.1:9092", ["orders"])
@@ -24,7 +25,7 @@ pub(crate) const NETWORK_DEFAULTS: &[(&str, &str)] = &[
 ///     .dead_letter_topic("orders.dlq");
 /// assert_eq!(kafka.topics, ["orders"]);
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 #[non_exhaustive]
 #[must_use]
 pub struct KafkaConfig {
@@ -118,5 +119,45 @@ impl KafkaConfig {
     pub fn group_id(mut self, group_id: impl Into<String>) -> Self {
         self.group_id = Some(group_id.into());
         self
+    }
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::redact::Settings;
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &crate::store::redact_url(&self.brokers))
+            .field("topics", &self.topics)
+            .field("group_id", &self.group_id)
+            .field("settings", &Settings(&self.settings))
+            .field("partition_buffer", &self.partition_buffer)
+            .field("dead_letter_topic", &self.dead_letter_topic)
+            .field("producer_settings", &Settings(&self.producer_settings))
+            .field("startup_timeout", &self.startup_timeout)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_every_secret_setting() {
+        let config = KafkaConfig::new("b:9092", ["t"])
+            .set("sasl.password", "pw-consumer")
+            .set("ssl.key.password", "pw-key")
+            .set("sasl.oauthbearer.client.secret", "pw-oauth")
+            .set("ssl.key.pem", "pw-pem")
+            .set_producer("ssl.keystore.password", "pw-store")
+            .set("sasl.username", "app");
+        let debug = format!("{config:?} {config:#?}");
+        assert!(!debug.contains("pw-"), "{debug}");
+        assert!(
+            debug.contains("sasl.username") && debug.contains("app"),
+            "{debug}"
+        );
+        assert!(debug.contains("\"sasl.password\", \"***\""), "{debug}");
     }
 }

@@ -1,8 +1,10 @@
-//! Retention of published outbox rows: how long they are kept, and how the purge runs.
+//! Retention of published outbox rows and processed inbox rows: how long they are kept, and
+//! how the purge runs.
 
 use std::time::Duration;
 
-/// How long published rows are kept, and how many are deleted per statement.
+/// How long published outbox rows (purged by the relay) or processed inbox rows (purged by
+/// the consumer) are kept, how many are deleted per statement, and how often.
 ///
 /// ```
 /// use std::time::Duration;
@@ -13,11 +15,13 @@ use std::time::Duration;
 #[non_exhaustive]
 #[must_use]
 pub struct Retention {
-    /// Rows published longer ago than this are deleted (default 7 days).
+    /// Rows published (outbox) or processed (inbox) longer ago than this are deleted (default
+    /// 7 days).
     pub older_than: Duration,
     /// Rows per `DELETE` (default 1000); each batch is its own short transaction.
     pub batch_size: u32,
-    /// How often the relay runs the purge (default every minute).
+    /// How often the relay (outbox) or the consumer (inbox) runs the purge (default every
+    /// minute).
     pub interval: Duration,
 }
 
@@ -32,7 +36,7 @@ impl Default for Retention {
 }
 
 impl Retention {
-    /// Rows published longer ago than this are deleted.
+    /// Rows published (processed) longer ago than this are deleted.
     pub fn older_than(mut self, age: Duration) -> Self {
         self.older_than = age;
         self
@@ -44,7 +48,7 @@ impl Retention {
         self
     }
 
-    /// How often the relay runs the purge.
+    /// How often the purge runs.
     pub fn interval(mut self, interval: Duration) -> Self {
         self.interval = interval;
         self

@@ -173,8 +173,9 @@ pub enum RelayReport {
 }
 
 /// Settings of a relay; every one has a safe default. Set them through [`RelayBuilder`], or
-/// change the fields of [`RelayConfig::new`]'s value.
-#[derive(Clone, Debug)]
+/// change the fields of [`RelayConfig::new`]'s value. Its `Debug` hides secret producer
+/// settings (see [`is_secret_setting`](crate::redact::is_secret_setting)).
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct RelayConfig {
     /// `bootstrap.servers`.
@@ -205,6 +206,28 @@ pub struct RelayConfig {
     pub producer_settings: Vec<(String, String)>,
     /// Purge of published rows (default: keep 7 days, every minute); `None` disables it.
     pub retention: Option<Retention>,
+}
+
+impl std::fmt::Debug for RelayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayConfig")
+            .field("brokers", &crate::store::redact_url(&self.brokers))
+            .field("source", &self.source)
+            .field("batch_size", &self.batch_size)
+            .field("workers", &self.workers)
+            .field("poll_interval", &self.poll_interval)
+            .field("rebalance_interval", &self.rebalance_interval)
+            .field("grace", &self.grace)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .field("idempotence", &self.idempotence)
+            .field(
+                "producer_settings",
+                &crate::redact::Settings(&self.producer_settings),
+            )
+            .field("retention", &self.retention)
+            .finish()
+    }
 }
 
 impl RelayConfig {
@@ -481,5 +504,28 @@ impl<S: RelayStore> Relay<S> {
             }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_every_secret_setting() {
+        let mut config = RelayConfig::new("b:9092");
+        for (k, v) in [
+            ("sasl.password", "pw-sasl"),
+            ("ssl.key.password", "pw-key"),
+            ("ssl.keystore.password", "pw-store"),
+            ("sasl.oauthbearer.client.secret", "pw-oauth"),
+            ("ssl.key.pem", "pw-pem"),
+            ("security.protocol", "SASL_SSL"),
+        ] {
+            config.producer_settings.push((k.into(), v.into()));
+        }
+        let debug = format!("{config:?} {config:#?}");
+        assert!(!debug.contains("pw-"), "{debug}");
+        assert!(debug.contains("SASL_SSL"), "{debug}");
     }
 }

@@ -1,0 +1,113 @@
+//! The statements of [`Admin`](super::Admin), rendered once from the table names for one
+//! backend.
+
+use crate::store::Tables;
+
+/// How a backend writes times and ages.
+#[derive(Clone, Copy)]
+pub(super) struct Flavor {
+    /// The current time, as stored in txbox's timestamp columns.
+    now: &'static str,
+    /// A time `secs` (an SQL expression) seconds before now.
+    ago: fn(&str) -> String,
+    /// The seconds since the time `expr`, as a double.
+    age: fn(&str) -> String,
+    /// The time `expr` as `YYYY-MM-DDTHH:MM:SSZ` text.
+    text: fn(&str) -> String,
+}
+
+pub(super) const POSTGRES: Flavor = Flavor {
+    now: "now()",
+    ago: |secs| format!("now() - make_interval(secs => {secs})"),
+    age: |expr| format!("CAST(extract(epoch FROM now() - {expr}) AS float8)"),
+    text: |expr| format!("to_char({expr} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"),
+};
+
+#[cfg(feature = "sqlite")]
+pub(super) const SQLITE: Flavor = Flavor {
+    now: "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    ago: |secs| format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%f seconds', {secs}))"),
+    age: |expr| format!("((julianday('now') - julianday({expr})) * 86400.0)"),
+    text: |expr| format!("strftime('%Y-%m-%dT%H:%M:%SZ', {expr})"),
+};
+
+/// Rows of the parked-keys list at most.
+pub(super) const PARKED_KEYS: u32 = 50;
+
+#[derive(Debug)]
+pub(super) struct AdminSql {
+    pub(super) groups: String,
+    pub(super) outbox: String,
+    pub(super) parked_keys: String,
+    pub(super) list: String,
+    pub(super) by_id: String,
+    pub(super) discard: String,
+    pub(super) unpark: String,
+}
+
+impl AdminSql {
+    pub(super) fn new(t: &Tables, f: Flavor) -> Self {
+        let letter_columns = format!(
+            "id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", attempts, \
+             error, {} AS dead_lettered_at, {} AS replayed_at",
+            (f.text)("dead_lettered_at"),
+            (f.text)("replayed_at"),
+        );
+        Self {
+            // Inbox rows and dead letters per group (a group may have either alone).
+            groups: format!(
+                "SELECT g, CAST(sum(n) AS bigint), CAST(sum(recent) AS bigint), \
+                   CAST(sum(dead) AS bigint), CAST(sum(pending) AS bigint) FROM (\
+                   SELECT consumer_group AS g, count(*) AS n, \
+                     count(*) FILTER (WHERE processed_at >= {minute}) AS recent, 0 AS dead, 0 AS pending \
+                   FROM {inbox} GROUP BY consumer_group \
+                   UNION ALL \
+                   SELECT consumer_group, 0, 0, count(*), count(*) FILTER (WHERE replayed_at IS NULL) \
+                   FROM {dead} GROUP BY consumer_group) AS s \
+                 GROUP BY g ORDER BY g",
+                minute = (f.ago)("60"),
+                inbox = t.inbox,
+                dead = t.dead_letters,
+            ),
+            outbox: format!(
+                "SELECT count(*) FILTER (WHERE parked_at IS NULL), \
+                   {oldest}, count(*) FILTER (WHERE parked_at IS NOT NULL) \
+                 FROM {outbox} WHERE published_at IS NULL",
+                oldest = (f.age)("min(created_at) FILTER (WHERE parked_at IS NULL)"),
+                outbox = t.outbox,
+            ),
+            // The error of each parked key's latest parked row.
+            parked_keys: format!(
+                "SELECT p.topic, p.message_key, p.n, o.last_error, {parked} FROM (\
+                   SELECT topic, message_key, count(*) AS n, max(seq) AS last FROM {outbox} \
+                   WHERE parked_at IS NOT NULL AND published_at IS NULL \
+                   GROUP BY topic, message_key) AS p \
+                 JOIN {outbox} o ON o.seq = p.last \
+                 ORDER BY p.n DESC, p.topic, p.message_key LIMIT {PARKED_KEYS}",
+                parked = (f.text)("o.parked_at"),
+                outbox = t.outbox,
+            ),
+            list: format!(
+                "SELECT {letter_columns} FROM {dead} \
+                 WHERE ($1 IS NULL OR consumer_group = $1) AND ($2 IS NULL OR event_type = $2) \
+                   AND ($3 IS NULL OR dead_lettered_at >= {since}) \
+                 ORDER BY id DESC LIMIT $4",
+                dead = t.dead_letters,
+                since = (f.ago)("$3"),
+            ),
+            by_id: format!(
+                "SELECT {letter_columns} FROM {} WHERE id = $1",
+                t.dead_letters
+            ),
+            discard: format!("DELETE FROM {} WHERE id = $1", t.dead_letters),
+            // Back to the retry path, due now, with a fresh count of attempts.
+            unpark: format!(
+                "UPDATE {outbox} SET parked_at = NULL, attempts = 0, next_attempt_at = {now} \
+                 WHERE parked_at IS NOT NULL AND published_at IS NULL \
+                   AND ($1 IS NULL OR message_key = $1) AND ($2 IS NULL OR topic = $2)",
+                outbox = t.outbox,
+                now = f.now,
+            ),
+        }
+    }
+}

@@ -1,0 +1,791 @@
+//! The `txbox` command against real PostgreSQL (a schema per test) and SQLite: every
+//! subcommand's output and exit code, replay through an application binary that has the
+//! handlers linked in (this test binary, started again as a child), and no password printed.
+//! Also the consumer's scheduled inbox purge, and the quickstart's wrong-scheme message.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use support::TestDb;
+use tokio::sync::watch;
+use txbox::inbox::{Delivery, Inbox, InboxConfig, Outcome, RetryPolicy};
+use txbox::prelude::*;
+use txbox::{Consumer, KafkaConfig};
+use uuid::Uuid;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "CliOrder", topic = "cli-orders", key = order_id)]
+pub struct CliOrder {
+    pub order_id: Uuid,
+    pub total_cents: i64,
+}
+
+/// Fails while `books_closed` has a row: a letter dead-lettered then can be replayed after.
+#[inbox_handler(event = "CliOrder", group = "cli")]
+async fn invoice(event: CliOrder, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    let closed: i64 = sqlx::query_scalar("SELECT count(*) FROM books_closed")
+        .fetch_one(&mut **tx)
+        .await?;
+    if closed > 0 {
+        return Err(HandlerError::permanent("the books are closed"));
+    }
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler(event = "CliOrder", group = "cli-lite")]
+async fn invoice_lite(event: CliOrder, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id) VALUES ($1)")
+        .bind(event.order_id.to_string())
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Not a test: the entry of the application binary that replay runs through. The test binary
+/// is started again with `TXBOX_CLI_APP_ARGS` set; it then runs `txbox::cli::run_from` with
+/// this binary's handlers and exits with its code.
+#[test]
+fn application_binary_entry() {
+    let Ok(args) = std::env::var("TXBOX_CLI_APP_ARGS") else {
+        return;
+    };
+    let args: Vec<String> = serde_json::from_str(&args).expect("args");
+    let code = txbox::cli::run_from(args);
+    let code = (0..=255u8)
+        .find(|c| code == std::process::ExitCode::from(*c))
+        .expect("an exit code");
+    std::process::exit(i32::from(code));
+}
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
+    }
+}
+
+fn finish(output: Output) -> Run {
+    Run {
+        code: output.status.code().expect("exited"),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+/// The standalone `txbox` binary (no handlers), with `DATABASE_URL` unset.
+fn txbox(args: &[&str]) -> Run {
+    finish(
+        Command::new(env!("CARGO_BIN_EXE_txbox"))
+            .args(args)
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run txbox"),
+    )
+}
+
+/// The application binary: this test binary, with the handlers above.
+fn app(args: &[&str]) -> Run {
+    let mut all = vec!["myservice"];
+    all.extend_from_slice(args);
+    let run = finish(
+        Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", "application_binary_entry", "--nocapture"])
+            .env("TXBOX_CLI_APP_ARGS", serde_json::to_string(&all).unwrap())
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run the application binary"),
+    );
+    // libtest's own lines come before the command's output.
+    Run {
+        stdout: run
+            .stdout
+            .lines()
+            .filter(|l| !l.starts_with("running ") && !l.is_empty())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        ..run
+    }
+}
+
+/// The database options every command of a test starts with.
+struct Target(Vec<String>);
+
+impl Target {
+    fn args<'a>(&'a self, args: &[&'a str]) -> Vec<&'a str> {
+        self.0
+            .iter()
+            .map(String::as_str)
+            .chain(args.iter().copied())
+            .collect()
+    }
+
+    fn txbox(&self, args: &[&str]) -> Run {
+        txbox(&self.args(args))
+    }
+
+    fn app(&self, args: &[&str]) -> Run {
+        app(&self.args(args))
+    }
+}
+
+fn delivery(offset: i64, event_type: &str, payload: &str) -> Delivery {
+    Delivery {
+        topic: "cli-orders".into(),
+        partition: 0,
+        offset,
+        key: Some(b"k".to_vec()),
+        payload: Some(payload.as_bytes().to_vec()),
+        headers: vec![
+            (
+                "ce_id".into(),
+                Some(Uuid::new_v4().to_string().into_bytes()),
+            ),
+            ("ce_type".into(), Some(event_type.as_bytes().to_vec())),
+            ("authorization".into(), Some(b"Bearer tok-secret".to_vec())),
+        ],
+    }
+}
+
+fn order(total: i64) -> String {
+    format!(
+        r#"{{"order_id":"{}","total_cents":{total}}}"#,
+        Uuid::new_v4()
+    )
+}
+
+fn once() -> InboxConfig {
+    let mut config = InboxConfig::default();
+    config.retry = RetryPolicy::no_retries();
+    config
+}
+
+async fn dead_letter_id<S: txbox::store::InboxStore>(inbox: &Inbox<S>, d: Delivery) -> i64 {
+    let (_stop, shutdown) = watch::channel(false);
+    match inbox.process(&d, &shutdown).await {
+        Outcome::DeadLettered { id, .. } => id,
+        other => panic!("expected a dead letter, got {other:?}"),
+    }
+}
+
+async fn seed_outbox(db: &TestDb) {
+    for (key, parked, error, published) in [
+        ("k-wait", false, None, None),
+        ("k-bad", true, Some("first rejection"), None),
+        ("k-bad", true, Some("Broker: Message size too large"), None),
+        ("k-old", false, None, Some("now() - interval '10 days'")),
+        ("k-new", false, None, Some("now() - interval '1 hour'")),
+    ] {
+        sqlx::query(&format!(
+            "INSERT INTO txbox_outbox (id, type, topic, message_key, payload, created_at, attempts, \
+               last_error, parked_at, next_attempt_at, published_at) \
+             VALUES ($1, 'CliOrder', 'cli-orders', $2, '{{}}', now() - interval '90 seconds', $3, $4, \
+               CASE WHEN $5 THEN now() END, CASE WHEN $5 THEN now() END, {})",
+            published.unwrap_or("NULL")
+        ))
+        .bind(Uuid::new_v4())
+        .bind(key)
+        .bind(if parked { 10 } else { 0 })
+        .bind(error)
+        .bind(parked)
+        .execute(&db.pool)
+        .await
+        .expect("insert outbox row");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_works_on_postgres() {
+    let db = TestDb::new("cli").await;
+    let t = Target(vec![
+        "--database-url".into(),
+        db.url(),
+        "--schema".into(),
+        db.schema.clone(),
+    ]);
+
+    let run = t.txbox(&["migrate"]);
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (0, "migrations applied\n"),
+        "{}",
+        run.stderr
+    );
+    sqlx::raw_sql(
+        "CREATE TABLE books_closed (since timestamptz); INSERT INTO books_closed VALUES (now());",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("books_closed");
+    let inbox = Inbox::new(db.store(), "cli", once()).expect("inbox");
+    let malformed = dead_letter_id(
+        &inbox,
+        delivery(1, "CliOrder", r#"{"order_id":"not-a-uuid"}"#),
+    )
+    .await;
+    let closed = dead_letter_id(&inbox, delivery(2, "CliOrder", &order(1200))).await;
+    sqlx::raw_sql("DELETE FROM books_closed")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (_stop, shutdown) = watch::channel(false);
+    let ok = inbox
+        .process(&delivery(3, "CliOrder", &order(700)), &shutdown)
+        .await;
+    assert!(matches!(ok, Outcome::Processed { .. }), "{ok:?}");
+    seed_outbox(&db).await;
+
+    status_on_postgres(&t).await;
+    dead_letters_on_postgres(&db, &t, malformed, closed).await;
+    outbox_and_purge_on_postgres(&db, &t).await;
+}
+
+async fn status_on_postgres(t: &Target) {
+    let run = t.txbox(&["status"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    println!("{}", run.stdout);
+    for text in [
+        "INBOX",
+        "cli ",
+        "OUTBOX",
+        "unpublished: 1, oldest 1m",
+        "parked: 2",
+        "k-bad",
+        "Message size too large",
+    ] {
+        assert!(
+            run.stdout.contains(text),
+            "`{text}` missing:\n{}",
+            run.stdout
+        );
+    }
+    assert!(
+        !run.stdout.contains("first rejection"),
+        "the latest error per key:\n{}",
+        run.stdout
+    );
+    let s = t.txbox(&["status", "--json"]).json();
+    let group = &s["groups"][0];
+    assert_eq!(group["group"], "cli");
+    assert_eq!(group["inbox_rows"], 1);
+    assert_eq!(group["processed_last_minute"], 1);
+    assert_eq!(group["dead_letters"], 2);
+    assert_eq!(group["dead_letters_pending"], 2);
+    assert_eq!(s["stuck"], 0);
+    assert_eq!(s["outbox"]["unpublished"], 1);
+    assert_eq!(s["outbox"]["parked"], 2);
+    let oldest = s["outbox"]["oldest_unpublished_secs"]
+        .as_f64()
+        .expect("an age");
+    assert!((85.0..600.0).contains(&oldest), "{oldest}");
+    let key = &s["outbox"]["parked_keys"][0];
+    assert_eq!(
+        (key["key"].as_str(), key["rows"].as_i64()),
+        (Some("k-bad"), Some(2))
+    );
+    assert_eq!(key["last_error"], "Broker: Message size too large");
+}
+
+async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, closed: i64) {
+    let list = t.txbox(&["dead-letters", "list", "--group", "cli", "--json"]);
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let ids: Vec<i64> = list
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [closed, malformed], "newest first");
+    let none = t
+        .txbox(&["dead-letters", "list", "--event-type", "Other", "--json"])
+        .json();
+    assert_eq!(none, Value::Array(vec![]));
+    let recent = t
+        .txbox(&[
+            "dead-letters",
+            "list",
+            "--since",
+            "1h",
+            "--limit",
+            "1",
+            "--json",
+        ])
+        .json();
+    assert_eq!(recent.as_array().unwrap().len(), 1);
+    let table = t.txbox(&["dead-letters", "list"]);
+    assert!(
+        table.stdout.starts_with("ID ") && table.stdout.contains("the books are closed"),
+        "{}",
+        table.stdout
+    );
+
+    let show = t.txbox(&["dead-letters", "show", &malformed.to_string()]);
+    assert_eq!(show.code, 0, "{}", show.stderr);
+    println!("{}", show.stdout);
+    for text in [
+        "event type:    CliOrder",
+        "ce_type: CliOrder",
+        "attempts:      ",
+        "\"order_id\": \"not-a-uuid\"",
+        "error:\n  ",
+    ] {
+        assert!(
+            show.stdout.contains(text),
+            "`{text}` missing:\n{}",
+            show.stdout
+        );
+    }
+    assert!(
+        !show.stdout.contains("tok-secret"),
+        "a secret header is shown:\n{}",
+        show.stdout
+    );
+    let show_json = t
+        .txbox(&["dead-letters", "show", &malformed.to_string(), "--json"])
+        .json();
+    assert_eq!(show_json["payload"]["order_id"], "not-a-uuid");
+    assert_eq!(t.txbox(&["dead-letters", "show", "999999"]).code, 3);
+
+    let standalone = t.txbox(&["dead-letters", "replay", &closed.to_string()]);
+    assert_eq!(standalone.code, 4, "{}", standalone.stderr);
+    assert!(
+        standalone.stderr.contains("txbox::cli::run()"),
+        "{}",
+        standalone.stderr
+    );
+    let replayed = t.app(&["dead-letters", "replay", &closed.to_string()]);
+    assert_eq!(replayed.code, 0, "{}\n{}", replayed.stdout, replayed.stderr);
+    assert!(
+        replayed
+            .stdout
+            .contains(&format!("dead letter {closed}: replayed")),
+        "{}",
+        replayed.stdout
+    );
+    assert_eq!(db.invoices().await, 2, "the replay ran the handler");
+    assert_eq!(
+        t.app(&["dead-letters", "replay", &closed.to_string()]).code,
+        3,
+        "already replayed"
+    );
+    let again = t.app(&["dead-letters", "replay", &malformed.to_string()]);
+    assert_eq!(again.code, 1, "a letter that fails again: {}", again.stdout);
+    let s = t.txbox(&["status", "--json"]).json();
+    assert_eq!(s["groups"][0]["dead_letters_pending"], 1);
+
+    let refused = t.txbox(&["dead-letters", "discard", &malformed.to_string()]);
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    let discarded = t.txbox(&[
+        "dead-letters",
+        "discard",
+        "--group",
+        "cli",
+        "--yes",
+        "--json",
+    ]);
+    assert_eq!(discarded.code, 0, "{}", discarded.stderr);
+    let mut gone: Vec<i64> = discarded.json()["discarded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    gone.sort();
+    assert_eq!(gone, [malformed.min(closed), malformed.max(closed)]);
+    assert_eq!(
+        t.txbox(&["dead-letters", "discard", &closed.to_string(), "--yes"])
+            .code,
+        3
+    );
+}
+
+async fn outbox_and_purge_on_postgres(db: &TestDb, t: &Target) {
+    let unpark = t.txbox(&["outbox", "unpark", "k-bad"]);
+    assert_eq!(
+        (unpark.code, unpark.stdout.as_str()),
+        (0, "unparked 2 row(s) of key `k-bad`\n"),
+        "{}",
+        unpark.stderr
+    );
+    let due = db
+        .count("SELECT count(*) FROM txbox_outbox WHERE message_key = 'k-bad' AND parked_at IS NULL AND attempts = 0 AND next_attempt_at <= now()")
+        .await;
+    assert_eq!(due, 2, "unparked rows are due again with fresh attempts");
+    assert_eq!(
+        t.txbox(&["outbox", "unpark", "--all"]).code,
+        3,
+        "nothing parked any more"
+    );
+    assert_eq!(t.txbox(&["outbox", "unpark"]).code, 2, "a key or --all");
+
+    sqlx::query("INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) VALUES ('cli', 'old', 'CliOrder', now() - interval '8 days'), ('cli', 'unprocessed', 'CliOrder', NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("old inbox rows");
+    let purge = t.txbox(&["purge", "--older-than", "7d", "--batch-size", "1", "--json"]);
+    assert_eq!(purge.code, 0, "{}", purge.stderr);
+    let purged = purge.json();
+    assert_eq!(
+        (
+            purged["inbox_deleted"].as_i64(),
+            purged["outbox_deleted"].as_i64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM txbox_inbox").await,
+        3,
+        "recent (two processed, one replayed) and unprocessed rows stay"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM txbox_outbox").await,
+        4,
+        "the recent published row stays"
+    );
+    assert_eq!(t.txbox(&["purge"]).code, 2, "--older-than is required");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_works_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("txbox-cli-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:{}", dir.join("cli.db").display());
+    let t = Target(vec!["--database-url".into(), url.clone()]);
+    assert_eq!(t.txbox(&["migrate"]).code, 0);
+    let store = txbox::SqliteStore::connect(&url).await.expect("sqlite");
+    sqlx::raw_sql("CREATE TABLE invoices (order_id text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let inbox = Inbox::new(store.clone(), "cli-lite", once()).expect("inbox");
+    let bad = dead_letter_id(&inbox, delivery(1, "CliOrder", "not json at all")).await;
+    let (_stop, shutdown) = watch::channel(false);
+    inbox
+        .process(&delivery(2, "CliOrder", &order(5)), &shutdown)
+        .await;
+    sqlx::raw_sql(
+        "INSERT INTO txbox_outbox (id, type, topic, message_key, payload, attempts, last_error, parked_at) \
+         VALUES ('a', 'CliOrder', 't', 'k1', '{}', 10, 'rejected', strftime('%Y-%m-%dT%H:%M:%fZ','now')); \
+         INSERT INTO txbox_outbox (id, type, topic, message_key, payload, published_at) \
+         VALUES ('b', 'CliOrder', 't', 'k2', '{}', '2000-01-01T00:00:00.000Z'); \
+         INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) \
+         VALUES ('cli-lite', 'old', 'CliOrder', '2000-01-01T00:00:00.000Z');",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+
+    let s = t.txbox(&["status", "--json"]);
+    assert_eq!(s.code, 0, "{}", s.stderr);
+    let s = s.json();
+    assert_eq!(
+        (
+            s["groups"][0]["group"].as_str(),
+            s["groups"][0]["inbox_rows"].as_i64()
+        ),
+        (Some("cli-lite"), Some(2))
+    );
+    assert_eq!(
+        (
+            s["groups"][0]["processed_last_minute"].as_i64(),
+            s["groups"][0]["dead_letters"].as_i64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        (
+            s["outbox"]["parked"].as_i64(),
+            s["outbox"]["parked_keys"][0]["last_error"].as_str()
+        ),
+        (Some(1), Some("rejected"))
+    );
+    let status = t.txbox(&["status"]);
+    assert!(
+        status.stdout.contains("cli-lite") && status.stdout.contains("parked: 1"),
+        "{}",
+        status.stdout
+    );
+    let list = t.txbox(&["dead-letters", "list", "--json"]).json();
+    assert_eq!(list[0]["id"].as_i64(), Some(bad));
+    let show = t.txbox(&["dead-letters", "show", &bad.to_string()]);
+    assert!(
+        show.code == 0
+            && show
+                .stdout
+                .contains("payload (15 bytes):\n  not json at all"),
+        "{}",
+        show.stdout
+    );
+    assert_eq!(
+        t.txbox(&["dead-letters", "replay", &bad.to_string()]).code,
+        4
+    );
+    assert_eq!(
+        t.app(&["dead-letters", "replay", &bad.to_string()]).code,
+        1,
+        "still not JSON"
+    );
+    let unpark = t.txbox(&["outbox", "unpark", "--all"]);
+    assert_eq!(
+        (unpark.code, unpark.stdout.as_str()),
+        (0, "unparked 1 row(s) of every key\n")
+    );
+    let purged = t.txbox(&["purge", "--older-than", "7d", "--json"]).json();
+    assert_eq!(
+        (
+            purged["inbox_deleted"].as_i64(),
+            purged["outbox_deleted"].as_i64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        t.txbox(&["dead-letters", "discard", &bad.to_string(), "--yes"])
+            .code,
+        0
+    );
+    assert_eq!(
+        t.txbox(&["dead-letters", "list", "--json"]).json(),
+        Value::Array(vec![])
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_command_never_prints_a_password() {
+    let refused = txbox(&["--database-url", "mysql://app:hunter2-pw@db/x", "status"]);
+    assert_eq!(refused.code, 1);
+    assert!(
+        refused.stderr.contains("mysql://app:***@db/x"),
+        "{}",
+        refused.stderr
+    );
+    let unreachable = txbox(&[
+        "--database-url",
+        "postgres://app:hunter2-pw@127.0.0.1:1/x",
+        "status",
+        "--json",
+    ]);
+    assert_eq!(unreachable.code, 1);
+    assert!(unreachable.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("app:***@127.0.0.1:1"));
+    let help = finish(
+        Command::new(env!("CARGO_BIN_EXE_txbox"))
+            .arg("--help")
+            .env("DATABASE_URL", "postgres://app:hunter2-pw@db/x")
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(help.code, 0);
+    for run in [&refused, &unreachable, &help] {
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(!all.contains("hunter2"), "a password is printed:\n{all}");
+    }
+    let missing = txbox(&["status"]);
+    assert_eq!(missing.code, 2, "{}", missing.stderr);
+    assert!(
+        missing.stderr.contains("DATABASE_URL"),
+        "{}",
+        missing.stderr
+    );
+}
+
+/// The quickstart refuses a URL of another database without echoing its password.
+#[test]
+fn the_quickstart_does_not_echo_a_password() {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let built = Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "--quiet", "--example", "quickstart"])
+        .status()
+        .expect("cargo build");
+    assert!(built.success());
+    let exe: PathBuf = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples/quickstart");
+    let run = finish(
+        Command::new(exe)
+            .env("DATABASE_URL", "mysql://app:hunter2-pw@db/x")
+            .output()
+            .expect("run the quickstart"),
+    );
+    assert_eq!(run.code, 1);
+    assert!(
+        run.stderr.contains("mysql://app:***@db/x"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !format!("{}{}", run.stdout, run.stderr).contains("hunter2"),
+        "{}",
+        run.stderr
+    );
+}
+
+/// The consumer purges processed inbox rows past the retention window by itself, in batches:
+/// old processed rows go; recent ones, and old rows not processed, stay.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_consumer_purges_old_inbox_rows_by_itself() {
+    let db = TestDb::new("retention").await;
+    let store = db.migrated_store().await;
+    sqlx::raw_sql(
+        "INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) \
+         SELECT 'cli', 'old-' || n, 'CliOrder', now() - interval '8 days' FROM generate_series(1, 5) n; \
+         INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) \
+         SELECT 'cli', 'new-' || n, 'CliOrder', now() - interval '6 days' FROM generate_series(1, 3) n; \
+         INSERT INTO txbox_inbox (consumer_group, event_id, event_type, received_at) \
+         VALUES ('cli', 'stuck', 'CliOrder', now() - interval '9 days');",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("seed the inbox");
+    assert!(InboxConfig::default().retention.is_some(), "on by default");
+    let kafka = txbox::kafka::InProcessKafka::start().expect("in-process Kafka");
+    kafka.create_topic("cli-orders", 1).expect("topic");
+    let consumer = Consumer::builder(
+        "cli",
+        store,
+        KafkaConfig::new(kafka.brokers(), ["cli-orders"]),
+    )
+    .retention(Some(
+        txbox::outbox::Retention::default()
+            .older_than(Duration::from_secs(7 * 86_400))
+            .batch_size(2)
+            .interval(Duration::from_millis(100)),
+    ))
+    .build()
+    .expect("consumer");
+    let (stop, mut stopped) = watch::channel(false);
+    let running = tokio::spawn(consumer.run(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while db
+        .count("SELECT count(*) FROM txbox_inbox WHERE event_id LIKE 'old-%'")
+        .await
+        > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "old processed rows were not purged within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.send_replace(true);
+    running.await.expect("join").expect("consumer");
+    assert_eq!(
+        db.count("SELECT count(*) FROM txbox_inbox WHERE event_id LIKE 'new-%'")
+            .await,
+        3,
+        "recent rows stay"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM txbox_inbox WHERE event_id = 'stuck'")
+            .await,
+        1,
+        "unprocessed rows stay"
+    );
+}
+
+/// A consumer on a real broker meets a poisoned message: `status` shows the dead letter and,
+/// with `--brokers`, each partition's lag from the broker's watermarks; `show` prints the
+/// poisoned message.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
+    let db = TestDb::new("cli_lag").await;
+    let store = db.migrated_store().await;
+    sqlx::raw_sql("CREATE TABLE books_closed (since timestamptz)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let broker = support::Broker::start();
+    let topic = support::unique("cli-orders");
+    broker.create_topic(&topic, 2).await;
+    let producer = support::producer(&broker.brokers);
+    let send = |n: i32, payload: Option<&str>| {
+        let mut msg = support::Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 100)
+            .on_partition(n % 2);
+        msg.event_type = Some("CliOrder".into());
+        if let Some(p) = payload {
+            msg.payload = p.as_bytes().to_vec();
+        }
+        msg
+    };
+    for n in 0..3 {
+        support::send(&producer, &topic, send(n, None)).await;
+    }
+    support::send(
+        &producer,
+        &topic,
+        send(3, Some(r#"{"order_id": 42, "total_cents": "lots"}"#)),
+    )
+    .await;
+    let mut running = support::Running::start(
+        Consumer::builder("cli", store, support::kafka(&broker.brokers, &topic))
+            .retry(RetryPolicy::no_retries()),
+    );
+    running.take(4).await;
+    for p in 0..2 {
+        support::wait_committed(&broker.brokers, "cli", &topic, p, 2).await;
+    }
+    running.stop().await;
+    support::send(&producer, &topic, send(0, None)).await;
+
+    let t = Target(vec![
+        "--database-url".into(),
+        db.url(),
+        "--schema".into(),
+        db.schema.clone(),
+    ]);
+    let status = t.txbox(&["status", "--brokers", &broker.brokers]);
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    println!("{}", status.stdout);
+    assert!(status.stdout.contains("KAFKA LAG"), "{}", status.stdout);
+    let json = t
+        .txbox(&["status", "--brokers", &broker.brokers, "--json"])
+        .json();
+    assert_eq!(json["groups"][0]["inbox_rows"], 3);
+    assert_eq!(json["groups"][0]["dead_letters"], 1);
+    let lags: Vec<(i64, i64)> = json["kafka_lag"]
+        .as_array()
+        .expect("kafka_lag")
+        .iter()
+        .map(|l| (l["partition"].as_i64().unwrap(), l["lag"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        lags,
+        [(0, 1), (1, 0)],
+        "one message sent after the consumer stopped"
+    );
+    let id = t.txbox(&["dead-letters", "list", "--json"]).json()[0]["id"]
+        .as_i64()
+        .unwrap();
+    let show = t.txbox(&["dead-letters", "show", &id.to_string()]);
+    println!("{}", show.stdout);
+    assert!(
+        show.stdout.contains("\"total_cents\": \"lots\""),
+        "{}",
+        show.stdout
+    );
+}
