@@ -238,6 +238,10 @@ pub struct InboxConfig {
     /// backoff): a connection left half-open by the network would otherwise wait for ever
     /// (default 60 s).
     pub transaction_timeout: Duration,
+    /// How long a business key (`idempotency_key` / `dedup_by`) keeps refusing other events
+    /// with the same key: `None` (the default) for as long as the inbox row that holds it is
+    /// kept (the retention window).
+    pub business_key_window: Option<Duration>,
 }
 
 impl Default for InboxConfig {
@@ -258,6 +262,7 @@ impl Default for InboxConfig {
             ordering: Ordering::Partition,
             key_lanes: 8,
             transaction_timeout: Duration::from_secs(60),
+            business_key_window: None,
         }
     }
 }

@@ -51,7 +51,7 @@ impl<S: InboxStore> Inbox<S> {
     fn try_prepare<'d>(&self, d: &'d Delivery) -> Result<Prepared<'d>, Bad<'d>> {
         let event_type = d.header_str(&self.config.event_type_header);
         let payload = self.payload(d).map_err(|r| Bad(r, None, event_type))?;
-        let key = self.key(d).map_err(|r| Bad(r, None, event_type))?;
+        let mut key = self.key(d).map_err(|r| Bad(r, None, event_type))?;
         let Some(event_type) = event_type else {
             let header = &self.config.event_type_header;
             let reason = format!("missing or empty event type header `{header}`");
@@ -68,6 +68,12 @@ impl<S: InboxStore> Inbox<S> {
                 UnknownEvent::DeadLetter => Err(Bad(reason, Some(key), Some(event_type))),
             };
         };
+        if let Some(business_key) = reg.business_key {
+            match business_key(payload) {
+                Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
+                Err(reason) => return Err(Bad(reason, Some(key), Some(event_type))),
+            }
+        }
         Ok(Prepared::Ready(Ready {
             d,
             reg,
@@ -113,6 +119,7 @@ impl<S: InboxStore> Inbox<S> {
             group: self.group().to_owned(),
             source,
             event_id,
+            business_key: None,
         })
     }
 }
