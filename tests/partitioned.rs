@@ -246,7 +246,8 @@ async fn retention_drops_expired_partitions_and_an_event_whose_partition_was_dro
     assert_eq!(left.len(), 6, "default, -9, -6, today, +1, +2: {left:?}");
     let tables: i64 = db
         .count(&format!(
-            "SELECT count(*) FROM pg_class WHERE relname = '{expired}'"
+            "SELECT count(*) FROM pg_class WHERE relname = '{expired}' \
+             AND relnamespace = current_schema()::regnamespace"
         ))
         .await;
     assert_eq!(tables, 0, "dropped, not detached");
@@ -282,7 +283,8 @@ async fn detached_partitions_stay_as_tables_outside_the_inbox() {
     assert!(!partitions(&db).await.contains(&expired));
     let tables = db
         .count(&format!(
-            "SELECT count(*) FROM pg_class WHERE relname = '{expired}'"
+            "SELECT count(*) FROM pg_class WHERE relname = '{expired}' \
+             AND relnamespace = current_schema()::regnamespace"
         ))
         .await;
     assert_eq!(tables, 1, "detached, not dropped");
