@@ -68,7 +68,7 @@ impl<S: InboxStore> Inbox<S> {
                 UnknownEvent::DeadLetter => Err(Bad(reason, Some(key), Some(event_type))),
             };
         };
-        if let Some(business_key) = reg.business_key {
+        if let Some(business_key) = reg.business_key.filter(|_| self.config.ack.uses_inbox()) {
             match business_key(payload) {
                 Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
                 Err(reason) => return Err(Bad(reason, Some(key), Some(event_type))),

@@ -104,19 +104,7 @@ struct Statements {
 
 impl Statements {
     fn new(t: &Tables, partitioned: bool) -> Self {
-        // The partitioned inbox's unique keys hold the day: a claim also looks for the event
-        // id and the business key in every other partition (under `lock_keys`).
-        let not_elsewhere = if partitioned {
-            format!(
-                "WHERE NOT EXISTS (SELECT 1 FROM {inbox} o WHERE o.consumer_group = $1 \
-                   AND o.source = i.source AND o.event_id = i.event_id) \
-                 AND (i.bkey IS NULL OR NOT EXISTS (SELECT 1 FROM {inbox} o \
-                   WHERE o.consumer_group = $1 AND o.business_key = i.bkey)) ",
-                inbox = t.inbox
-            )
-        } else {
-            String::new()
-        };
+        let not_elsewhere = not_elsewhere(t, partitioned);
         Self {
             lock_keys: partitions::lock_keys_sql(t),
             shared: InboxSql::new(t, DIALECT),
@@ -184,6 +172,22 @@ impl Statements {
             ),
         }
     }
+}
+
+/// The condition of the batch claim's insert: nothing, or, on the partitioned inbox (whose
+/// unique keys hold the day), that no partition holds the event id or the business key (the
+/// claim locked both first, see `partitions`).
+fn not_elsewhere(t: &Tables, partitioned: bool) -> String {
+    if !partitioned {
+        return String::new();
+    }
+    format!(
+        "WHERE NOT EXISTS (SELECT 1 FROM {inbox} o WHERE o.consumer_group = $1 \
+           AND o.source = i.source AND o.event_id = i.event_id) \
+         AND (i.bkey IS NULL OR NOT EXISTS (SELECT 1 FROM {inbox} o \
+           WHERE o.consumer_group = $1 AND o.business_key = i.bkey)) ",
+        inbox = t.inbox
+    )
 }
 
 /// Session settings [`PgStore::connect`] asks the server for, where nothing else set them.
