@@ -31,11 +31,22 @@ struct Measured {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let rows: i64 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10_000_000);
-    let batch: u32 = args.next().map(|a| a.parse()).transpose()?.unwrap_or(10_000);
+    let rows: i64 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(10_000_000);
+    let batch: u32 = args
+        .next()
+        .map(|a| a.parse())
+        .transpose()?
+        .unwrap_or(10_000);
     let url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let admin = PgPoolOptions::new().max_connections(2).connect(&url).await?;
+    let admin = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await?;
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
     println!("retention of {rows} expired inbox rows over {DAYS} days (PostgreSQL, {url})");
 
@@ -151,12 +162,11 @@ where
     let started = Instant::now();
     let done = retention().await?;
     let elapsed = started.elapsed();
-    let wal_bytes: i64 = sqlx::query_scalar(
-        "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint",
-    )
-    .bind(&lsn)
-    .fetch_one(pool)
-    .await?;
+    let wal_bytes: i64 =
+        sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::pg_lsn)::bigint")
+            .bind(&lsn)
+            .fetch_one(pool)
+            .await?;
     let rows_after: i64 = sqlx::query_scalar(&count).fetch_one(pool).await?;
     println!(
         "  {schema}: {done} (rows deleted or partitions retired) in {:.2} s, {} of WAL",

@@ -68,7 +68,10 @@ async fn book_transfer(event: TransferBooked, tx: &mut PgTx<'_>) -> Result<(), H
 }
 
 #[inbox_handler(event = "TransferBooked", group = "bk-batch", batch, dedup_by = transfer_no)]
-async fn book_transfers(events: Vec<TransferBooked>, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+async fn book_transfers(
+    events: Vec<TransferBooked>,
+    tx: &mut PgTx<'_>,
+) -> Result<(), HandlerError> {
     for event in events {
         credit_pg(tx, event.account, event.cents).await?;
     }
@@ -153,7 +156,12 @@ async fn same_operation_twice<S: InboxStore>(inbox: &Inbox<S>) {
 #[tokio::test]
 async fn postgres_refuses_a_second_event_with_the_same_idempotency_key() {
     let db = TestDb::new("bk_pg").await;
-    let inbox = Inbox::new(db.migrated_store().await, "bk-event", InboxConfig::default()).unwrap();
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-event",
+        InboxConfig::default(),
+    )
+    .unwrap();
     same_operation_twice(&inbox).await;
     assert_eq!(db.invoices().await, 2, "two operations, each applied once");
 }
@@ -175,7 +183,12 @@ async fn sqlite_refuses_a_second_event_with_the_same_idempotency_key() {
 #[tokio::test]
 async fn a_handler_dedup_by_field_refuses_a_second_event_with_the_same_field() {
     let db = TestDb::new("bk_handler").await;
-    let inbox = Inbox::new(db.migrated_store().await, "bk-handler", InboxConfig::default()).unwrap();
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-handler",
+        InboxConfig::default(),
+    )
+    .unwrap();
     let shutdown = no_shutdown();
     assert_eq!(
         inbox.process(&transfer(0, "t-1", 42), &shutdown).await,
@@ -191,7 +204,12 @@ async fn a_handler_dedup_by_field_refuses_a_second_event_with_the_same_field() {
 #[tokio::test]
 async fn in_one_batch_the_first_event_of_a_business_key_runs_and_the_later_one_is_refused() {
     let db = TestDb::new("bk_batch").await;
-    let inbox = Inbox::new(db.migrated_store().await, "bk-batch", InboxConfig::default()).unwrap();
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-batch",
+        InboxConfig::default(),
+    )
+    .unwrap();
     let batch = [
         transfer(0, "b-1", 7),
         transfer(1, "b-2", 7),
@@ -205,7 +223,13 @@ async fn in_one_batch_the_first_event_of_a_business_key_runs_and_the_later_one_i
     let dup = |k: &str| Outcome::DuplicateBusinessKey { key: k.into() };
     assert_eq!(
         outcomes,
-        [processed.clone(), dup("7"), processed.clone(), dup("8"), processed]
+        [
+            processed.clone(),
+            dup("7"),
+            processed.clone(),
+            dup("8"),
+            processed
+        ]
     );
     assert_eq!(db.invoices().await, 3);
 }
@@ -230,7 +254,9 @@ async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
     .await
     .unwrap();
     assert_eq!(
-        inbox.process(&credited(2, "evt-old-2", old), &shutdown).await,
+        inbox
+            .process(&credited(2, "evt-old-2", old), &shutdown)
+            .await,
         Outcome::Processed { attempt: 1 },
         "outside the window: applied again"
     );
@@ -244,8 +270,12 @@ async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
         "inside the window: refused"
     );
     assert_eq!(
-        inbox.process(&credited(4, "evt-old-3", old), &shutdown).await,
-        Outcome::DuplicateBusinessKey { key: old.to_string() },
+        inbox
+            .process(&credited(4, "evt-old-3", old), &shutdown)
+            .await,
+        Outcome::DuplicateBusinessKey {
+            key: old.to_string()
+        },
         "the key taken again is refused again"
     );
     assert_eq!(db.invoices().await, 3);

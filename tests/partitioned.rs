@@ -109,13 +109,11 @@ async fn receive_on(db: &TestDb, event_id: &str, days: i32) {
 }
 
 async fn day_of(db: &TestDb, event_id: &str) -> String {
-    sqlx::query_scalar(
-        "SELECT tableoid::regclass::text FROM txbox_inbox WHERE event_id = $1",
-    )
-    .bind(event_id)
-    .fetch_one(&db.pool)
-    .await
-    .expect("the row's partition")
+    sqlx::query_scalar("SELECT tableoid::regclass::text FROM txbox_inbox WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("the row's partition")
 }
 
 fn no_shutdown() -> tokio::sync::watch::Receiver<bool> {
@@ -149,7 +147,9 @@ async fn an_event_received_before_midnight_and_redelivered_after_it_is_a_duplica
     receive_on(&db, "evt-default", -3).await;
     assert_eq!(day_of(&db, "evt-default").await, "txbox_inbox_default");
     assert_eq!(
-        inbox.process(&payment(3, "evt-default", "op-x"), &shutdown).await,
+        inbox
+            .process(&payment(3, "evt-default", "op-x"), &shutdown)
+            .await,
         Outcome::Duplicate
     );
     assert_eq!(db.invoices().await, 2, "each event applied once");
@@ -174,7 +174,10 @@ async fn two_claims_of_one_event_on_two_days_wait_for_each_other_and_apply_it_on
     // midnight) ...
     let mut a = store.begin().await.unwrap();
     let claim = store.claim(&mut a, &key, "Payment", &d).await.unwrap();
-    assert!(matches!(claim, txbox::store::Claim::New { .. }), "{claim:?}");
+    assert!(
+        matches!(claim, txbox::store::Claim::New { .. }),
+        "{claim:?}"
+    );
     sqlx::query(
         "UPDATE txbox_inbox SET received_day = received_day - 1 WHERE event_id = 'evt-race'",
     )
@@ -357,15 +360,17 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
     );
     let inbox = Inbox::new(store.clone(), "partitioned", InboxConfig::default()).unwrap();
     assert_eq!(
-        inbox.process(&payment(5, "evt-1", "op-new"), &shutdown).await,
+        inbox
+            .process(&payment(5, "evt-1", "op-new"), &shutdown)
+            .await,
         Outcome::Duplicate,
         "a row moved by the migration still deduplicates"
     );
     assert_eq!(
-        inbox.process(&payment(6, "evt-new", "op-2"), &shutdown).await,
-        Outcome::DuplicateBusinessKey {
-            key: "op-2".into()
-        },
+        inbox
+            .process(&payment(6, "evt-new", "op-2"), &shutdown)
+            .await,
+        Outcome::DuplicateBusinessKey { key: "op-2".into() },
         "and so does its business key"
     );
     store.migrate().await.expect("migrate again: a no-op");

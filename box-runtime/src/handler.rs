@@ -336,8 +336,6 @@ fn event_business_key<E: OutboxEvent>(payload: &[u8]) -> Result<Option<String>, 
     Ok(event.idempotency_key())
 }
 
-
-
 impl HandlerRegistration {
     /// Used by the code `#[inbox_handler]` generates.
     #[doc(hidden)]

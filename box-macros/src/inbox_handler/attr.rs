@@ -126,7 +126,8 @@ impl HandlerAttr {
             BATCH => return self.take_flag(cx, pair),
             DEDUP_BY => {
                 if pair.bare {
-                    let message = "`dedup_by` names a field of the event: write `dedup_by = operation_id`";
+                    let message =
+                        "`dedup_by` names a field of the event: write `dedup_by = operation_id`";
                     return cx.error_spanned_by(&pair.key, message);
                 }
                 self.dedup_by = kv::field_ident(cx, pair);

@@ -29,8 +29,8 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
         (AGGREGATE_ID, &aggregate_field),
         (IDEMPOTENCY_KEY, &idempotency_field),
     ]
-        .into_iter()
-        .filter_map(|(key, field)| Some(key_check(key, field.as_ref()?)));
+    .into_iter()
+    .filter_map(|(key, field)| Some(key_check(key, field.as_ref()?)));
     let key = match &key_field {
         Some(field) => key_string(&private, KEY, field),
         None => quote!(::core::option::Option::None),
@@ -96,8 +96,7 @@ fn key_check(key: &str, field: &KeyField) -> TokenStream {
         "the type of `{name}`, `{{Self}}`, does not implement `Display`, which `{written}` needs"
     );
     let label = "`{Self}` does not implement `std::fmt::Display`";
-    let note =
-        format!(
+    let note = format!(
         "the {} is the field's `Display` text: implement `std::fmt::Display` for `{{Self}}`, or \
          name a field whose type implements it (e.g. `Uuid`, `u64`, `String`)",
         match key {

@@ -155,7 +155,9 @@ impl PgStore {
         for (day, next) in days {
             let suffix = day_suffix(&day)?;
             if !existing.contains(&suffix) {
-                changes.created.push(self.create_partition(&day, &next).await?);
+                changes
+                    .created
+                    .push(self.create_partition(&day, &next).await?);
             }
         }
         if let Some(older_than) = older_than {
@@ -259,8 +261,10 @@ impl PgStore {
             .await?
             .try_get::<bool, _>("any")?;
             if unprocessed {
-                tracing::warn!(partition = name.as_str(),
-                    "txbox inbox partition expired but holds unprocessed rows: kept");
+                tracing::warn!(
+                    partition = name.as_str(),
+                    "txbox inbox partition expired but holds unprocessed rows: kept"
+                );
                 changes.kept.push(name);
                 continue;
             }
