@@ -28,13 +28,13 @@ pub(super) enum Prepared<'d> {
 }
 
 /// Why a message is bad, for [`Prepared::Bad`].
-struct Bad<'d>(String, Option<InboxKey>, Option<&'d str>);
+struct Bad<'d>(String, Option<Box<InboxKey>>, Option<&'d str>);
 
 impl<'d> From<Bad<'d>> for Prepared<'d> {
     fn from(Bad(reason, key, event_type): Bad<'d>) -> Self {
         Prepared::Bad {
             reason,
-            key,
+            key: key.map(|k| *k),
             event_type,
         }
     }
@@ -55,7 +55,7 @@ impl<S: InboxStore> Inbox<S> {
         let Some(event_type) = event_type else {
             let header = &self.config.event_type_header;
             let reason = format!("missing or empty event type header `{header}`");
-            return Err(Bad(reason, Some(key), None));
+            return Err(Bad(reason, Some(Box::new(key)), None));
         };
         let Some(reg) = self.handlers.get(event_type) else {
             let reason = format!(
@@ -65,13 +65,13 @@ impl<S: InboxStore> Inbox<S> {
             );
             return match self.config.unknown_event {
                 UnknownEvent::Skip => Ok(Prepared::Skip(reason)),
-                UnknownEvent::DeadLetter => Err(Bad(reason, Some(key), Some(event_type))),
+                UnknownEvent::DeadLetter => Err(Bad(reason, Some(Box::new(key)), Some(event_type))),
             };
         };
         if let Some(business_key) = reg.business_key.filter(|_| self.config.ack.uses_inbox()) {
             match business_key(payload) {
                 Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
-                Err(reason) => return Err(Bad(reason, Some(key), Some(event_type))),
+                Err(reason) => return Err(Bad(reason, Some(Box::new(key)), Some(event_type))),
             }
         }
         Ok(Prepared::Ready(Ready {
