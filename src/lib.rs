@@ -76,6 +76,8 @@ pub mod relay {
 /// Stores: where inbox rows, attempt counts and dead letters live, and their table names.
 pub mod store {
     #[doc(inline)]
+    pub use box_runtime::postgres::{DailyPartitions, PartitionChanges, Retire};
+    #[doc(inline)]
     pub use box_runtime::store::*;
     #[doc(inline)]
     pub use box_runtime::IdentError;

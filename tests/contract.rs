@@ -753,6 +753,7 @@ async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K
             group: "retention".into(),
             source: String::new(),
             event_id: (*id).into(),
+            business_key: None,
         };
         let d = Delivery {
             topic: "t".into(),

@@ -193,6 +193,13 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// How long a business key refuses other events with the same key (default: as long as
+    /// its inbox row is kept).
+    pub fn business_key_window(mut self, window: std::time::Duration) -> Self {
+        self.config.business_key_window = Some(window);
+        self
+    }
+
     /// Replaces the whole inbox configuration.
     pub fn config(mut self, config: InboxConfig) -> Self {
         self.config = config;

@@ -51,9 +51,20 @@ pub trait OutboxEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// derive names no `key` field.
     fn key(&self) -> Option<String>;
 
+    /// The field named by `idempotency_key = field`, if any: inbox handlers of this event then
+    /// also refuse a second event with the same business key in their group.
+    const IDEMPOTENCY_KEY: Option<&'static str> = None;
+
     /// The aggregate id, when the derive names one (`aggregate_id = field`); defaults to the key.
     fn aggregate_id(&self) -> Option<String> {
         self.key()
+    }
+
+    /// The business key (an operation id), when the derive names one (`idempotency_key =
+    /// field`): two events with the same business key are one operation, applied once per
+    /// consumer group (see `docs/modes.md`).
+    fn idempotency_key(&self) -> Option<String> {
+        None
     }
 }
 
@@ -82,4 +93,25 @@ impl<T: std::fmt::Display + ?Sized> KeyField for T {
 #[doc(hidden)]
 pub fn key_string<K: KeyField + ?Sized>(field: &K) -> String {
     field.key_string()
+}
+
+/// A field named by `dedup_by = field` in `#[inbox_handler(...)]`: its `Display` text is the
+/// business key.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as a business key",
+    label = "the type of this field has no `Display`",
+    note = "`dedup_by = field` uses the field's `Display` text as the business key: name a field \
+            whose type implements `std::fmt::Display` (e.g. `Uuid`, `u64`, `String`)"
+)]
+pub trait BusinessKey {
+    /// The business key text.
+    fn business_key_text(&self) -> String;
+}
+
+// `do_not_recommend`: report `BusinessKey` with the note above, not the `Display` bound.
+#[diagnostic::do_not_recommend]
+impl<T: std::fmt::Display + ?Sized> BusinessKey for T {
+    fn business_key_text(&self) -> String {
+        self.to_string()
+    }
 }

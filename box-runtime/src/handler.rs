@@ -321,6 +321,19 @@ pub struct HandlerRegistration {
     /// Whether the handler takes the message metadata (when it does not, the runtime does not
     /// build it).
     pub takes_meta: bool,
+    /// Reads the business key from a payload, when the handler dedups by one (`dedup_by =
+    /// field`, or the event's `idempotency_key = field`).
+    pub business_key: Option<BusinessKeyFn>,
+}
+
+/// Reads a message's business key from its payload: `Ok(None)` when it has none, `Err` with
+/// the reason when the payload cannot be read.
+pub type BusinessKeyFn = fn(&[u8]) -> Result<Option<String>, String>;
+
+/// The business key of an event type that declares `idempotency_key = field`.
+fn event_business_key<E: OutboxEvent>(payload: &[u8]) -> Result<Option<String>, String> {
+    let event = decode::<E>(payload).map_err(|e| e.to_string())?;
+    Ok(event.idempotency_key())
 }
 
 impl HandlerRegistration {
@@ -346,6 +359,17 @@ impl HandlerRegistration {
             invoke,
             invoke_batch: None,
             takes_meta: true,
+            business_key: None,
+        }
+    }
+
+    /// The registration of a handler that deduplicates by a business key (the event's
+    /// `idempotency_key`, or the handler's `dedup_by`), or not (`None`). Used by generated code.
+    #[doc(hidden)]
+    pub const fn business_key(self, business_key: Option<BusinessKeyFn>) -> Self {
+        Self {
+            business_key,
+            ..self
         }
     }
 
@@ -633,6 +657,12 @@ impl<E: OutboxEvent> Probe<E> {
     /// The declared event type.
     pub const EVENT_TYPE: Option<&'static str> = Some(E::EVENT_TYPE);
 
+    /// The business key of the event's `idempotency_key = field`, if it declares one.
+    pub const BUSINESS_KEY: Option<BusinessKeyFn> = match E::IDEMPOTENCY_KEY {
+        Some(_) => Some(event_business_key::<E>),
+        None => None,
+    };
+
     /// See [`decode`].
     pub fn decode(payload: &[u8]) -> Result<E, HandlerError> {
         decode::<E>(payload)
@@ -695,6 +725,8 @@ impl<K: fmt::Display + ?Sized> Probe<K> {
 pub trait ProbeFallback {
     /// No event type known.
     const EVENT_TYPE: Option<&'static str> = None;
+    /// No business key.
+    const BUSINESS_KEY: Option<BusinessKeyFn> = None;
     /// The probed type.
     type Target: ?Sized;
 

@@ -47,10 +47,10 @@ pub type SqliteTx<'c> = sqlx::Transaction<'c, sqlx::Sqlite>;
 /// What generated code reaches; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::{key_string, KeyField, OutboxEvent};
+    pub use crate::event::{key_string, BusinessKey, KeyField, OutboxEvent};
     pub use crate::handler::{
         check_event_type, decode, decode_all, downcast_tx, fail, into_future, meta_param,
-        registrations, tx_type_id, DispatchTable, HandlerFuture, HandlerOutput,
+        registrations, tx_type_id, BusinessKeyFn, DispatchTable, HandlerFuture, HandlerOutput,
         HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
         ProbeFallback, RegistryError,
     };

@@ -160,6 +160,15 @@ impl<S: InboxStore> InboxStore for Observed<S> {
         result
     }
 
+    fn expire_business_keys<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+        older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        self.inner.expire_business_keys(tx, keys, older_than)
+    }
+
     fn release_claims<'a>(
         &'a self,
         tx: &'a mut Self::Tx,

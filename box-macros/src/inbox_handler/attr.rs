@@ -17,11 +17,14 @@ pub(crate) const EVENT: &str = "event";
 pub(crate) const GROUP: &str = "group";
 /// `batch`: a flag; the handler takes a run of events at once (`events: Vec<OrderCreated>`).
 pub(crate) const BATCH: &str = "batch";
+/// `dedup_by = field`: a field of the event whose `Display` text is the business key; the
+/// inbox then also refuses a second event with the same key in the group.
+pub(crate) const DEDUP_BY: &str = "dedup_by";
 /// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
 pub(crate) const CRATE: &str = "crate";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, CRATE];
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, DEDUP_BY, CRATE];
 
 /// The required keys.
 const REQUIRED: &[&str] = &[EVENT, GROUP];
@@ -33,6 +36,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("consumer_group", GROUP),
     ("group_id", GROUP),
     ("batching", BATCH),
+    ("idempotency_key", DEDUP_BY),
+    ("business_key", DEDUP_BY),
+    ("dedup", DEDUP_BY),
 ];
 
 /// The attribute written in full, for messages.
@@ -50,6 +56,8 @@ pub(crate) struct HandlerAttr {
     /// The `batch` flag as written (also when it was wrongly given a value, which is reported:
     /// the signature is then checked as the batch handler's it was meant to be).
     pub(crate) batch: Option<Ident>,
+    /// `dedup_by = field`: the event's field, as written (for spans).
+    pub(crate) dedup_by: Option<Ident>,
 }
 
 /// Which handler the attribute declares: of one event per call, or of a run of events.
@@ -69,6 +77,7 @@ impl HandlerAttr {
             group: None,
             krate: None,
             batch: None,
+            dedup_by: None,
         };
         // Keys written, and the keys unknown ones were probably meant to be: neither is
         // reported as missing (the "did you mean" says it already).
@@ -76,7 +85,7 @@ impl HandlerAttr {
         let mut meant: Vec<&str> = Vec::new();
         let spec = ListSpec {
             example: "event = \"OrderCreated\"",
-            field_keys: &[],
+            field_keys: &[DEDUP_BY],
         };
         let list = kv::parse_list(cx, tokens, spec);
         for pair in list.pairs {
@@ -115,6 +124,15 @@ impl HandlerAttr {
             EVENT => "OrderCreated",
             GROUP => "billing",
             BATCH => return self.take_flag(cx, pair),
+            DEDUP_BY => {
+                if pair.bare {
+                    let message =
+                        "`dedup_by` names a field of the event: write `dedup_by = operation_id`";
+                    return cx.error_spanned_by(&pair.key, message);
+                }
+                self.dedup_by = kv::field_ident(cx, pair);
+                return;
+            }
             _ => "my_txbox",
         };
         if pair.bare {

@@ -44,6 +44,8 @@ struct Parts<'a> {
     output: &'a Type,
     /// `::txbox` or the `crate = "..."` path.
     krate: TokenStream,
+    /// `dedup_by = field`.
+    dedup_by: Option<&'a Ident>,
 }
 
 pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
@@ -73,6 +75,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             Some(path) => path.to_token_stream(),
             None => quote!(::txbox),
         },
+        dedup_by: attr.dedup_by.as_ref(),
     };
     let register = format_ident!("__txbox_register_{}", parts.name.unraw());
     let private = parts.private();
@@ -80,6 +83,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     let invoke = parts.invoke();
     let event_type_check = parts.event_type_check();
     let submit = parts.submit();
+    let business_key = parts.business_key();
     quote! {
         #func
 
@@ -90,6 +94,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             #checks
             #invoke
             #event_type_check
+            #business_key
             #submit
         };
     }
@@ -356,6 +361,32 @@ impl Parts<'_> {
 
     /// The one `inventory::submit!`, with the function's path, file and line (and, for a batch
     /// handler, `.batch(__txbox_invoke_batch)`; for a handler without metadata, `.no_meta()`).
+    /// With `dedup_by = field`: `__txbox_business_key`, which decodes the payload and reads the
+    /// field. The field access and its `BusinessKey` check carry the field name's span, so that
+    /// a field the event does not have, or one without `Display`, is reported on it.
+    fn business_key(&self) -> TokenStream {
+        let Some(field) = self.dedup_by else {
+            return TokenStream::new();
+        };
+        let (private, event_ty) = (self.private(), self.event_ty);
+        let private_at = self.private_at(field.span());
+        let read = quote_spanned! {field.span()=>
+            #private_at::BusinessKey::business_key_text(&event.#field)
+        };
+        quote! {
+            fn __txbox_business_key(
+                payload: &[u8],
+            ) -> ::core::result::Result<
+                ::core::option::Option<::std::string::String>,
+                ::std::string::String,
+            > {
+                let event = #private::Probe::<#event_ty>::decode(payload)
+                    .map_err(|e| ::std::string::ToString::to_string(&e))?;
+                ::core::result::Result::Ok(::core::option::Option::Some(#read))
+            }
+        }
+    }
+
     fn submit(&self) -> TokenStream {
         let private = self.private();
         let (name, event, group) = (self.name, self.event, self.group);
@@ -374,6 +405,12 @@ impl Parts<'_> {
             Some(_) => TokenStream::new(),
             None => quote!(.no_meta()),
         };
+        // The handler's `dedup_by`, else the event's `idempotency_key` (if any).
+        let event_ty = self.event_ty;
+        let business_key = match self.dedup_by {
+            Some(_) => quote!(::core::option::Option::Some(__txbox_business_key)),
+            None => quote!(#private::Probe::<#event_ty>::BUSINESS_KEY),
+        };
         quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
@@ -385,6 +422,7 @@ impl Parts<'_> {
                 )
                 #batch
                 #no_meta
+                .business_key(#business_key)
             }
         }
     }

@@ -79,7 +79,7 @@ fn unknown_key_lists_the_valid_keys() {
     assert_eq!(
         message,
         "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `batch`, \
-         `crate`"
+         `dedup_by`, `crate`"
     );
 }
 

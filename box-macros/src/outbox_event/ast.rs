@@ -103,10 +103,10 @@ impl Input {
     /// The field `key` (`attr::KEY` or `attr::AGGREGATE_ID`) names: by `key = field` on the
     /// struct, else by `#[outbox(key)]` on a field. `None` when neither names an existing field.
     pub(crate) fn key_field(&self, key: &str) -> Option<KeyField<'_>> {
-        let by_name = if key == attr::KEY {
-            self.attrs.key.as_ref()
-        } else {
-            self.attrs.aggregate_id.as_ref()
+        let by_name = match key {
+            attr::KEY => self.attrs.key.as_ref(),
+            attr::AGGREGATE_ID => self.attrs.aggregate_id.as_ref(),
+            _ => self.attrs.idempotency_key.as_ref(),
         };
         if let Some(name) = by_name {
             let field = self.fields().iter().find(|f| f.ident == *name)?;

@@ -19,14 +19,26 @@ pub(crate) const KEY: &str = "key";
 pub(crate) const AGGREGATE_TYPE: &str = "aggregate_type";
 /// `aggregate_id = field`; optional, defaults to the key. On a field: `#[outbox(aggregate_id)]`.
 pub(crate) const AGGREGATE_ID: &str = "aggregate_id";
+/// `idempotency_key = field`: the business key (an operation id); optional. Inbox handlers of
+/// the event also refuse a second event with the same key. On a field:
+/// `#[outbox(idempotency_key)]`.
+pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency_key";
 /// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
 pub(crate) const CRATE: &str = "crate";
 
 /// Every key of the struct's attribute, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT_TYPE, TOPIC, KEY, AGGREGATE_TYPE, AGGREGATE_ID, CRATE];
+pub(crate) const KEYS: &[&str] = &[
+    EVENT_TYPE,
+    TOPIC,
+    KEY,
+    AGGREGATE_TYPE,
+    AGGREGATE_ID,
+    IDEMPOTENCY_KEY,
+    CRATE,
+];
 
 /// The keys a field's attribute takes.
-pub(crate) const FIELD_KEYS: &[&str] = &[KEY, AGGREGATE_ID];
+pub(crate) const FIELD_KEYS: &[&str] = &[KEY, AGGREGATE_ID, IDEMPOTENCY_KEY];
 
 /// Words written for a key, and the key meant (the handler's `event` is this `event_type`).
 const ALIASES: &[(&str, &str)] = &[
@@ -36,6 +48,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("topic_name", TOPIC),
     ("partition_key", KEY),
     ("message_key", KEY),
+    ("business_key", IDEMPOTENCY_KEY),
+    ("dedup_by", IDEMPOTENCY_KEY),
 ];
 
 /// How the attribute looks when written in full, for messages.
@@ -51,6 +65,7 @@ pub(crate) struct Attrs {
     pub(crate) key: Option<Ident>,
     pub(crate) aggregate_type: Option<LitStr>,
     pub(crate) aggregate_id: Option<Ident>,
+    pub(crate) idempotency_key: Option<Ident>,
     /// `crate = "..."`, parsed.
     pub(crate) krate: Option<syn::Path>,
     /// Every key written, even with a rejected value, and every key an unknown one was probably
@@ -78,7 +93,7 @@ impl Attrs {
             };
             let spec = ListSpec {
                 example: "event_type = \"OrderCreated\"",
-                field_keys: &[KEY, AGGREGATE_ID],
+                field_keys: FIELD_KEYS,
             };
             let list = kv::parse_list(cx, list.tokens.clone(), spec);
             out.broken |= !list.complete;
@@ -115,6 +130,11 @@ impl Attrs {
                     self.aggregate_id = kv::field_ident(cx, &pair);
                 }
             }
+            IDEMPOTENCY_KEY => {
+                if kv::first_time(cx, &self.idempotency_key, &pair.key) {
+                    self.idempotency_key = kv::field_ident(cx, &pair);
+                }
+            }
             _ => {
                 if kv::first_time(cx, &self.krate, &pair.key) {
                     self.krate = kv::crate_path(cx, &pair);
@@ -143,7 +163,7 @@ fn example_value(key: &str) -> &'static str {
 /// A key of the struct's attribute written without a value.
 fn no_value(cx: &Ctxt, key: &Ident) {
     let message = match key.to_string().as_str() {
-        k @ (KEY | AGGREGATE_ID) => format!(
+        k @ (KEY | AGGREGATE_ID | IDEMPOTENCY_KEY) => format!(
             "`{k}` names a field: write `{k} = order_id`, or put `#[outbox({k})]` on the field"
         ),
         k => kv::missing_value(key, &format!("{k} = {}", example_value(k))),
@@ -157,6 +177,7 @@ fn no_value(cx: &Ctxt, key: &Ident) {
 pub(crate) struct FieldFlags {
     pub(crate) key: Option<Ident>,
     pub(crate) aggregate_id: Option<Ident>,
+    pub(crate) idempotency_key: Option<Ident>,
     /// Keys of the struct's attribute written here instead (reported): not also "missing".
     pub(crate) misplaced: Vec<&'static str>,
 }
@@ -191,6 +212,7 @@ impl FieldFlags {
         let slot = match key.as_str() {
             KEY => &mut self.key,
             AGGREGATE_ID => &mut self.aggregate_id,
+            IDEMPOTENCY_KEY => &mut self.idempotency_key,
             k if KEYS.contains(&k) => {
                 self.misplaced
                     .extend(KEYS.iter().find(|known| **known == k));
@@ -227,7 +249,8 @@ impl FieldFlags {
     pub(crate) fn get(&self, key: &str) -> Option<&Ident> {
         match key {
             KEY => self.key.as_ref(),
-            _ => self.aggregate_id.as_ref(),
+            AGGREGATE_ID => self.aggregate_id.as_ref(),
+            _ => self.idempotency_key.as_ref(),
         }
     }
 }

@@ -5,7 +5,7 @@ use proc_macro2::TokenStream;
 use quote::{format_ident, quote};
 
 use super::ast::{Input, KeyField};
-use super::attr::{AGGREGATE_ID, KEY};
+use super::attr::{AGGREGATE_ID, IDEMPOTENCY_KEY, KEY};
 use crate::tokens::respan;
 
 /// `impl OutboxEvent for T`, inside `const _: () = { .. };`.
@@ -23,9 +23,14 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
     });
     let key_field = input.key_field(KEY);
     let aggregate_field = input.key_field(AGGREGATE_ID);
-    let key_checks = [(KEY, &key_field), (AGGREGATE_ID, &aggregate_field)]
-        .into_iter()
-        .filter_map(|(key, field)| Some(key_check(key, field.as_ref()?)));
+    let idempotency_field = input.key_field(IDEMPOTENCY_KEY);
+    let key_checks = [
+        (KEY, &key_field),
+        (AGGREGATE_ID, &aggregate_field),
+        (IDEMPOTENCY_KEY, &idempotency_field),
+    ]
+    .into_iter()
+    .filter_map(|(key, field)| Some(key_check(key, field.as_ref()?)));
     let key = match &key_field {
         Some(field) => key_string(&private, KEY, field),
         None => quote!(::core::option::Option::None),
@@ -34,6 +39,18 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
         let value = key_string(&private, AGGREGATE_ID, field);
         quote! {
             fn aggregate_id(&self) -> ::core::option::Option<::std::string::String> {
+                #value
+            }
+        }
+    });
+    let idempotency_key = idempotency_field.as_ref().map(|field| {
+        let value = key_string(&private, IDEMPOTENCY_KEY, field);
+        let name = field.field.ident.to_string();
+        quote! {
+            const IDEMPOTENCY_KEY: ::core::option::Option<&'static str> =
+                ::core::option::Option::Some(#name);
+
+            fn idempotency_key(&self) -> ::core::option::Option<::std::string::String> {
                 #value
             }
         }
@@ -55,6 +72,7 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
                 }
 
                 #aggregate_id
+                #idempotency_key
             }
         };
     }
@@ -78,11 +96,14 @@ fn key_check(key: &str, field: &KeyField) -> TokenStream {
         "the type of `{name}`, `{{Self}}`, does not implement `Display`, which `{written}` needs"
     );
     let label = "`{Self}` does not implement `std::fmt::Display`";
-    let note =
-        format!(
+    let note = format!(
         "the {} is the field's `Display` text: implement `std::fmt::Display` for `{{Self}}`, or \
          name a field whose type implements it (e.g. `Uuid`, `u64`, `String`)",
-        if key == KEY { "message key" } else { "aggregate id" }
+        match key {
+            KEY => "message key",
+            AGGREGATE_ID => "aggregate id",
+            _ => "idempotency key (business key)",
+        }
     );
     quote! {
         #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
@@ -96,7 +117,14 @@ fn key_check(key: &str, field: &KeyField) -> TokenStream {
 }
 
 fn check_trait(key: &str) -> syn::Ident {
-    format_ident!("__txbox_{}", if key == KEY { "Key" } else { "AggregateId" })
+    format_ident!(
+        "__txbox_{}",
+        match key {
+            KEY => "Key",
+            AGGREGATE_ID => "AggregateId",
+            _ => "IdempotencyKey",
+        }
+    )
 }
 
 /// `Some(text of self.field)`, after the field type's check. The check names the type with

@@ -63,7 +63,7 @@ fn unknown_key_lists_the_valid_keys() {
     assert_eq!(
         message,
         "unknown key `partition` in `#[outbox(...)]`; expected one of: `event_type`, `topic`, \
-         `key`, `aggregate_type`, `aggregate_id`, `crate`"
+         `key`, `aggregate_type`, `aggregate_id`, `idempotency_key`, `crate`"
     );
 }
 
@@ -283,7 +283,7 @@ fn other_field_attributes_are_errors() {
         (
             quote!(#[outbox(partition)]),
             "unknown key `partition` in a field's `#[outbox(...)]`; expected one of: `key`, \
-             `aggregate_id`",
+             `aggregate_id`, `idempotency_key`",
         ),
         (
             quote!(#[outbox(key = a)]),

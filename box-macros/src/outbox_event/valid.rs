@@ -4,7 +4,7 @@ use quote::ToTokens;
 use syn::Ident;
 
 use super::ast::{Input, Shape};
-use super::attr::{self, AGGREGATE_ID, EVENT_TYPE, EXAMPLE, KEY, TOPIC};
+use super::attr::{self, AGGREGATE_ID, EVENT_TYPE, EXAMPLE, IDEMPOTENCY_KEY, KEY, TOPIC};
 use crate::ctxt::Ctxt;
 use crate::names;
 
@@ -17,6 +17,9 @@ pub(crate) fn check(cx: &Ctxt, input: &Input) {
     check_fields(cx, input, AGGREGATE_ID, input.attrs.aggregate_id.as_ref());
     check_field_flags(cx, input, KEY, input.attrs.key.as_ref());
     check_field_flags(cx, input, AGGREGATE_ID, input.attrs.aggregate_id.as_ref());
+    let idempotency_key = input.attrs.idempotency_key.as_ref();
+    check_fields(cx, input, IDEMPOTENCY_KEY, idempotency_key);
+    check_field_flags(cx, input, IDEMPOTENCY_KEY, idempotency_key);
 }
 
 fn check_shape(cx: &Ctxt, input: &Input) {
@@ -174,7 +177,11 @@ fn check_field_flags(cx: &Ctxt, input: &Input, key: &str, by_name: Option<&Ident
                 format!(
                     "`#[outbox({key})]` is on two fields, `{first}` and `{field}`: an event has \
                      one {}; keep one",
-                    if key == KEY { "key" } else { "aggregate id" }
+                    match key {
+                        KEY => "key",
+                        AGGREGATE_ID => "aggregate id",
+                        _ => "idempotency key",
+                    }
                 ),
             );
         }

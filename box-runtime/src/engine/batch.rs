@@ -54,10 +54,18 @@ impl<S: InboxStore> Inbox<S> {
             .collect();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
         // The first message of each key runs; a later copy in the same batch is a duplicate.
+        // A later event with the business key of an earlier one is left out of the batch and
+        // taken alone after it, when the earlier one's row has committed (or not).
         let mut seen = HashSet::with_capacity(batch.len());
+        let mut business_keys = HashSet::new();
         let mut runnable: Vec<(usize, &Ready<'_>)> = Vec::with_capacity(batch.len());
         for (i, p) in prepared.iter().enumerate() {
             if let Prepared::Ready(ready) = p {
+                if let Some(k) = &ready.key.business_key {
+                    if !business_keys.insert(k) {
+                        continue;
+                    }
+                }
                 if seen.insert((&ready.key.source, &ready.key.event_id)) {
                     runnable.push((i, ready));
                 } else {
@@ -223,6 +231,8 @@ impl<S: InboxStore> Inbox<S> {
                 delivery: m.d,
             })
             .collect();
+        let keys: Vec<&crate::store::InboxKey> = msgs.iter().map(|(_, m)| &m.key).collect();
+        self.expire_business_keys(tx, &keys).await?;
         let claims = self.store.claim_batch(tx, &requests).await?;
         crate::failpoint::hit("after_inbox_insert").await;
         Ok(claims)
@@ -261,11 +271,11 @@ impl<S: InboxStore> Inbox<S> {
             .iter()
             .map(|c| match c {
                 Claim::New { attempts } => *attempts,
-                Claim::Duplicate => 0,
+                Claim::Duplicate | Claim::DuplicateBusinessKey => 0,
             })
             .collect();
-        if claims == [Claim::Duplicate] {
-            outcomes.push(Outcome::Duplicate);
+        if let [claim @ (Claim::Duplicate | Claim::DuplicateBusinessKey)] = claims {
+            outcomes.push(super::duplicate(&msgs[0].1.key, *claim));
             return Ok(());
         }
         let result = match msgs {

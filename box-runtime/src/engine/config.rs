@@ -245,6 +245,10 @@ pub struct InboxConfig {
     /// protects against a redelivery of its event: keep the window longer than any
     /// redelivery can be late.
     pub retention: Option<Retention>,
+    /// How long a business key (`idempotency_key` / `dedup_by`) keeps refusing other events
+    /// with the same key: `None` (the default) for as long as the inbox row that holds it is
+    /// kept (the retention window).
+    pub business_key_window: Option<Duration>,
 }
 
 impl Default for InboxConfig {
@@ -266,6 +270,7 @@ impl Default for InboxConfig {
             key_lanes: 8,
             transaction_timeout: Duration::from_secs(60),
             retention: Some(Retention::default()),
+            business_key_window: None,
         }
     }
 }

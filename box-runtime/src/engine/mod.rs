@@ -155,6 +155,16 @@ enum Attempt {
     Failed(HandlerError),
 }
 
+/// The outcome of a claim that found the message a duplicate.
+fn duplicate(key: &InboxKey, claim: Claim) -> Outcome {
+    match (claim, &key.business_key) {
+        (Claim::DuplicateBusinessKey, Some(business_key)) => Outcome::DuplicateBusinessKey {
+            key: business_key.clone(),
+        },
+        _ => Outcome::Duplicate,
+    }
+}
+
 /// What a handler's error means, by the class of the database error in its chain (see
 /// [`store::ErrorClass`]), unless the handler chose the kind itself.
 fn classify_failure(error: HandlerError) -> Attempt {
@@ -245,6 +255,9 @@ impl<S: InboxStore> Inbox<S> {
             }
             Outcome::Duplicate => {
                 tracing::info!(target: "txbox::engine", group, %at, event_id = id, "duplicate")
+            }
+            Outcome::DuplicateBusinessKey { key } => {
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, business_key = key.as_str(), "duplicate business key")
             }
             // Text from the message (ids, types, reasons quoting them) is logged as a field with
             // Debug escaping, never in the message part: a newline in it cannot forge a line.
@@ -360,14 +373,18 @@ impl<S: InboxStore> Inbox<S> {
             Err(e) => return Attempt::Outage(e),
         };
         let previous_failures = if inbox {
-            match self
-                .store
-                .claim(&mut tx, &msg.key, msg.event_type, msg.d)
-                .await
-            {
-                Ok(Claim::Duplicate) => {
+            let claimed = match self.expire_business_keys(&mut tx, &[&msg.key]).await {
+                Ok(()) => {
+                    self.store
+                        .claim(&mut tx, &msg.key, msg.event_type, msg.d)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            match claimed {
+                Ok(claim @ (Claim::Duplicate | Claim::DuplicateBusinessKey)) => {
                     let _ = self.store.rollback(tx).await;
-                    return Attempt::Done(Outcome::Duplicate);
+                    return Attempt::Done(duplicate(&msg.key, claim));
                 }
                 Ok(Claim::New { attempts }) => {
                     crate::failpoint::hit("after_inbox_insert").await;
@@ -409,6 +426,21 @@ impl<S: InboxStore> Inbox<S> {
             // The commit may or may not have happened: with an inbox the next claim tells;
             // without one the handler runs again (at least once).
             Err(e) => Attempt::Outage(e),
+        }
+    }
+
+    /// Frees, in `tx`, the business keys of `keys` whose holders are older than the configured
+    /// business-key window (nothing without a window).
+    async fn expire_business_keys(
+        &self,
+        tx: &mut S::Tx,
+        keys: &[&InboxKey],
+    ) -> Result<(), StoreError> {
+        match self.config.business_key_window {
+            Some(window) if keys.iter().any(|k| k.business_key.is_some()) => {
+                self.store.expire_business_keys(tx, keys, window).await
+            }
+            _ => Ok(()),
         }
     }
 

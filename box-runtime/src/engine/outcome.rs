@@ -11,6 +11,12 @@ pub enum Outcome {
     },
     /// The inbox row existed: the handler did not run.
     Duplicate,
+    /// Another event with the same business key (`idempotency_key` / `dedup_by`) was processed
+    /// in the group within the business-key window: the handler did not run; acknowledged.
+    DuplicateBusinessKey {
+        /// The business key.
+        key: String,
+    },
     /// The handler failed and the strategy acknowledges anyway (`AtMostOnce`, `OnPersist`): the
     /// effect is lost by design.
     FailedAcknowledged {
@@ -52,6 +58,7 @@ impl Outcome {
         match self {
             Self::Processed { .. } => "processed",
             Self::Duplicate => "duplicate",
+            Self::DuplicateBusinessKey { .. } => "duplicate business key",
             Self::FailedAcknowledged { .. } => "failed (acknowledged)",
             Self::FailedUnacknowledged { .. } => "failed",
             Self::DeadLettered { .. } => "dead-lettered",

@@ -40,13 +40,13 @@ impl Prepared<'_> {
 }
 
 /// Why a message is bad, for [`Prepared::Bad`].
-struct Bad<'d>(String, Option<InboxKey>, Option<&'d str>);
+struct Bad<'d>(String, Option<Box<InboxKey>>, Option<&'d str>);
 
 impl<'d> From<Bad<'d>> for Prepared<'d> {
     fn from(Bad(reason, key, event_type): Bad<'d>) -> Self {
         Prepared::Bad {
             reason,
-            key,
+            key: key.map(|k| *k),
             event_type,
         }
     }
@@ -63,11 +63,11 @@ impl<S: InboxStore> Inbox<S> {
     fn try_prepare<'d>(&self, d: &'d Delivery) -> Result<Prepared<'d>, Bad<'d>> {
         let event_type = d.header_str(&self.config.event_type_header);
         let payload = self.payload(d).map_err(|r| Bad(r, None, event_type))?;
-        let key = self.key(d).map_err(|r| Bad(r, None, event_type))?;
+        let mut key = self.key(d).map_err(|r| Bad(r, None, event_type))?;
         let Some(event_type) = event_type else {
             let header = &self.config.event_type_header;
             let reason = format!("missing or empty event type header `{header}`");
-            return Err(Bad(reason, Some(key), None));
+            return Err(Bad(reason, Some(Box::new(key)), None));
         };
         let Some(reg) = self.handlers.get(event_type) else {
             let reason = format!(
@@ -77,9 +77,15 @@ impl<S: InboxStore> Inbox<S> {
             );
             return match self.config.unknown_event {
                 UnknownEvent::Skip => Ok(Prepared::Skip(reason)),
-                UnknownEvent::DeadLetter => Err(Bad(reason, Some(key), Some(event_type))),
+                UnknownEvent::DeadLetter => Err(Bad(reason, Some(Box::new(key)), Some(event_type))),
             };
         };
+        if let Some(business_key) = reg.business_key.filter(|_| self.config.ack.uses_inbox()) {
+            match business_key(payload) {
+                Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
+                Err(reason) => return Err(Bad(reason, Some(Box::new(key)), Some(event_type))),
+            }
+        }
         Ok(Prepared::Ready(Ready {
             d,
             reg,
@@ -126,6 +132,7 @@ impl<S: InboxStore> Inbox<S> {
             group: self.group().to_owned(),
             source,
             event_id,
+            business_key: None,
         })
     }
 }

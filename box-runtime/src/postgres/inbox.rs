@@ -58,12 +58,17 @@ impl InboxStore for PgStore {
             Vec::with_capacity(n),
         );
         let (mut partitions, mut offsets) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let mut business_keys = Vec::with_capacity(n);
         for r in requests {
             sources.push(r.key.source.as_str());
             ids.push(r.key.event_id.as_str());
             types.push(r.event_type);
             partitions.push(r.delivery.partition);
             offsets.push(r.delivery.offset);
+            business_keys.push(r.key.business_key.as_deref());
+        }
+        if self.partitions.is_some() {
+            self.lock_keys(tx, &lock_keys(requests)).await?;
         }
         let rows = sqlx::query(&self.sql.claim_batch)
             .bind(&first.key.group)
@@ -73,22 +78,33 @@ impl InboxStore for PgStore {
             .bind(&partitions)
             .bind(&offsets)
             .bind(&first.delivery.topic)
+            .bind(&business_keys)
             .fetch_all(&mut **tx)
             .await?;
-        rows.iter()
-            .map(|row| {
-                let inserted: bool = row.try_get("inserted")?;
-                let attempts: i32 = row.try_get("attempts")?;
-                Ok(if inserted {
-                    Claim::New {
-                        attempts: attempts.max(0) as u32,
-                    }
-                } else {
-                    Claim::Duplicate
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(Into::into)
+        let mut claims = Vec::with_capacity(n);
+        for (row, r) in rows.iter().zip(requests) {
+            let inserted: bool = row.try_get("inserted")?;
+            let attempts: i32 = row.try_get("attempts")?;
+            claims.push(if inserted {
+                Claim::New {
+                    attempts: attempts.max(0) as u32,
+                }
+            } else {
+                self.shared().duplicate_of(tx, r.key).await?
+            });
+        }
+        Ok(claims)
+    }
+
+    async fn expire_business_keys<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+        older_than: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.shared()
+            .expire_business_keys(tx, keys, older_than)
+            .await
     }
 
     async fn release_claims<'a>(
@@ -127,6 +143,9 @@ impl InboxStore for PgStore {
         older_than: std::time::Duration,
         limit: u32,
     ) -> Result<u64, StoreError> {
+        if self.partitions.is_some() {
+            return self.delete_processed_partitioned(older_than, limit).await;
+        }
         self.shared().delete_processed(older_than, limit).await
     }
 
@@ -145,6 +164,14 @@ impl InboxStore for PgStore {
         event_type: &'a str,
         delivery: &'a Delivery,
     ) -> Result<Claim, StoreError> {
+        if self.partitions.is_some() || key.business_key.is_some() {
+            let request = [ClaimRequest {
+                key,
+                event_type,
+                delivery,
+            }];
+            return Ok(self.claim_batch(tx, &request).await?[0]);
+        }
         let row = sqlx::query(&self.sql.claim)
             .bind(&key.group)
             .bind(&key.source)
@@ -239,4 +266,21 @@ impl InboxStore for PgStore {
             replayed: row.try_get("replayed")?,
         }))
     }
+}
+
+/// The lock keys of a claim on the partitioned inbox: each event id, and each business key.
+fn lock_keys(requests: &[ClaimRequest<'_>]) -> Vec<String> {
+    let mut keys = Vec::with_capacity(requests.len() * 2);
+    for r in requests {
+        let k = r.key;
+        keys.push(super::partitions::event_lock_key(
+            &k.group,
+            &k.source,
+            &k.event_id,
+        ));
+        if let Some(business_key) = &k.business_key {
+            keys.push(super::partitions::business_lock_key(&k.group, business_key));
+        }
+    }
+    keys
 }

@@ -11,9 +11,11 @@ use crate::store::{StoreError, Tables};
 
 mod inbox;
 pub(crate) mod outbox;
+mod partitions;
 pub(crate) mod relay;
 
 pub use outbox::Outbox as PgOutbox;
+pub use partitions::{DailyPartitions, PartitionChanges, Retire};
 pub use relay::PgRelayStore;
 
 /// The migrations this backend ships, in order.
@@ -47,6 +49,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 3,
         description: "payload stored as json: the exact bytes the producer serialised",
         sql: include_str!("migrations/outbox_v3.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 4,
+        description: "business keys: a second unique key per group",
+        sql: include_str!("migrations/inbox_v4.sql"),
     },
 ];
 
@@ -93,14 +101,18 @@ struct Statements {
     shared: InboxSql,
     claim: String,
     claim_batch: String,
+    /// The partitioned inbox: the advisory locks a claim takes on its keys first.
+    lock_keys: String,
     release_claims: String,
     dead_letter: String,
     load_dead_letter: String,
 }
 
 impl Statements {
-    fn new(t: &Tables) -> Self {
+    fn new(t: &Tables, partitioned: bool) -> Self {
+        let not_elsewhere = not_elsewhere(t, partitioned);
         Self {
+            lock_keys: partitions::lock_keys_sql(t),
             shared: InboxSql::new(t, DIALECT),
             // Rows are inserted in key order, so that two transactions claiming overlapping
             // batches take the unique-index locks in one order (no deadlock); the answer comes
@@ -112,11 +124,11 @@ impl Statements {
             ),
             claim_batch: format!(
                 "WITH input AS (\
-                   SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[]) \
-                   WITH ORDINALITY AS i(source, event_id, event_type, part, off, ord)), \
+                   SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[], $8::text[]) \
+                   WITH ORDINALITY AS i(source, event_id, event_type, part, off, bkey, ord)), \
                  ins AS (\
-                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
-                   SELECT $1, source, event_id, event_type, $7, part, off, now() FROM input ORDER BY source, event_id \
+                   INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at, business_key) \
+                   SELECT $1, source, event_id, event_type, $7, part, off, now(), bkey FROM input i {not_elsewhere}ORDER BY source, event_id \
                    ON CONFLICT DO NOTHING RETURNING source, event_id) \
                  SELECT ins.event_id IS NOT NULL AS inserted, COALESCE(a.attempts, 0) AS attempts \
                  FROM input i \
@@ -166,6 +178,22 @@ impl Statements {
             ),
         }
     }
+}
+
+/// The condition of the batch claim's insert: nothing, or, on the partitioned inbox (whose
+/// unique keys hold the day), that no partition holds the event id or the business key (the
+/// claim locked both first, see `partitions`).
+fn not_elsewhere(t: &Tables, partitioned: bool) -> String {
+    if !partitioned {
+        return String::new();
+    }
+    format!(
+        "WHERE NOT EXISTS (SELECT 1 FROM {inbox} o WHERE o.consumer_group = $1 \
+           AND o.source = i.source AND o.event_id = i.event_id) \
+         AND (i.bkey IS NULL OR NOT EXISTS (SELECT 1 FROM {inbox} o \
+           WHERE o.consumer_group = $1 AND o.business_key = i.bkey)) ",
+        inbox = t.inbox
+    )
 }
 
 /// Session settings [`PgStore::connect`] asks the server for, where nothing else set them.
@@ -229,6 +257,7 @@ pub struct PgStore {
     pool: PgPool,
     tables: Tables,
     sql: Arc<Statements>,
+    partitions: Option<DailyPartitions>,
 }
 
 impl PgStore {
@@ -304,15 +333,48 @@ impl PgStore {
 
     /// A store on `pool` with the given table names.
     pub fn with_tables(pool: PgPool, tables: Tables) -> Self {
-        let sql = Arc::new(Statements::new(&tables));
-        Self { pool, tables, sql }
+        let sql = Arc::new(Statements::new(&tables, false));
+        Self {
+            pool,
+            tables,
+            sql,
+            partitions: None,
+        }
+    }
+
+    /// The same store with its inbox table partitioned by the day rows are received (UTC), on
+    /// PostgreSQL's declarative partitioning: retention then drops (or detaches) a whole day at
+    /// a time instead of deleting rows (see [`maintain_partitions`](Self::maintain_partitions)
+    /// and `docs/modes.md`).
+    ///
+    /// [`migrate`](Self::migrate) turns the inbox table into a partitioned one (moving its rows)
+    /// and creates the partitions of today and the `ahead` days after it. Deduplication holds
+    /// across partitions: a claim looks the event id (and business key) up in every partition,
+    /// under a transaction-level advisory lock on the key, so an event received before
+    /// midnight and redelivered after it is still a duplicate. The window rule: an event whose
+    /// partition was dropped is processed again if it comes back.
+    pub fn partitioned_by_day(mut self, layout: DailyPartitions) -> Self {
+        self.sql = Arc::new(Statements::new(&self.tables, true));
+        self.partitions = Some(layout);
+        self
+    }
+
+    /// The partition layout, when the inbox is partitioned.
+    pub fn partitions(&self) -> Option<&DailyPartitions> {
+        self.partitions.as_ref()
     }
 
     /// Applies txbox's migrations (inbox and outbox tables): idempotent, and safe to call from
     /// several processes at once (they serialise on an advisory lock).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        migrate::migrate::<Postgres>(&mut conn, &self.tables).await
+        migrate::migrate::<Postgres>(&mut conn, &self.tables).await?;
+        drop(conn);
+        if self.partitions.is_some() {
+            self.partition_inbox().await?;
+            self.maintain_partitions(None).await?;
+        }
+        Ok(())
     }
 
     /// The pool.

@@ -52,7 +52,8 @@ impl InboxStore for SqliteStore {
             return Ok(Vec::new());
         };
         // SQLite has no arrays: the batch travels as one JSON array of rows.
-        let rows: Vec<(&str, &str, &str, i32, i64)> = requests
+        type JsonRow<'r> = (&'r str, &'r str, &'r str, i32, i64, Option<&'r str>);
+        let rows: Vec<JsonRow<'_>> = requests
             .iter()
             .map(|r| {
                 let d = r.delivery;
@@ -62,6 +63,7 @@ impl InboxStore for SqliteStore {
                     r.event_type,
                     d.partition,
                     d.offset,
+                    r.key.business_key.as_deref(),
                 )
             })
             .collect();
@@ -80,18 +82,28 @@ impl InboxStore for SqliteStore {
             .await?;
         let failed: std::collections::HashMap<(String, String), i64> =
             failed.into_iter().map(|(s, e, n)| ((s, e), n)).collect();
-        Ok(requests
-            .iter()
-            .map(|r| {
-                let k = (r.key.source.clone(), r.key.event_id.clone());
-                match inserted.contains(&k) {
-                    true => Claim::New {
-                        attempts: failed.get(&k).copied().unwrap_or(0).max(0) as u32,
-                    },
-                    false => Claim::Duplicate,
-                }
-            })
-            .collect())
+        let mut claims = Vec::with_capacity(requests.len());
+        for r in requests {
+            let k = (r.key.source.clone(), r.key.event_id.clone());
+            claims.push(match inserted.contains(&k) {
+                true => Claim::New {
+                    attempts: failed.get(&k).copied().unwrap_or(0).max(0) as u32,
+                },
+                false => self.shared().duplicate_of(tx, r.key).await?,
+            });
+        }
+        Ok(claims)
+    }
+
+    async fn expire_business_keys<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+        older_than: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.shared()
+            .expire_business_keys(tx, keys, older_than)
+            .await
     }
 
     async fn release_claims<'a>(
@@ -158,11 +170,12 @@ impl InboxStore for SqliteStore {
             .bind(&delivery.topic)
             .bind(delivery.partition)
             .bind(delivery.offset)
+            .bind(key.business_key.as_deref())
             .execute(&mut **tx)
             .await?
             .rows_affected();
         if inserted == 0 {
-            return Ok(Claim::Duplicate);
+            return self.shared().duplicate_of(tx, key).await;
         }
         let attempts: Option<i64> = sqlx::query_scalar(&self.sql.attempts)
             .bind(&key.group)

@@ -47,6 +47,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "dead letters deduplicated by event, payload size and digest",
         sql: include_str!("migrations/inbox_v2.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 4,
+        description: "business keys: a second unique key per group",
+        sql: include_str!("migrations/inbox_v4.sql"),
+    },
 ];
 
 /// SQLite's current time in txbox's timestamp format.
@@ -103,8 +109,8 @@ impl Statements {
                 inbox = t.inbox,
             ),
             claim_batch: format!(
-                "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
-                 SELECT $1, j.value ->> 0, j.value ->> 1, j.value ->> 2, $2, j.value ->> 3, j.value ->> 4, {now} \
+                "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at, business_key) \
+                 SELECT $1, j.value ->> 0, j.value ->> 1, j.value ->> 2, $2, j.value ->> 3, j.value ->> 4, {now}, j.value ->> 5 \
                  FROM json_each($3) AS j WHERE true \
                  ON CONFLICT DO NOTHING RETURNING source, event_id",
                 inbox = t.inbox,
@@ -116,8 +122,8 @@ impl Statements {
                 attempts = t.attempts,
             ),
             claim: format!(
-                "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, {now}) ON CONFLICT DO NOTHING",
+                "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at, business_key) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, {now}, $8) ON CONFLICT DO NOTHING",
                 t.inbox
             ),
             attempts: format!(

@@ -27,6 +27,10 @@ pub struct InboxKey {
     pub source: String,
     /// Event id.
     pub event_id: String,
+    /// The business key (an operation id read from the payload, see `idempotency_key` and
+    /// `dedup_by`), when the handler declares one: a second line of deduplication, unique per
+    /// group beside the event id.
+    pub business_key: Option<String>,
 }
 
 /// What inserting the inbox row found.
@@ -39,6 +43,9 @@ pub enum Claim {
     },
     /// The row existed: the message was already processed.
     Duplicate,
+    /// Another event with the same business key was processed in the group (within the
+    /// business-key window): this one is a duplicate by meaning.
+    DuplicateBusinessKey,
 }
 
 /// One message of a batch to claim: its key (unique within the batch), type and coordinates.
@@ -166,6 +173,15 @@ pub trait InboxStore: Send + Sync + 'static {
         tx: &'a mut Self::Tx,
         requests: &'a [ClaimRequest<'a>],
     ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a;
+
+    /// Frees the business keys of `keys` held by inbox rows received more than `older_than`
+    /// ago (the business-key window), in `tx`, so that a claim after it may take them again.
+    fn expire_business_keys<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+        older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
 
     /// Deletes inbox rows this transaction claimed but whose handlers will not run in it (a
     /// batch cut short by a graceful stop), so that they commit unclaimed.

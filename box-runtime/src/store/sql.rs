@@ -25,6 +25,8 @@ pub(crate) struct InboxSql {
     pub(crate) count_stuck: String,
     pub(crate) count_dead_letters: String,
     pub(crate) record_failure: String,
+    pub(crate) expire_business_key: String,
+    pub(crate) known_event: String,
 }
 
 impl InboxSql {
@@ -64,6 +66,16 @@ impl InboxSql {
                 a = t.attempts,
                 now = d.now
             ),
+            expire_business_key: format!(
+                "UPDATE {} SET business_key = NULL \
+                 WHERE consumer_group = $1 AND business_key = $2 AND received_at < {}",
+                t.inbox,
+                (d.ago)("$3")
+            ),
+            known_event: format!(
+                "SELECT count(*) FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
+                t.inbox
+            ),
         }
     }
 }
@@ -102,6 +114,49 @@ where
             .execute(conn)
             .await?;
         Ok(())
+    }
+
+    /// Frees the business keys of `keys` held by rows received more than `older_than` ago.
+    pub(crate) async fn expire_business_keys(
+        &self,
+        conn: &mut DB::Connection,
+        keys: &[&InboxKey],
+        older_than: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        for key in keys {
+            let Some(business_key) = key.business_key.as_deref() else {
+                continue;
+            };
+            sqlx::query(&self.sql.expire_business_key)
+                .bind(key.group.as_str())
+                .bind(business_key)
+                .bind(older_than.as_secs_f64())
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// What a claim that inserted nothing for `key` met: the event id (a duplicate), or, when
+    /// no row holds the id, the business key.
+    pub(crate) async fn duplicate_of(
+        &self,
+        conn: &mut DB::Connection,
+        key: &InboxKey,
+    ) -> Result<super::Claim, StoreError> {
+        if key.business_key.is_none() {
+            return Ok(super::Claim::Duplicate);
+        }
+        let (known,): (i64,) = sqlx::query_as(&self.sql.known_event)
+            .bind(key.group.as_str())
+            .bind(key.source.as_str())
+            .bind(key.event_id.as_str())
+            .fetch_one(conn)
+            .await?;
+        Ok(match known {
+            0 => super::Claim::DuplicateBusinessKey,
+            _ => super::Claim::Duplicate,
+        })
     }
 
     /// Counts one more failed run of `key`, outside any transaction; returns the count.

@@ -9,6 +9,11 @@ use crate::names;
 pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("inbox", "unprocessed_idx"),
     ("inbox", "processed_idx"),
+    ("inbox", "business_key_idx"),
+    // The partitioned inbox (`PgStore::partitioned_by_day`): its default partition, and its
+    // daily partitions `<inbox>_pYYYYMMDD` (this entry stands for the length of each).
+    ("inbox", "default"),
+    ("inbox", "p20000101"),
     ("dead_letters", "group_idx"),
     ("dead_letters", "event_idx"),
     ("outbox", "pending_idx"),

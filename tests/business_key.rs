@@ -1,0 +1,307 @@
+//! Business-key deduplication: an event's `idempotency_key = field`, or a handler's `dedup_by =
+//! field`, makes the inbox refuse a second event with the same business key in the same group
+//! (a second unique key beside the event id), reported as `Outcome::DuplicateBusinessKey` with
+//! the key; the business-key window frees a key after a while. On PostgreSQL and SQLite.
+
+mod support;
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use support::kit::TempDir;
+use support::TestDb;
+use txbox::inbox::{Delivery, Inbox, InboxConfig};
+use txbox::prelude::*;
+use txbox::store::InboxStore;
+use txbox::Outcome;
+use uuid::Uuid;
+
+/// "Credit 100": a producer bug may send it twice with two event ids; the operation id is the
+/// same.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "AccountCredited", topic = "accounts", key = account, idempotency_key = operation_id)]
+pub struct AccountCredited {
+    pub account: Uuid,
+    pub operation_id: Uuid,
+    pub cents: i64,
+}
+
+/// An event without an `idempotency_key`: its handler says what to deduplicate by.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "TransferBooked", topic = "accounts", key = account)]
+pub struct TransferBooked {
+    pub account: Uuid,
+    pub transfer_no: u64,
+    pub cents: i64,
+}
+
+async fn credit_pg(tx: &mut PgTx<'_>, account: Uuid, cents: i64) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(account)
+        .bind(cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler(event = "AccountCredited", group = "bk-event")]
+async fn credit_postgres(event: AccountCredited, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.account, event.cents).await
+}
+
+#[inbox_handler(event = "AccountCredited", group = "bk-event")]
+async fn credit_sqlite(
+    event: AccountCredited,
+    tx: &mut txbox::SqliteTx<'_>,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(event.account)
+        .bind(event.cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler(event = "TransferBooked", group = "bk-handler", dedup_by = transfer_no)]
+async fn book_transfer(event: TransferBooked, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.account, event.cents).await
+}
+
+#[inbox_handler(event = "TransferBooked", group = "bk-batch", batch, dedup_by = transfer_no)]
+async fn book_transfers(
+    events: Vec<TransferBooked>,
+    tx: &mut PgTx<'_>,
+) -> Result<(), HandlerError> {
+    for event in events {
+        credit_pg(tx, event.account, event.cents).await?;
+    }
+    Ok(())
+}
+
+fn delivery(offset: i64, event_id: &str, event_type: &str, payload: Vec<u8>) -> Delivery {
+    Delivery {
+        topic: "accounts".into(),
+        partition: 0,
+        offset,
+        key: None,
+        payload: Some(payload),
+        headers: vec![
+            ("ce_id".into(), Some(event_id.as_bytes().to_vec())),
+            ("ce_type".into(), Some(event_type.as_bytes().to_vec())),
+        ],
+    }
+}
+
+fn credited(offset: i64, event_id: &str, operation_id: Uuid) -> Delivery {
+    let event = AccountCredited {
+        account: Uuid::new_v4(),
+        operation_id,
+        cents: 100,
+    };
+    let payload = serde_json::to_vec(&event).unwrap();
+    delivery(offset, event_id, "AccountCredited", payload)
+}
+
+fn transfer(offset: i64, event_id: &str, transfer_no: u64) -> Delivery {
+    let event = TransferBooked {
+        account: Uuid::new_v4(),
+        transfer_no,
+        cents: 100,
+    };
+    let payload = serde_json::to_vec(&event).unwrap();
+    delivery(offset, event_id, "TransferBooked", payload)
+}
+
+fn no_shutdown() -> tokio::sync::watch::Receiver<bool> {
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    std::mem::forget(stop);
+    shutdown
+}
+
+/// The same operation sent twice with two event ids, a redelivery of the first, another
+/// operation: the operation applies once, and each outcome says why.
+async fn same_operation_twice<S: InboxStore>(inbox: &Inbox<S>) {
+    let shutdown = no_shutdown();
+    let operation = Uuid::new_v4();
+    assert_eq!(
+        inbox
+            .process(&credited(0, "evt-1", operation), &shutdown)
+            .await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(
+        inbox
+            .process(&credited(1, "evt-2", operation), &shutdown)
+            .await,
+        Outcome::DuplicateBusinessKey {
+            key: operation.to_string()
+        },
+        "a second event id with the same operation id is a duplicate by meaning"
+    );
+    assert_eq!(
+        inbox
+            .process(&credited(2, "evt-1", Uuid::new_v4()), &shutdown)
+            .await,
+        Outcome::Duplicate,
+        "a redelivery is a duplicate by id"
+    );
+    assert_eq!(
+        inbox
+            .process(&credited(3, "evt-3", Uuid::new_v4()), &shutdown)
+            .await,
+        Outcome::Processed { attempt: 1 }
+    );
+}
+
+#[tokio::test]
+async fn postgres_refuses_a_second_event_with_the_same_idempotency_key() {
+    let db = TestDb::new("bk_pg").await;
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-event",
+        InboxConfig::default(),
+    )
+    .unwrap();
+    same_operation_twice(&inbox).await;
+    assert_eq!(db.invoices().await, 2, "two operations, each applied once");
+}
+
+#[tokio::test]
+async fn sqlite_refuses_a_second_event_with_the_same_idempotency_key() {
+    let dir = TempDir::new("bk-sqlite");
+    let store = sqlite_store(&dir).await;
+    let pool = store.pool().clone();
+    let inbox = Inbox::new(store, "bk-event", InboxConfig::default()).unwrap();
+    same_operation_twice(&inbox).await;
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(invoices, 2, "two operations, each applied once");
+}
+
+#[tokio::test]
+async fn a_handler_dedup_by_field_refuses_a_second_event_with_the_same_field() {
+    let db = TestDb::new("bk_handler").await;
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-handler",
+        InboxConfig::default(),
+    )
+    .unwrap();
+    let shutdown = no_shutdown();
+    assert_eq!(
+        inbox.process(&transfer(0, "t-1", 42), &shutdown).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(
+        inbox.process(&transfer(1, "t-2", 42), &shutdown).await,
+        Outcome::DuplicateBusinessKey { key: "42".into() }
+    );
+    assert_eq!(db.invoices().await, 1);
+}
+
+#[tokio::test]
+async fn in_one_batch_the_first_event_of_a_business_key_runs_and_the_later_one_is_refused() {
+    let db = TestDb::new("bk_batch").await;
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-batch",
+        InboxConfig::default(),
+    )
+    .unwrap();
+    let batch = [
+        transfer(0, "b-1", 7),
+        transfer(1, "b-2", 7),
+        transfer(2, "b-3", 8),
+        transfer(3, "b-4", 8),
+        transfer(4, "b-5", 9),
+    ];
+    let refs: Vec<&Delivery> = batch.iter().collect();
+    let outcomes = inbox.process_batch(&refs, &no_shutdown()).await;
+    let processed = Outcome::Processed { attempt: 1 };
+    let dup = |k: &str| Outcome::DuplicateBusinessKey { key: k.into() };
+    assert_eq!(
+        outcomes,
+        [
+            processed.clone(),
+            dup("7"),
+            processed.clone(),
+            dup("8"),
+            processed
+        ]
+    );
+    assert_eq!(db.invoices().await, 3);
+}
+
+#[tokio::test]
+async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
+    let db = TestDb::new("bk_window").await;
+    let mut config = InboxConfig::default();
+    config.business_key_window = Some(Duration::from_secs(3600));
+    let inbox = Inbox::new(db.migrated_store().await, "bk-event", config).unwrap();
+    let shutdown = no_shutdown();
+    let (old, recent) = (Uuid::new_v4(), Uuid::new_v4());
+    inbox.process(&credited(0, "evt-old", old), &shutdown).await;
+    inbox
+        .process(&credited(1, "evt-recent", recent), &shutdown)
+        .await;
+    // The first operation was received two hours ago: outside the one-hour window.
+    sqlx::query(
+        "UPDATE txbox_inbox SET received_at = now() - interval '2 hours' WHERE event_id = 'evt-old'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        inbox
+            .process(&credited(2, "evt-old-2", old), &shutdown)
+            .await,
+        Outcome::Processed { attempt: 1 },
+        "outside the window: applied again"
+    );
+    assert_eq!(
+        inbox
+            .process(&credited(3, "evt-recent-2", recent), &shutdown)
+            .await,
+        Outcome::DuplicateBusinessKey {
+            key: recent.to_string()
+        },
+        "inside the window: refused"
+    );
+    assert_eq!(
+        inbox
+            .process(&credited(4, "evt-old-3", old), &shutdown)
+            .await,
+        Outcome::DuplicateBusinessKey {
+            key: old.to_string()
+        },
+        "the key taken again is refused again"
+    );
+    assert_eq!(db.invoices().await, 3);
+}
+
+/// A fresh SQLite database in a temporary directory, migrated, with an invoices table.
+async fn sqlite_store(dir: &TempDir) -> txbox::SqliteStore {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let options = SqliteConnectOptions::new()
+        .filename(dir.0.join("bk.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(30));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("open SQLite");
+    sqlx::raw_sql(
+        "CREATE TABLE invoices (id integer PRIMARY KEY AUTOINCREMENT, order_id blob NOT NULL, \
+         total_cents integer NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .expect("invoices");
+    let store = txbox::SqliteStore::new(pool);
+    store.migrate().await.expect("migrate");
+    store
+}

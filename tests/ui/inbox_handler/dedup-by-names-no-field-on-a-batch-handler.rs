@@ -1,0 +1,18 @@
+use serde::{Deserialize, Serialize};
+use txbox::prelude::*;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "CreditGranted", topic = "accounts", key = account)]
+pub struct CreditGranted {
+    pub account: u64,
+    pub operation_id: uuid::Uuid,
+    pub lines: Vec<u8>,
+}
+
+// On a batch handler, `dedup_by` names a field of each event.
+#[inbox_handler(event = "CreditGranted", group = "ledger", batch, dedup_by = operation)]
+async fn credit(_events: Vec<CreditGranted>, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}
