@@ -10,6 +10,7 @@ use crate::engine::{
     SetupError, Source, UnknownEvent,
 };
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
+use crate::effects::{self, Effect, Executors};
 use crate::store::InboxStore;
 
 /// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.
@@ -31,6 +32,7 @@ pub struct Consumer<S> {
     inbox: Arc<Inbox<S>>,
     kafka: KafkaConfig,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    effects: Executors,
 }
 
 /// Builds a [`Consumer`]; every setting has a safe default.
@@ -41,6 +43,7 @@ pub struct ConsumerBuilder<S> {
     kafka: KafkaConfig,
     config: InboxConfig,
     reports: Option<mpsc::UnboundedSender<Report>>,
+    effects: Executors,
 }
 
 impl<S: InboxStore> Consumer<S> {
@@ -52,6 +55,7 @@ impl<S: InboxStore> Consumer<S> {
             kafka,
             config: InboxConfig::default(),
             reports: None,
+            effects: Executors::default(),
         }
     }
 
@@ -67,15 +71,30 @@ impl<S: InboxStore> Consumer<S> {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), KafkaTransportError> {
         let (tx, rx) = watch::channel(false);
+        // Two-phase workers (none when the group has no two-phase handler) run beside the
+        // member and stop with it, each after the message in hand.
+        let workers = tokio::spawn(self.inbox.clone().run_two_phase(rx.clone()));
+        let effects = (!self.effects.by_kind.is_empty()).then(|| {
+            let (inbox, executors, rx) = (self.inbox.clone(), self.effects, rx.clone());
+            tokio::spawn(async move {
+                effects::drain(inbox.store(), &executors, &inbox.committed, rx).await
+            })
+        });
         let run = member::run(self.inbox, self.kafka, rx, self.reports);
         tokio::pin!(run);
-        tokio::select! {
+        let result = tokio::select! {
             result = &mut run => result,
             () = shutdown => {
                 let _ = tx.send(true);
                 run.await
             }
+        };
+        let _ = tx.send(true);
+        let _ = workers.await;
+        if let Some(effects) = effects {
+            let _ = effects.await;
         }
+        result
     }
 
     /// Consumes until SIGINT or SIGTERM.
@@ -164,6 +183,41 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// Workers per process running two-phase handlers (default 4; see
+    /// [`InboxConfig::two_phase_workers`]). Any number of processes may run them.
+    pub fn two_phase_workers(mut self, workers: usize) -> Self {
+        self.config.two_phase_workers = workers.max(1);
+        self
+    }
+
+    /// How long a worker's claim on a received row holds unless renewed (default 30 s; see
+    /// [`InboxConfig::lease`]).
+    pub fn lease(mut self, lease: std::time::Duration) -> Self {
+        self.config.lease = lease.max(std::time::Duration::from_millis(300));
+        self
+    }
+
+    /// How often idle workers look for rows other processes received (default 500 ms).
+    pub fn two_phase_poll(mut self, every: std::time::Duration) -> Self {
+        self.config.two_phase_poll = every;
+        self
+    }
+
+    /// Registers the executor of effects of `kind`, scheduled by handlers with
+    /// [`effects::after_commit`](crate::effects::after_commit); the consumer then drains the
+    /// effects table after each commit and at start-up (see [`crate::effects`]). The executor
+    /// must be idempotent on [`Effect::idempotency_key`]: an effect runs at least once.
+    pub fn effect<F, Fut>(mut self, kind: impl Into<String>, executor: F) -> Self
+    where
+        F: Fn(Effect) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), crate::HandlerError>> + Send + 'static,
+    {
+        let executor: effects::Executor =
+            Arc::new(move |effect: Effect| Box::pin(executor(effect)) as effects::EffectFuture);
+        self.effects.by_kind.insert(kind.into(), executor);
+        self
+    }
+
     /// Replaces the whole inbox configuration.
     pub fn config(mut self, config: InboxConfig) -> Self {
         self.config = config;
@@ -184,6 +238,7 @@ impl<S: InboxStore> ConsumerBuilder<S> {
             inbox: Arc::new(inbox),
             kafka: self.kafka,
             reports: self.reports,
+            effects: self.effects,
         })
     }
 }

@@ -228,6 +228,8 @@ pub struct MessageMeta {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// Which attempt this is: 1 for the first delivery, 2 for the first retry, ...
     pub attempt: u32,
+    /// The effects table of the store the handler runs on (`None`: the default name).
+    pub(crate) effects_table: Option<std::sync::Arc<str>>,
 }
 
 impl MessageMeta {
@@ -249,6 +251,7 @@ impl MessageMeta {
             key: None,
             headers: Vec::new(),
             attempt: 1,
+            effects_table: None,
         }
     }
 
@@ -321,6 +324,38 @@ pub struct HandlerRegistration {
     /// Whether the handler takes the message metadata (when it does not, the runtime does not
     /// build it).
     pub takes_meta: bool,
+    /// How its messages are handled: in the receiving transaction, or stored first and handled
+    /// by workers (`mode = "two_phase"`).
+    pub mode: HandlerMode,
+}
+
+/// How the messages of a handler are handled (`#[inbox_handler(.., mode = "...")]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandlerMode {
+    /// The default: the inbox row, the handler and the processed mark in the transaction of
+    /// the receiving partition; the offset is committed after it.
+    #[default]
+    OnePhase,
+    /// `mode = "two_phase"`: the message is stored as `received` (payload and headers) and its
+    /// offset committed; workers claim stored rows with leases and run the handler in a
+    /// transaction that also marks the row processed. For handlers that take seconds.
+    TwoPhase {
+        /// `ordered = true`: one message per key in flight at a time, in offset order.
+        ordered: bool,
+    },
+}
+
+impl HandlerMode {
+    /// Whether messages are stored first and handled by workers.
+    pub fn is_two_phase(self) -> bool {
+        matches!(self, Self::TwoPhase { .. })
+    }
+
+    /// Whether a two-phase handler keeps per-key order.
+    pub fn is_ordered(self) -> bool {
+        matches!(self, Self::TwoPhase { ordered: true })
+    }
 }
 
 impl HandlerRegistration {
@@ -346,6 +381,17 @@ impl HandlerRegistration {
             invoke,
             invoke_batch: None,
             takes_meta: true,
+            mode: HandlerMode::OnePhase,
+        }
+    }
+
+    /// The registration of a two-phase handler (`mode = "two_phase"`, `ordered = ..`). Used by
+    /// generated code.
+    #[doc(hidden)]
+    pub const fn two_phase(self, ordered: bool) -> Self {
+        Self {
+            mode: HandlerMode::TwoPhase { ordered },
+            ..self
         }
     }
 
@@ -382,6 +428,7 @@ impl fmt::Debug for HandlerRegistration {
             .field("name", &self.name)
             .field("file", &self.file)
             .field("line", &self.line)
+            .field("mode", &self.mode)
             .finish()
     }
 }
@@ -520,6 +567,17 @@ impl DispatchTable {
     /// The event types handled.
     pub fn event_types(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.handlers.keys().copied()
+    }
+
+    /// The event types whose handlers are two-phase (`mode = "two_phase"`), and among them
+    /// those that keep per-key order (`ordered = true`).
+    pub fn two_phase_types(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        let two_phase = self.handlers.values().filter(|r| r.mode.is_two_phase());
+        let ordered = two_phase.clone().filter(|r| r.mode.is_ordered());
+        (
+            two_phase.map(|r| r.event_type).collect(),
+            ordered.map(|r| r.event_type).collect(),
+        )
     }
 }
 

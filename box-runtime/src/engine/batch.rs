@@ -48,16 +48,24 @@ impl<S: InboxStore> Inbox<S> {
         // The first message of each key runs; a later copy in the same batch is a duplicate.
         let mut seen = HashSet::with_capacity(batch.len());
         let mut runnable: Vec<(usize, &Ready<'_>)> = Vec::with_capacity(batch.len());
+        // Messages of two-phase handlers are stored as received, all in one transaction.
+        let mut received: Vec<(usize, &Ready<'_>)> = Vec::new();
         for (i, p) in prepared.iter().enumerate() {
             if let Prepared::Ready(ready) = p {
-                if seen.insert((&ready.key.source, &ready.key.event_id)) {
-                    runnable.push((i, ready));
-                } else {
+                if !seen.insert((&ready.key.source, &ready.key.event_id)) {
                     outcomes[i] = Some(Outcome::Duplicate);
+                } else if ready.reg.mode.is_two_phase() {
+                    received.push((i, ready));
+                } else {
+                    runnable.push((i, ready));
                 }
             }
         }
-        for (i, outcome) in self.run_split(&runnable, shutdown).await {
+        let mut done = self.run_split(&runnable, shutdown).await;
+        if !received.is_empty() {
+            done.extend(self.receive_all(&received, shutdown).await);
+        }
+        for (i, outcome) in done {
             outcomes[i] = Some(outcome);
         }
         for (i, p) in prepared.into_iter().enumerate() {
@@ -185,6 +193,7 @@ impl<S: InboxStore> Inbox<S> {
         }
         match self.store.commit(tx).await {
             Ok(()) => {
+                self.committed.notify_one();
                 crate::failpoint::hit("after_db_commit").await;
                 BatchEnd::Committed(outcomes)
             }

@@ -238,6 +238,15 @@ pub struct InboxConfig {
     /// backoff): a connection left half-open by the network would otherwise wait for ever
     /// (default 60 s).
     pub transaction_timeout: Duration,
+    /// Workers per process that run two-phase handlers (`mode = "two_phase"`), default 4.
+    pub two_phase_workers: usize,
+    /// How long a worker's claim on a received row holds unless renewed (renewed every third
+    /// of it while the handler runs; a crashed worker's row is claimed again after it), default
+    /// 30 s.
+    pub lease: Duration,
+    /// How often idle workers look for received rows that other processes stored (rows this
+    /// process receives wake them at once), default 500 ms.
+    pub two_phase_poll: Duration,
 }
 
 impl Default for InboxConfig {
@@ -258,6 +267,9 @@ impl Default for InboxConfig {
             ordering: Ordering::Partition,
             key_lanes: 8,
             transaction_timeout: Duration::from_secs(60),
+            two_phase_workers: 4,
+            lease: Duration::from_secs(30),
+            two_phase_poll: Duration::from_millis(500),
         }
     }
 }

@@ -12,6 +12,9 @@ pub(super) struct Ready<'d> {
     pub(super) key: InboxKey,
     pub(super) event_type: &'d str,
     pub(super) payload: &'d [u8],
+    /// For a two-phase worker's run: the owner of the lease on the received row (the handler's
+    /// transaction checks it and marks that row processed instead of inserting one).
+    pub(super) lease: Option<&'d str>,
 }
 
 /// What a message is, before any handler runs.
@@ -74,6 +77,7 @@ impl<S: InboxStore> Inbox<S> {
             key,
             event_type,
             payload,
+            lease: None,
         }))
     }
 

@@ -10,11 +10,13 @@ use crate::store::sql::{Dialect, InboxSql, Shared};
 use crate::store::{StoreError, Tables};
 
 mod inbox;
+mod two_phase;
 pub(crate) mod outbox;
 pub(crate) mod relay;
 
 pub use outbox::Outbox as PgOutbox;
 pub use relay::PgRelayStore;
+pub(crate) use two_phase::schedule_sql;
 
 /// The migrations this backend ships, in order.
 pub(crate) const MIGRATIONS: &[Migration] = &[
@@ -41,6 +43,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 2,
         description: "relay slots, fresh and retry indexes",
         sql: include_str!("migrations/outbox_v2.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 3,
+        description: "two-phase inbox (received rows, leases) and effects after commit",
+        sql: include_str!("migrations/inbox_v3.sql"),
     },
 ];
 
@@ -90,12 +98,14 @@ struct Statements {
     release_claims: String,
     dead_letter: String,
     load_dead_letter: String,
+    two_phase: two_phase::Sql,
 }
 
 impl Statements {
     fn new(t: &Tables) -> Self {
         Self {
             shared: InboxSql::new(t, DIALECT),
+            two_phase: two_phase::Sql::new(t),
             // Rows are inserted in key order, so that two transactions claiming overlapping
             // batches take the unique-index locks in one order (no deadlock); the answer comes
             // back in the batch's order.

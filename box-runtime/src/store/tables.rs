@@ -9,6 +9,10 @@ use crate::names;
 pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("inbox", "unprocessed_idx"),
     ("inbox", "processed_idx"),
+    ("inbox", "received_idx"),
+    ("inbox", "received_key_idx"),
+    ("effects", "key_idx"),
+    ("effects", "pending_idx"),
     ("dead_letters", "group_idx"),
     ("dead_letters", "event_idx"),
     ("outbox", "pending_idx"),
@@ -35,6 +39,8 @@ pub struct Tables {
     pub outbox: TableName,
     /// Applied migrations.
     pub migrations: TableName,
+    /// Effects scheduled by handlers to run after their transaction commits.
+    pub effects: TableName,
 }
 
 impl Default for Tables {
@@ -58,6 +64,7 @@ impl Tables {
             dead_letters: default_table(schema, names::DEAD_LETTER_TABLE),
             outbox: default_table(schema, names::OUTBOX_TABLE),
             migrations: default_table(schema, names::MIGRATIONS_TABLE),
+            effects: default_table(schema, names::EFFECTS_TABLE),
         }
     }
 
@@ -85,6 +92,7 @@ impl Tables {
             ("dead_letters", &self.dead_letters),
             ("outbox", &self.outbox),
             ("migrations", &self.migrations),
+            ("effects", &self.effects),
         ];
         let mut seen: Vec<(String, String)> = Vec::new();
         let mut claim = |name: String, what: String| match seen.iter().find(|(n, _)| *n == name) {
@@ -128,6 +136,7 @@ impl Tables {
             "dead_letters" => Some(&self.dead_letters),
             "outbox" => Some(&self.outbox),
             "migrations" => Some(&self.migrations),
+            "effects" => Some(&self.effects),
             _ => None,
         }
     }
@@ -153,6 +162,12 @@ impl Tables {
     /// Renames the outbox table.
     pub fn outbox(mut self, name: &str) -> Result<Self, IdentError> {
         self.outbox = self.table(name)?;
+        Ok(self)
+    }
+
+    /// Renames the effects table.
+    pub fn effects(mut self, name: &str) -> Result<Self, IdentError> {
+        self.effects = self.table(name)?;
         Ok(self)
     }
 
