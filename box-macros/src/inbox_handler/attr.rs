@@ -19,9 +19,21 @@ pub(crate) const GROUP: &str = "group";
 pub(crate) const BATCH: &str = "batch";
 /// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
 pub(crate) const CRATE: &str = "crate";
+/// `mode = "two_phase"`: store the message and acknowledge it, then run the handler in a
+/// worker (for handlers that take seconds); `"one_phase"` (the default) runs it on receipt.
+pub(crate) const MODE: &str = "mode";
+/// `ordered = true`: a two-phase handler runs one message per key at a time, in order.
+pub(crate) const ORDERED: &str = "ordered";
+
+/// The values `mode` takes.
+pub(crate) const MODES: &[&str] = &[ONE_PHASE, TWO_PHASE];
+/// `mode = "one_phase"`, the default.
+pub(crate) const ONE_PHASE: &str = "one_phase";
+/// `mode = "two_phase"`.
+pub(crate) const TWO_PHASE: &str = "two_phase";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, CRATE];
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, MODE, ORDERED, CRATE];
 
 /// The required keys.
 const REQUIRED: &[&str] = &[EVENT, GROUP];
@@ -33,6 +45,10 @@ const ALIASES: &[(&str, &str)] = &[
     ("consumer_group", GROUP),
     ("group_id", GROUP),
     ("batching", BATCH),
+    ("two_phase", MODE),
+    ("phase", MODE),
+    ("ordering", ORDERED),
+    ("in_order", ORDERED),
 ];
 
 /// The attribute written in full, for messages.
@@ -50,6 +66,10 @@ pub(crate) struct HandlerAttr {
     /// The `batch` flag as written (also when it was wrongly given a value, which is reported:
     /// the signature is then checked as the batch handler's it was meant to be).
     pub(crate) batch: Option<Ident>,
+    /// `mode = "..."`, when written with a known value.
+    pub(crate) mode: Option<LitStr>,
+    /// `ordered = <bool>`, with the key for spans.
+    pub(crate) ordered: Option<(Ident, bool)>,
 }
 
 /// Which handler the attribute declares: of one event per call, or of a run of events.
@@ -69,6 +89,8 @@ impl HandlerAttr {
             group: None,
             krate: None,
             batch: None,
+            mode: None,
+            ordered: None,
         };
         // Keys written, and the keys unknown ones were probably meant to be: neither is
         // reported as missing (the "did you mean" says it already).
@@ -115,6 +137,8 @@ impl HandlerAttr {
             EVENT => "OrderCreated",
             GROUP => "billing",
             BATCH => return self.take_flag(cx, pair),
+            MODE => return self.take_mode(cx, pair),
+            ORDERED => return self.take_ordered(cx, pair),
             _ => "my_txbox",
         };
         if pair.bare {
@@ -166,6 +190,55 @@ impl HandlerAttr {
             }
         };
         cx.error_spanned_by(written, message);
+    }
+
+    /// `mode = "one_phase" | "two_phase"`.
+    fn take_mode(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        if pair.bare {
+            let message = kv::missing_value(&pair.key, "mode = \"two_phase\"");
+            return cx.error_spanned_by(&pair.key, message);
+        }
+        let Some(lit) = kv::lit_str(cx, pair, "\"two_phase\"") else {
+            return;
+        };
+        if !MODES.contains(&lit.value().as_str()) {
+            let message = format!(
+                "unknown mode `{}`: expected one of: {}",
+                lit.value(),
+                kv::ticked(MODES).join(", ")
+            );
+            return cx.error_spanned_by(&lit, message);
+        }
+        self.mode = Some(lit);
+    }
+
+    /// `ordered = true` or `ordered = false`; a bare `ordered` means `true`.
+    fn take_ordered(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        let key = pair.key.clone();
+        match &pair.value {
+            None => self.ordered = Some((key, true)),
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Bool(flag),
+                ..
+            })) => self.ordered = Some((key, flag.value)),
+            Some(value) => cx.error_spanned_by(
+                value,
+                format!(
+                    "`{key}` takes `true` or `false`, not `{}`",
+                    compact(value)
+                ),
+            ),
+        }
+    }
+
+    /// Whether `mode = "two_phase"` was written.
+    pub(crate) fn is_two_phase(&self) -> bool {
+        self.mode.as_ref().is_some_and(|m| m.value() == TWO_PHASE)
+    }
+
+    /// Whether `ordered = true` was written.
+    pub(crate) fn is_ordered(&self) -> bool {
+        self.ordered.as_ref().is_some_and(|(_, ordered)| *ordered)
     }
 
     /// Which handler the attribute declares.

@@ -44,6 +44,8 @@ struct Parts<'a> {
     output: &'a Type,
     /// `::txbox` or the `crate = "..."` path.
     krate: TokenStream,
+    /// `mode = "two_phase"`, and whether `ordered = true`.
+    two_phase: Option<bool>,
 }
 
 pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
@@ -73,6 +75,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             Some(path) => path.to_token_stream(),
             None => quote!(::txbox),
         },
+        two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
     };
     let register = format_ident!("__txbox_register_{}", parts.name.unraw());
     let private = parts.private();
@@ -374,6 +377,10 @@ impl Parts<'_> {
             Some(_) => TokenStream::new(),
             None => quote!(.no_meta()),
         };
+        let two_phase = match self.two_phase {
+            Some(ordered) => quote!(.two_phase(#ordered)),
+            None => TokenStream::new(),
+        };
         quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
@@ -385,6 +392,7 @@ impl Parts<'_> {
                 )
                 #batch
                 #no_meta
+                #two_phase
             }
         }
     }
