@@ -295,3 +295,44 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
     assert_eq!(expected.len(), orders.len());
     assert_eq!(sent, expected, "one key per event, derived from (group, event id), all sent");
 }
+
+fn signal(child: &ChildProcess, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
+    let (broker, db, topic, orders) = setup("tp_lost", 1, 1).await;
+    let mut first = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "4000", "--workers", "1", "--lease-ms", "1500"],
+    );
+    first.wait_for("mailer: handling order", Duration::from_secs(60));
+    // Frozen mid-handler (a long GC pause, a VM stall): it renews nothing, its lease expires,
+    // and another process claims the row and applies it.
+    signal(&first, "STOP");
+    let _second = mailer(&db, &broker, &topic, &["--handler-ms", "200", "--lease-ms", "1500"]);
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        1,
+        Duration::from_secs(60),
+        "the row applied by the second process",
+    )
+    .await;
+    // Thawed, the first finishes its handler; its transaction must not commit a second receipt.
+    signal(&first, "CONT");
+    first.wait_for("lease lost", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let runs = db
+        .count("SELECT count(*) FROM handler_runs WHERE ended_at IS NOT NULL")
+        .await;
+    assert_eq!(runs, 2, "both processes ran the handler to its end");
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+}

@@ -139,89 +139,7 @@ pub trait InboxStore: Send + Sync + 'static {
     /// The table names.
     fn tables(&self) -> &Tables;
 
-    /// Opens a transaction.
-    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
-
-    /// Commits it.
-    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Rolls it back.
-    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Inserts the inbox row unless it exists (`ON CONFLICT DO NOTHING`); reports which, and how
-    /// many earlier runs of this message failed.
-    ///
-    /// The row may be written already marked processed: it becomes visible only when the
-    /// transaction commits, which happens only after the handler succeeded, so nothing can tell
-    /// the difference, and it saves the round trip of a separate update.
-    fn claim<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        key: &'a InboxKey,
-        event_type: &'a str,
-        delivery: &'a Delivery,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a;
-
-    /// [`claim`](Self::claim) for a batch in one statement: the keys are distinct and of one
-    /// group; returns one [`Claim`] per request, in order.
-    fn claim_batch<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        requests: &'a [ClaimRequest<'a>],
-    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a;
-
-    /// Deletes inbox rows this transaction claimed but whose handlers will not run in it (a
-    /// batch cut short by a graceful stop), so that they commit unclaimed.
-    fn release_claims<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        keys: &'a [&'a InboxKey],
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
-
-    /// Marks the inbox row processed (if `claim` did not already), in the same transaction;
-    /// clears recorded failures when there were some.
-    fn mark_processed<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        key: &'a InboxKey,
-        had_failures: bool,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
-
-    /// Records a failed run outside any transaction; returns the number of failed runs so far.
-    fn record_failure<'a>(
-        &'a self,
-        key: &'a InboxKey,
-        error: &'a str,
-    ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a;
-
-    /// Stores a dead letter outside any transaction; returns its id.
-    fn dead_letter<'a>(
-        &'a self,
-        letter: &'a DeadLetter<'a>,
-    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a;
-
-    /// Loads a dead letter of `group` by id.
-    fn load_dead_letter<'a>(
-        &'a self,
-        group: &'a str,
-        id: i64,
-    ) -> impl Future<Output = Result<Option<StoredDeadLetter>, StoreError>> + Send + 'a;
-
-    /// Records that a dead letter was replayed successfully.
-    fn mark_replayed(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send + '_;
-
-    /// Deletes at most `limit` inbox rows processed more than `older_than` ago; returns how many.
-    fn delete_processed(
-        &self,
-        older_than: std::time::Duration,
-        limit: u32,
-    ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
-
-    /// Counts inbox rows received more than `older_than` ago and still not processed.
-    fn count_stuck(
-        &self,
-        older_than: std::time::Duration,
-    ) -> impl Future<Output = Result<i64, StoreError>> + Send + '_;
+    // Two-phase handlers and effects after commit: unsupported unless a store implements them.
 
     /// Whether the store supports two-phase handlers and effects after commit.
     const TWO_PHASE: bool = false;
@@ -320,6 +238,92 @@ pub trait InboxStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
         std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
     }
+
+    // The core of every store: no default.
+
+    /// Opens a transaction.
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;
+
+    /// Commits it.
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Rolls it back.
+    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Inserts the inbox row unless it exists (`ON CONFLICT DO NOTHING`); reports which, and how
+    /// many earlier runs of this message failed.
+    ///
+    /// The row may be written already marked processed: it becomes visible only when the
+    /// transaction commits, which happens only after the handler succeeded, so nothing can tell
+    /// the difference, and it saves the round trip of a separate update.
+    fn claim<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        event_type: &'a str,
+        delivery: &'a Delivery,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send + 'a;
+
+    /// [`claim`](Self::claim) for a batch in one statement: the keys are distinct and of one
+    /// group; returns one [`Claim`] per request, in order.
+    fn claim_batch<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> impl Future<Output = Result<Vec<Claim>, StoreError>> + Send + 'a;
+
+    /// Deletes inbox rows this transaction claimed but whose handlers will not run in it (a
+    /// batch cut short by a graceful stop), so that they commit unclaimed.
+    fn release_claims<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        keys: &'a [&'a InboxKey],
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Marks the inbox row processed (if `claim` did not already), in the same transaction;
+    /// clears recorded failures when there were some.
+    fn mark_processed<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        had_failures: bool,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// Records a failed run outside any transaction; returns the number of failed runs so far.
+    fn record_failure<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        error: &'a str,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a;
+
+    /// Stores a dead letter outside any transaction; returns its id.
+    fn dead_letter<'a>(
+        &'a self,
+        letter: &'a DeadLetter<'a>,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a;
+
+    /// Loads a dead letter of `group` by id.
+    fn load_dead_letter<'a>(
+        &'a self,
+        group: &'a str,
+        id: i64,
+    ) -> impl Future<Output = Result<Option<StoredDeadLetter>, StoreError>> + Send + 'a;
+
+    /// Records that a dead letter was replayed successfully.
+    fn mark_replayed(&self, id: i64) -> impl Future<Output = Result<(), StoreError>> + Send + '_;
+
+    /// Deletes at most `limit` inbox rows processed more than `older_than` ago; returns how many.
+    fn delete_processed(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_;
+
+    /// Counts inbox rows received more than `older_than` ago and still not processed.
+    fn count_stuck(
+        &self,
+        older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + '_;
 }
 
 /// A dead letter as stored: the raw message and what went wrong.
