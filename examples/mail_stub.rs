@@ -65,5 +65,8 @@ fn serve(stream: TcpStream, sent: &mut HashSet<String>) -> std::io::Result<()> {
         None => "400 Bad Request",
     };
     let mut stream = stream;
-    write!(stream, "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
 }

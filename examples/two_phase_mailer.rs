@@ -104,7 +104,9 @@ async fn post_receipt(address: String, effect: Effect) -> Result<(), HandlerErro
     );
     match status {
         200..=299 => Ok(()),
-        _ => Err(HandlerError::transient(format!("mail service answered HTTP {status}"))),
+        _ => Err(HandlerError::transient(format!(
+            "mail service answered HTTP {status}"
+        ))),
     }
 }
 

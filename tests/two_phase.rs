@@ -74,8 +74,14 @@ async fn receipts_per_order(db: &TestDb) -> BTreeMap<Uuid, i64> {
 
 fn assert_each_once(receipts: &BTreeMap<Uuid, i64>, orders: &[Uuid]) {
     let doubled: Vec<_> = receipts.iter().filter(|(_, n)| **n != 1).collect();
-    assert!(doubled.is_empty(), "orders applied more than once: {doubled:?}");
-    let missing: Vec<_> = orders.iter().filter(|o| !receipts.contains_key(o)).collect();
+    assert!(
+        doubled.is_empty(),
+        "orders applied more than once: {doubled:?}"
+    );
+    let missing: Vec<_> = orders
+        .iter()
+        .filter(|o| !receipts.contains_key(o))
+        .collect();
     assert!(missing.is_empty(), "orders never applied: {missing:?}");
 }
 
@@ -83,7 +89,12 @@ fn assert_each_once(receipts: &BTreeMap<Uuid, i64>, orders: &[Uuid]) {
 async fn a_3_s_handler_with_8_workers_handles_200_events_well_under_the_serial_time() {
     let (broker, db, topic, orders) = setup("tp_speed", 3, 200).await;
     let started = Instant::now();
-    let _child = mailer(&db, &broker, &topic, &["--handler-ms", "3000", "--workers", "8"]);
+    let _child = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "3000", "--workers", "8"],
+    );
     let serial = Duration::from_secs(200 * 3);
     wait_count(
         &db,
@@ -100,7 +111,10 @@ async fn a_3_s_handler_with_8_workers_handles_200_events_well_under_the_serial_t
         serial.as_secs(),
         200 * 3 / 8
     );
-    assert!(took < serial / 4, "took {took:?}, not under a quarter of {serial:?}");
+    assert!(
+        took < serial / 4,
+        "took {took:?}, not under a quarter of {serial:?}"
+    );
     assert_each_once(&receipts_per_order(&db).await, &orders);
 }
 
@@ -112,20 +126,40 @@ async fn the_offset_is_committed_before_processing_and_a_crash_after_it_loses_no
         &db,
         &broker,
         &topic,
-        &["--handler-ms", "60000", "--workers", "2", "--lease-ms", "2000"],
+        &[
+            "--handler-ms",
+            "60000",
+            "--workers",
+            "2",
+            "--lease-ms",
+            "2000",
+        ],
     );
     first.wait_for("mailer: handling order", Duration::from_secs(60));
     let committed = support::wait_committed(&broker.brokers, "mailing", &topic, 0, 10).await;
-    assert_eq!(committed, Some(10), "the offset is committed after the receive step");
+    assert_eq!(
+        committed,
+        Some(10),
+        "the offset is committed after the receive step"
+    );
     let received = db
         .count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL")
         .await;
     assert_eq!(received, 10, "every message is stored as received");
-    assert_eq!(db.count("SELECT count(*) FROM receipts").await, 0, "no handler has committed yet");
+    assert_eq!(
+        db.count("SELECT count(*) FROM receipts").await,
+        0,
+        "no handler has committed yet"
+    );
     first.kill9();
 
     // The broker will not deliver them again (acknowledged): the table alone must bring them.
-    let _second = mailer(&db, &broker, &topic, &["--handler-ms", "100", "--lease-ms", "2000"]);
+    let _second = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "100", "--lease-ms", "2000"],
+    );
     wait_count(
         &db,
         "SELECT count(*) FROM receipts",
@@ -147,7 +181,14 @@ async fn sigkill_of_a_worker_mid_handler_the_row_is_reclaimed_and_applied_exactl
         &db,
         &broker,
         &topic,
-        &["--handler-ms", "5000", "--workers", "4", "--lease-ms", "2000"],
+        &[
+            "--handler-ms",
+            "5000",
+            "--workers",
+            "4",
+            "--lease-ms",
+            "2000",
+        ],
     );
     first.wait_for("mailer: handling order", Duration::from_secs(30));
     // Let the lease be renewed at least once while the handler runs, then kill it mid-handler.
@@ -156,10 +197,18 @@ async fn sigkill_of_a_worker_mid_handler_the_row_is_reclaimed_and_applied_exactl
     let killed = db
         .count("SELECT count(*) FROM handler_runs WHERE ended_at IS NULL")
         .await;
-    assert!(killed >= 1, "a handler was running when the worker was killed");
+    assert!(
+        killed >= 1,
+        "a handler was running when the worker was killed"
+    );
     assert_eq!(db.count("SELECT count(*) FROM receipts").await, 0);
 
-    let _second = mailer(&db, &broker, &topic, &["--handler-ms", "200", "--lease-ms", "2000"]);
+    let _second = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "200", "--lease-ms", "2000"],
+    );
     wait_count(
         &db,
         "SELECT count(*) FROM receipts",
@@ -173,9 +222,13 @@ async fn sigkill_of_a_worker_mid_handler_the_row_is_reclaimed_and_applied_exactl
     let reclaimed = db
         .count("SELECT count(*) FROM txbox_inbox WHERE claims >= 2")
         .await;
-    assert!(reclaimed >= killed, "the killed worker's rows were claimed again");
+    assert!(
+        reclaimed >= killed,
+        "the killed worker's rows were claimed again"
+    );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL").await,
+        db.count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL")
+            .await,
         0
     );
 }
@@ -183,7 +236,14 @@ async fn sigkill_of_a_worker_mid_handler_the_row_is_reclaimed_and_applied_exactl
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_worker_processes_never_run_the_same_row_at_once() {
     let (broker, db, topic, orders) = setup("tp_race", 3, 60).await;
-    let args = ["--handler-ms", "700", "--workers", "4", "--lease-ms", "3000"];
+    let args = [
+        "--handler-ms",
+        "700",
+        "--workers",
+        "4",
+        "--lease-ms",
+        "3000",
+    ];
     let _a = mailer(&db, &broker, &topic, &args);
     let _b = mailer(&db, &broker, &topic, &args);
     wait_count(
@@ -203,7 +263,9 @@ async fn two_worker_processes_never_run_the_same_row_at_once() {
         )
         .await;
     assert_eq!(overlapping, 0, "two runs of one row overlapped in time");
-    let processes = db.count("SELECT count(DISTINCT pid) FROM handler_runs").await;
+    let processes = db
+        .count("SELECT count(DISTINCT pid) FROM handler_runs")
+        .await;
     assert_eq!(processes, 2, "both processes ran handlers");
     assert_each_once(&receipts_per_order(&db).await, &orders);
 }
@@ -241,7 +303,10 @@ fn mail_stub(failing: Arc<AtomicBool>) -> (String, Arc<Mutex<Vec<String>>>) {
                 "200 OK"
             };
             let mut stream = stream;
-            let _ = write!(stream, "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
         }
     });
     (address, keys)
@@ -252,10 +317,24 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
     let failing = Arc::new(AtomicBool::new(true));
     let (address, keys) = mail_stub(failing.clone());
     let (broker, db, topic, orders) = setup("tp_effects", 1, 20).await;
-    let args = ["--handler-ms", "50", "--workers", "4", "--mail-url", address.as_str()];
+    let args = [
+        "--handler-ms",
+        "50",
+        "--workers",
+        "4",
+        "--mail-url",
+        address.as_str(),
+    ];
     let mut first = mailer(&db, &broker, &topic, &args);
     // Every handler commits (with its effect row); the mail service is down: none is sent.
-    wait_count(&db, "SELECT count(*) FROM receipts", 20, Duration::from_secs(60), "receipts").await;
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        20,
+        Duration::from_secs(60),
+        "receipts",
+    )
+    .await;
     wait_count(
         &db,
         "SELECT count(*) FROM txbox_effects",
@@ -266,11 +345,17 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     first.kill9();
-    assert!(keys.lock().unwrap().is_empty(), "nothing sent while the service fails");
+    assert!(
+        keys.lock().unwrap().is_empty(),
+        "nothing sent while the service fails"
+    );
     let pending = db
         .count("SELECT count(*) FROM txbox_effects WHERE done_at IS NULL")
         .await;
-    assert_eq!(pending, 20, "the effects outlive the process that scheduled them");
+    assert_eq!(
+        pending, 20,
+        "the effects outlive the process that scheduled them"
+    );
 
     // A new process drains what the dead one left.
     failing.store(false, Ordering::SeqCst);
@@ -293,7 +378,10 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
         .map(|id| txbox::effects::idempotency_key("mailing", "", id, "send_receipt"))
         .collect();
     assert_eq!(expected.len(), orders.len());
-    assert_eq!(sent, expected, "one key per event, derived from (group, event id), all sent");
+    assert_eq!(
+        sent, expected,
+        "one key per event, derived from (group, event id), all sent"
+    );
 }
 
 fn signal(child: &ChildProcess, name: &str) {
@@ -311,13 +399,25 @@ async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once()
         &db,
         &broker,
         &topic,
-        &["--handler-ms", "4000", "--workers", "1", "--lease-ms", "1500"],
+        &[
+            "--handler-ms",
+            "4000",
+            "--workers",
+            "1",
+            "--lease-ms",
+            "1500",
+        ],
     );
     first.wait_for("mailer: handling order", Duration::from_secs(60));
     // Frozen mid-handler (a long GC pause, a VM stall): it renews nothing, its lease expires,
     // and another process claims the row and applies it.
     signal(&first, "STOP");
-    let _second = mailer(&db, &broker, &topic, &["--handler-ms", "200", "--lease-ms", "1500"]);
+    let _second = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "200", "--lease-ms", "1500"],
+    );
     wait_count(
         &db,
         "SELECT count(*) FROM receipts",

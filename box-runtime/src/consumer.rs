@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::effects::{self, Effect, Executors};
 use crate::engine::{
     AckStrategy, EventId, Inbox, InboxConfig, OnExhausted, Ordering, Report, RetryPolicy,
     SetupError, Source, UnknownEvent,
 };
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
-use crate::effects::{self, Effect, Executors};
 use crate::store::InboxStore;
 
 /// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.

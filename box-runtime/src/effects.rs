@@ -163,7 +163,10 @@ pub(crate) async fn drain<S: InboxStore>(
     let owner = format!("effects-{}-{:x}", std::process::id(), rand_suffix());
     while !*shutdown.borrow() {
         let woken = wake.notified();
-        let claimed = match store.claim_effects(&owner, EFFECT_LEASE, EFFECT_BATCH).await {
+        let claimed = match store
+            .claim_effects(&owner, EFFECT_LEASE, EFFECT_BATCH)
+            .await
+        {
             Ok(claimed) => claimed,
             Err(e) => {
                 tracing::warn!(error = e.to_string().as_str(), "claiming effects failed");
@@ -204,7 +207,12 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
         }
     };
     if let Err(error) = &result {
-        tracing::warn!(effect = id, attempt = attempts + 1, error = error.as_str(), "effect failed, retrying later");
+        tracing::warn!(
+            effect = id,
+            attempt = attempts + 1,
+            error = error.as_str(),
+            "effect failed, retrying later"
+        );
     }
     let error = result.err();
     if let Err(e) = store
@@ -212,7 +220,11 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
         .await
     {
         // Its lease expires and it runs again: at least once, not lost.
-        tracing::warn!(effect = id, error = e.to_string().as_str(), "marking an effect failed");
+        tracing::warn!(
+            effect = id,
+            error = e.to_string().as_str(),
+            "marking an effect failed"
+        );
     }
 }
 

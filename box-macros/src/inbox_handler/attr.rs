@@ -223,10 +223,7 @@ impl HandlerAttr {
             })) => self.ordered = Some((key, flag.value)),
             Some(value) => cx.error_spanned_by(
                 value,
-                format!(
-                    "`{key}` takes `true` or `false`, not `{}`",
-                    compact(value)
-                ),
+                format!("`{key}` takes `true` or `false`, not `{}`", compact(value)),
             ),
         }
     }

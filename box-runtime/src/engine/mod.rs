@@ -205,7 +205,10 @@ impl<S: InboxStore> Inbox<S> {
             }
             Prepared::Ready(ready) if ready.reg.mode.is_two_phase() && ready.lease.is_none() => {
                 let received = self.receive_all(&[(0, &ready)], shutdown).await;
-                received.into_iter().next().map_or(Outcome::Abandoned, |(_, o)| o)
+                received
+                    .into_iter()
+                    .next()
+                    .map_or(Outcome::Abandoned, |(_, o)| o)
             }
             Prepared::Ready(ready) => self.run(&ready, shutdown).await,
         }

@@ -82,7 +82,11 @@ impl<S: InboxStore> Inbox<S> {
                         true => Outcome::Received,
                         false => Outcome::Duplicate,
                     };
-                    return msgs.iter().zip(inserted).map(|((i, _), new)| (*i, outcome(new))).collect();
+                    return msgs
+                        .iter()
+                        .zip(inserted)
+                        .map(|((i, _), new)| (*i, outcome(new)))
+                        .collect();
                 }
                 Err(e) => e,
             };
@@ -147,7 +151,11 @@ impl<S: InboxStore> Inbox<S> {
                     .await
             });
         }
-        tracing::info!(group = self.group(), workers = tasks.len(), "two-phase workers started");
+        tracing::info!(
+            group = self.group(),
+            workers = tasks.len(),
+            "two-phase workers started"
+        );
         while tasks.join_next().await.is_some() {}
     }
 
@@ -239,8 +247,12 @@ impl<S: InboxStore> Inbox<S> {
         };
         if let Err(e) = result {
             // The lease expires and the row is claimed again: resolved again, not lost.
-            tracing::warn!(group = self.group(), event_id = key.event_id.as_str(),
-                error = e.to_string().as_str(), "settling a received row failed; its lease will expire");
+            tracing::warn!(
+                group = self.group(),
+                event_id = key.event_id.as_str(),
+                error = e.to_string().as_str(),
+                "settling a received row failed; its lease will expire"
+            );
         }
     }
 }

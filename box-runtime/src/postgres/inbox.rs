@@ -161,11 +161,19 @@ impl InboxStore for PgStore {
         self.renew_row(key, owner, lease).await
     }
 
-    async fn release_lease<'a>(&'a self, key: &'a InboxKey, owner: &'a str) -> Result<(), StoreError> {
+    async fn release_lease<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<(), StoreError> {
         self.release_row(key, owner).await
     }
 
-    async fn drop_received<'a>(&'a self, key: &'a InboxKey, owner: &'a str) -> Result<(), StoreError> {
+    async fn drop_received<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<(), StoreError> {
         self.drop_row(key, owner).await
     }
 

@@ -10,9 +10,9 @@ use crate::store::sql::{Dialect, InboxSql, Shared};
 use crate::store::{StoreError, Tables};
 
 mod inbox;
-mod two_phase;
 pub(crate) mod outbox;
 pub(crate) mod relay;
+mod two_phase;
 
 pub use outbox::Outbox as PgOutbox;
 pub use relay::PgRelayStore;

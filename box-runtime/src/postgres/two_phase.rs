@@ -104,7 +104,6 @@ impl Sql {
             ),
         }
     }
-
 }
 
 /// The statement that schedules an effect in a handler's transaction (`effects::after_commit`):
@@ -187,7 +186,9 @@ impl PgStore {
                 event_id: row.try_get("event_id")?,
             },
             delivery: Delivery {
-                topic: row.try_get::<Option<String>, _>("topic")?.unwrap_or_default(),
+                topic: row
+                    .try_get::<Option<String>, _>("topic")?
+                    .unwrap_or_default(),
                 partition: row.try_get::<Option<i32>, _>("partition")?.unwrap_or(0),
                 offset: row.try_get::<Option<i64>, _>("offset")?.unwrap_or(0),
                 key: row.try_get("message_key")?,

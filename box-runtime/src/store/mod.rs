@@ -18,8 +18,8 @@ pub(crate) use connect::{bounded, check_scheme};
 pub use connect::{redact_url, CONNECT_TIMEOUT};
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
-pub use two_phase::{LeaseRequest, ReceivedRow, StoredEffect};
 use two_phase::unsupported;
+pub use two_phase::{LeaseRequest, ReceivedRow, StoredEffect};
 
 /// The identity of a message in a consumer group's inbox.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
