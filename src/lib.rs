@@ -48,7 +48,14 @@ pub mod inbox {
         DEFAULT_RETENTION,
     };
     #[doc(inline)]
-    pub use box_runtime::{Backoff, ConsumerBuilder, ErrorKind, IntoHandlerError};
+    pub use box_runtime::{Backoff, ConsumerBuilder, ErrorKind, HandlerMode, IntoHandlerError};
+}
+
+/// Effects after commit: work a handler schedules to run only if its transaction commits, at
+/// least once, with a stable idempotency key (PostgreSQL).
+pub mod effects {
+    #[doc(inline)]
+    pub use box_runtime::effects::*;
 }
 
 /// The producer side: enqueue events in the caller's transaction.

@@ -754,10 +754,10 @@ async fn migrations_race_safely_and_apply_once() {
             db.tables.migrations
         ))
         .await;
-    // inbox v1, outbox v1, inbox v2, outbox v2, outbox v3, inbox v4: each recorded once
+    // inbox v1, outbox v1, inbox v2, outbox v2, inbox v3, outbox v3, inbox v4: each recorded once
     assert_eq!(
         (applied, distinct),
-        (6, 6),
+        (7, 7),
         "every shipped migration, each recorded once"
     );
     let tables = db
@@ -767,8 +767,8 @@ async fn migrations_race_safely_and_apply_once() {
         ))
         .await;
     assert_eq!(
-        tables, 5,
-        "inbox, attempts, dead letters, outbox, migrations"
+        tables, 6,
+        "inbox, attempts, dead letters, outbox, migrations, effects"
     );
 }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, watch};
 
+use crate::effects::{self, Effect, Executors};
 use crate::engine::{
     AckStrategy, EventId, Inbox, InboxConfig, OnExhausted, Ordering, Report, RetryPolicy,
     SetupError, Source, UnknownEvent,
@@ -35,6 +36,7 @@ pub struct Consumer<S> {
     kafka: KafkaConfig,
     reports: Option<mpsc::UnboundedSender<Report>>,
     sampling: Sampling,
+    effects: Executors,
 }
 
 /// Builds a [`Consumer`]; every setting has a safe default.
@@ -46,6 +48,7 @@ pub struct ConsumerBuilder<S> {
     config: InboxConfig,
     reports: Option<mpsc::UnboundedSender<Report>>,
     sampling: Sampling,
+    effects: Executors,
 }
 
 impl<S: InboxStore> Consumer<S> {
@@ -58,6 +61,7 @@ impl<S: InboxStore> Consumer<S> {
             config: InboxConfig::default(),
             reports: None,
             sampling: Sampling::default(),
+            effects: Executors::default(),
         }
     }
 
@@ -84,6 +88,15 @@ impl<S: InboxStore> Consumer<S> {
         health.set_live(true);
         let sampler = tokio::spawn(sample_inbox(self.inbox.clone(), self.sampling, rx.clone()));
         let purge = tokio::spawn(retention(self.inbox.clone(), rx.clone()));
+        // Two-phase workers (none when the group has no two-phase handler) run beside the
+        // member and stop with it, each after the message in hand.
+        let workers = tokio::spawn(self.inbox.clone().run_two_phase(rx.clone()));
+        let effects = (!self.effects.by_kind.is_empty()).then(|| {
+            let (inbox, executors, rx) = (self.inbox.clone(), self.effects, rx.clone());
+            tokio::spawn(async move {
+                effects::drain(inbox.store(), &executors, &inbox.committed, rx).await
+            })
+        });
         let run = member::run(self.inbox, self.kafka, rx, self.reports, self.sampling);
         tokio::pin!(run);
         let result = tokio::select! {
@@ -93,6 +106,11 @@ impl<S: InboxStore> Consumer<S> {
                 run.await
             }
         };
+        let _ = tx.send(true);
+        let _ = workers.await;
+        if let Some(effects) = effects {
+            let _ = effects.await;
+        }
         sampler.abort();
         health.set_live(false);
         health.set_joined(false);
@@ -200,6 +218,41 @@ impl<S: InboxStore> ConsumerBuilder<S> {
         self
     }
 
+    /// Workers per process running two-phase handlers (default 4; see
+    /// [`InboxConfig::two_phase_workers`]). Any number of processes may run them.
+    pub fn two_phase_workers(mut self, workers: usize) -> Self {
+        self.config.two_phase_workers = workers.max(1);
+        self
+    }
+
+    /// How long a worker's claim on a received row holds unless renewed (default 30 s; see
+    /// [`InboxConfig::lease`]).
+    pub fn lease(mut self, lease: std::time::Duration) -> Self {
+        self.config.lease = lease.max(std::time::Duration::from_millis(300));
+        self
+    }
+
+    /// How often idle workers look for rows other processes received (default 500 ms).
+    pub fn two_phase_poll(mut self, every: std::time::Duration) -> Self {
+        self.config.two_phase_poll = every;
+        self
+    }
+
+    /// Registers the executor of effects of `kind`, scheduled by handlers with
+    /// [`effects::after_commit`](crate::effects::after_commit); the consumer then drains the
+    /// effects table after each commit and at start-up (see [`crate::effects`]). The executor
+    /// must be idempotent on [`Effect::idempotency_key`]: an effect runs at least once.
+    pub fn effect<F, Fut>(mut self, kind: impl Into<String>, executor: F) -> Self
+    where
+        F: Fn(Effect) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), crate::HandlerError>> + Send + 'static,
+    {
+        let executor: effects::Executor =
+            Arc::new(move |effect: Effect| Box::pin(executor(effect)) as effects::EffectFuture);
+        self.effects.by_kind.insert(kind.into(), executor);
+        self
+    }
+
     /// Replaces the whole inbox configuration.
     pub fn config(mut self, config: InboxConfig) -> Self {
         self.config = config;
@@ -235,6 +288,7 @@ impl<S: InboxStore> ConsumerBuilder<S> {
             kafka: self.kafka,
             reports: self.reports,
             sampling: self.sampling,
+            effects: self.effects,
         })
     }
 }

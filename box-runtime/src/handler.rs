@@ -228,6 +228,8 @@ pub struct MessageMeta {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
     /// Which attempt this is: 1 for the first delivery, 2 for the first retry, ...
     pub attempt: u32,
+    /// The effects table of the store the handler runs on (`None`: the default name).
+    pub(crate) effects_table: Option<std::sync::Arc<str>>,
 }
 
 impl MessageMeta {
@@ -249,6 +251,7 @@ impl MessageMeta {
             key: None,
             headers: Vec::new(),
             attempt: 1,
+            effects_table: None,
         }
     }
 
@@ -324,6 +327,9 @@ pub struct HandlerRegistration {
     /// Reads the business key from a payload, when the handler dedups by one (`dedup_by =
     /// field`, or the event's `idempotency_key = field`).
     pub business_key: Option<BusinessKeyFn>,
+    /// How its messages are handled: in the receiving transaction, or stored first and handled
+    /// by workers (`mode = "two_phase"`).
+    pub mode: HandlerMode,
 }
 
 /// Reads a message's business key from its payload: `Ok(None)` when it has none, `Err` with
@@ -334,6 +340,35 @@ pub type BusinessKeyFn = fn(&[u8]) -> Result<Option<String>, String>;
 fn event_business_key<E: OutboxEvent>(payload: &[u8]) -> Result<Option<String>, String> {
     let event = decode::<E>(payload).map_err(|e| e.to_string())?;
     Ok(event.idempotency_key())
+}
+
+/// How the messages of a handler are handled (`#[inbox_handler(.., mode = "...")]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HandlerMode {
+    /// The default: the inbox row, the handler and the processed mark in the transaction of
+    /// the receiving partition; the offset is committed after it.
+    #[default]
+    OnePhase,
+    /// `mode = "two_phase"`: the message is stored as `received` (payload and headers) and its
+    /// offset committed; workers claim stored rows with leases and run the handler in a
+    /// transaction that also marks the row processed. For handlers that take seconds.
+    TwoPhase {
+        /// `ordered = true`: one message per key in flight at a time, in offset order.
+        ordered: bool,
+    },
+}
+
+impl HandlerMode {
+    /// Whether messages are stored first and handled by workers.
+    pub fn is_two_phase(self) -> bool {
+        matches!(self, Self::TwoPhase { .. })
+    }
+
+    /// Whether a two-phase handler keeps per-key order.
+    pub fn is_ordered(self) -> bool {
+        matches!(self, Self::TwoPhase { ordered: true })
+    }
 }
 
 impl HandlerRegistration {
@@ -360,6 +395,7 @@ impl HandlerRegistration {
             invoke_batch: None,
             takes_meta: true,
             business_key: None,
+            mode: HandlerMode::OnePhase,
         }
     }
 
@@ -369,6 +405,16 @@ impl HandlerRegistration {
     pub const fn business_key(self, business_key: Option<BusinessKeyFn>) -> Self {
         Self {
             business_key,
+            ..self
+        }
+    }
+
+    /// The registration of a two-phase handler (`mode = "two_phase"`, `ordered = ..`). Used by
+    /// generated code.
+    #[doc(hidden)]
+    pub const fn two_phase(self, ordered: bool) -> Self {
+        Self {
+            mode: HandlerMode::TwoPhase { ordered },
             ..self
         }
     }
@@ -406,6 +452,7 @@ impl fmt::Debug for HandlerRegistration {
             .field("name", &self.name)
             .field("file", &self.file)
             .field("line", &self.line)
+            .field("mode", &self.mode)
             .finish()
     }
 }
@@ -544,6 +591,17 @@ impl DispatchTable {
     /// The event types handled.
     pub fn event_types(&self) -> impl Iterator<Item = &'static str> + '_ {
         self.handlers.keys().copied()
+    }
+
+    /// The event types whose handlers are two-phase (`mode = "two_phase"`), and among them
+    /// those that keep per-key order (`ordered = true`).
+    pub fn two_phase_types(&self) -> (Vec<&'static str>, Vec<&'static str>) {
+        let two_phase = self.handlers.values().filter(|r| r.mode.is_two_phase());
+        let ordered = two_phase.clone().filter(|r| r.mode.is_ordered());
+        (
+            two_phase.map(|r| r.event_type).collect(),
+            ordered.map(|r| r.event_type).collect(),
+        )
     }
 }
 

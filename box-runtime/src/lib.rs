@@ -9,6 +9,7 @@
 pub mod admin;
 mod backoff;
 mod consumer;
+pub mod effects;
 pub mod engine;
 mod event;
 mod failpoint;
@@ -31,7 +32,7 @@ mod util;
 pub use backoff::Backoff;
 pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
 pub use event::OutboxEvent;
-pub use handler::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta};
+pub use handler::{ErrorKind, HandlerError, HandlerMode, IntoHandlerError, MessageMeta};
 pub use ident::IdentError;
 pub use postgres::PgStore;
 #[cfg(feature = "sqlite")]

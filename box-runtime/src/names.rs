@@ -10,6 +10,8 @@ pub const DEAD_LETTER_TABLE: &str = "txbox_dead_letters";
 pub const OUTBOX_TABLE: &str = "txbox_outbox";
 /// Default name of the table recording applied migrations.
 pub const MIGRATIONS_TABLE: &str = "txbox_migrations";
+/// The default effects table: work a handler scheduled to run after its transaction commits.
+pub const EFFECTS_TABLE: &str = "txbox_effects";
 
 /// CloudEvents (Kafka binary mode) header carrying the event id.
 pub const HEADER_ID: &str = "ce_id";

@@ -30,6 +30,10 @@ pub fn example(name: &str) -> PathBuf {
                 "relay",
                 "--example",
                 "quickstart",
+                "--example",
+                "two_phase_mailer",
+                "--example",
+                "mail_stub",
             ])
             .status()
             .expect("run cargo build for the child programs");

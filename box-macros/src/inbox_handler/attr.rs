@@ -22,9 +22,21 @@ pub(crate) const BATCH: &str = "batch";
 pub(crate) const DEDUP_BY: &str = "dedup_by";
 /// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
 pub(crate) const CRATE: &str = "crate";
+/// `mode = "two_phase"`: store the message and acknowledge it, then run the handler in a
+/// worker (for handlers that take seconds); `"one_phase"` (the default) runs it on receipt.
+pub(crate) const MODE: &str = "mode";
+/// `ordered = true`: a two-phase handler runs one message per key at a time, in order.
+pub(crate) const ORDERED: &str = "ordered";
+
+/// The values `mode` takes.
+pub(crate) const MODES: &[&str] = &[ONE_PHASE, TWO_PHASE];
+/// `mode = "one_phase"`, the default.
+pub(crate) const ONE_PHASE: &str = "one_phase";
+/// `mode = "two_phase"`.
+pub(crate) const TWO_PHASE: &str = "two_phase";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, DEDUP_BY, CRATE];
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, DEDUP_BY, MODE, ORDERED, CRATE];
 
 /// The required keys.
 const REQUIRED: &[&str] = &[EVENT, GROUP];
@@ -39,6 +51,10 @@ const ALIASES: &[(&str, &str)] = &[
     ("idempotency_key", DEDUP_BY),
     ("business_key", DEDUP_BY),
     ("dedup", DEDUP_BY),
+    ("two_phase", MODE),
+    ("phase", MODE),
+    ("ordering", ORDERED),
+    ("in_order", ORDERED),
 ];
 
 /// The attribute written in full, for messages.
@@ -58,6 +74,10 @@ pub(crate) struct HandlerAttr {
     pub(crate) batch: Option<Ident>,
     /// `dedup_by = field`: the event's field, as written (for spans).
     pub(crate) dedup_by: Option<Ident>,
+    /// `mode = "..."`, when written with a known value.
+    pub(crate) mode: Option<LitStr>,
+    /// `ordered = <bool>`, with the key for spans.
+    pub(crate) ordered: Option<(Ident, bool)>,
 }
 
 /// Which handler the attribute declares: of one event per call, or of a run of events.
@@ -78,6 +98,8 @@ impl HandlerAttr {
             krate: None,
             batch: None,
             dedup_by: None,
+            mode: None,
+            ordered: None,
         };
         // Keys written, and the keys unknown ones were probably meant to be: neither is
         // reported as missing (the "did you mean" says it already).
@@ -133,6 +155,8 @@ impl HandlerAttr {
                 self.dedup_by = kv::field_ident(cx, pair);
                 return;
             }
+            MODE => return self.take_mode(cx, pair),
+            ORDERED => return self.take_ordered(cx, pair),
             _ => "my_txbox",
         };
         if pair.bare {
@@ -184,6 +208,52 @@ impl HandlerAttr {
             }
         };
         cx.error_spanned_by(written, message);
+    }
+
+    /// `mode = "one_phase" | "two_phase"`.
+    fn take_mode(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        if pair.bare {
+            let message = kv::missing_value(&pair.key, "mode = \"two_phase\"");
+            return cx.error_spanned_by(&pair.key, message);
+        }
+        let Some(lit) = kv::lit_str(cx, pair, "\"two_phase\"") else {
+            return;
+        };
+        if !MODES.contains(&lit.value().as_str()) {
+            let message = format!(
+                "unknown mode `{}`: expected one of: {}",
+                lit.value(),
+                kv::ticked(MODES).join(", ")
+            );
+            return cx.error_spanned_by(&lit, message);
+        }
+        self.mode = Some(lit);
+    }
+
+    /// `ordered = true` or `ordered = false`; a bare `ordered` means `true`.
+    fn take_ordered(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        let key = pair.key.clone();
+        match &pair.value {
+            None => self.ordered = Some((key, true)),
+            Some(Expr::Lit(ExprLit {
+                lit: Lit::Bool(flag),
+                ..
+            })) => self.ordered = Some((key, flag.value)),
+            Some(value) => cx.error_spanned_by(
+                value,
+                format!("`{key}` takes `true` or `false`, not `{}`", compact(value)),
+            ),
+        }
+    }
+
+    /// Whether `mode = "two_phase"` was written.
+    pub(crate) fn is_two_phase(&self) -> bool {
+        self.mode.as_ref().is_some_and(|m| m.value() == TWO_PHASE)
+    }
+
+    /// Whether `ordered = true` was written.
+    pub(crate) fn is_ordered(&self) -> bool {
+        self.ordered.as_ref().is_some_and(|(_, ordered)| *ordered)
     }
 
     /// Which handler the attribute declares.

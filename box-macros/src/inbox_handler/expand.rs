@@ -46,6 +46,8 @@ struct Parts<'a> {
     krate: TokenStream,
     /// `dedup_by = field`.
     dedup_by: Option<&'a Ident>,
+    /// `mode = "two_phase"`, and whether `ordered = true`.
+    two_phase: Option<bool>,
 }
 
 pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
@@ -76,6 +78,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             None => quote!(::txbox),
         },
         dedup_by: attr.dedup_by.as_ref(),
+        two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
     };
     let register = format_ident!("__txbox_register_{}", parts.name.unraw());
     let private = parts.private();
@@ -411,6 +414,10 @@ impl Parts<'_> {
             Some(_) => quote!(::core::option::Option::Some(__txbox_business_key)),
             None => quote!(#private::Probe::<#event_ty>::BUSINESS_KEY),
         };
+        let two_phase = match self.two_phase {
+            Some(ordered) => quote!(.two_phase(#ordered)),
+            None => TokenStream::new(),
+        };
         quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
@@ -423,6 +430,7 @@ impl Parts<'_> {
                 #batch
                 #no_meta
                 .business_key(#business_key)
+                #two_phase
             }
         }
     }

@@ -22,6 +22,7 @@ fn signature(form: Form) -> &'static str {
 
 pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
     let form = attr.form();
+    check_mode(cx, attr);
     check_qualifiers(cx, handler, form);
     check_generics(cx, handler);
     if check_receiver(cx, handler) && check_no_self_type(cx, handler) {
@@ -33,6 +34,30 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
         }
     }
     check_output(cx, handler);
+}
+
+/// `ordered` only with `mode = "two_phase"`; `mode = "two_phase"` not with `batch`.
+fn check_mode(cx: &Ctxt, attr: &HandlerAttr) {
+    if let (Some(mode), Some(batch)) = (&attr.mode, &attr.batch) {
+        if attr.is_two_phase() {
+            cx.error_spanned_by(
+                mode,
+                format!(
+                    "a batch handler cannot be two-phase: its workers run one message per \
+                     transaction; remove `{batch}`, or remove `mode = \"two_phase\"`"
+                ),
+            );
+        }
+    }
+    if let Some((key, _)) = &attr.ordered {
+        if !attr.is_two_phase() {
+            cx.error_spanned_by(
+                key,
+                "`ordered` applies to two-phase handlers (one-phase handlers keep the order of \
+                 the consumer's `ordering`): add `mode = \"two_phase\"`, or remove `ordered`",
+            );
+        }
+    }
 }
 
 fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {

@@ -59,6 +59,8 @@ impl<S: InboxStore> Inbox<S> {
         let mut seen = HashSet::with_capacity(batch.len());
         let mut business_keys = HashSet::new();
         let mut runnable: Vec<(usize, &Ready<'_>)> = Vec::with_capacity(batch.len());
+        // Messages of two-phase handlers are stored as received, all in one transaction.
+        let mut received: Vec<(usize, &Ready<'_>)> = Vec::new();
         for (i, p) in prepared.iter().enumerate() {
             if let Prepared::Ready(ready) = p {
                 if let Some(k) = &ready.key.business_key {
@@ -66,15 +68,22 @@ impl<S: InboxStore> Inbox<S> {
                         continue;
                     }
                 }
-                if seen.insert((&ready.key.source, &ready.key.event_id)) {
-                    runnable.push((i, ready));
-                } else {
+                if !seen.insert((&ready.key.source, &ready.key.event_id)) {
                     outcomes[i] = Some(Outcome::Duplicate);
+                } else if ready.reg.mode.is_two_phase() {
+                    received.push((i, ready));
+                } else {
+                    runnable.push((i, ready));
                 }
             }
         }
         let split = self.run_split(&runnable, shutdown);
-        for (i, outcome) in split.instrument(span.clone()).await {
+        let mut done = split.instrument(span.clone()).await;
+        if !received.is_empty() {
+            let receive = self.receive_all(&received, shutdown);
+            done.extend(receive.instrument(span.clone()).await);
+        }
+        for (i, outcome) in done {
             outcomes[i] = Some(outcome);
         }
         for (i, p) in prepared.into_iter().enumerate() {
@@ -206,6 +215,7 @@ impl<S: InboxStore> Inbox<S> {
         }
         match self.store.commit(tx).await {
             Ok(()) => {
+                self.committed.notify_one();
                 crate::failpoint::hit("after_db_commit").await;
                 BatchEnd::Committed(outcomes)
             }

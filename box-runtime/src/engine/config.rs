@@ -249,6 +249,15 @@ pub struct InboxConfig {
     /// with the same key: `None` (the default) for as long as the inbox row that holds it is
     /// kept (the retention window).
     pub business_key_window: Option<Duration>,
+    /// Workers per process that run two-phase handlers (`mode = "two_phase"`), default 4.
+    pub two_phase_workers: usize,
+    /// How long a worker's claim on a received row holds unless renewed (renewed every third
+    /// of it while the handler runs; a crashed worker's row is claimed again after it), default
+    /// 30 s.
+    pub lease: Duration,
+    /// How often idle workers look for received rows that other processes stored (rows this
+    /// process receives wake them at once), default 500 ms.
+    pub two_phase_poll: Duration,
 }
 
 impl Default for InboxConfig {
@@ -271,6 +280,9 @@ impl Default for InboxConfig {
             transaction_timeout: Duration::from_secs(60),
             retention: Some(Retention::default()),
             business_key_window: None,
+            two_phase_workers: 4,
+            lease: Duration::from_secs(30),
+            two_phase_poll: Duration::from_millis(500),
         }
     }
 }

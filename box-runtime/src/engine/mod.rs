@@ -26,6 +26,7 @@ mod offsets;
 mod outcome;
 pub(crate) mod partition;
 mod prepare;
+mod two_phase;
 
 pub use config::{
     AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, Ordering, RetryPolicy, Source,
@@ -45,6 +46,10 @@ pub struct Inbox<S> {
     handlers: DispatchTable,
     config: InboxConfig,
     telemetry: InboxTelemetry,
+    /// Wakes this process's two-phase workers when rows were received.
+    wake: tokio::sync::Notify,
+    /// Wakes the effects drain when a handler's transaction committed.
+    pub(crate) committed: tokio::sync::Notify,
 }
 
 /// Why an inbox could not be set up.
@@ -107,11 +112,14 @@ impl<S: InboxStore> Inbox<S> {
         if let Err(e) = store.tables().validate() {
             return Err(SetupError::Config(e.to_string()));
         }
+        two_phase::check_setup::<S>(&handlers, &config)?;
         Ok(Self {
             telemetry: InboxTelemetry::new(handlers.group(), handlers.event_types()),
             store,
             handlers,
             config,
+            wake: tokio::sync::Notify::new(),
+            committed: tokio::sync::Notify::new(),
         })
     }
 
@@ -242,6 +250,13 @@ impl<S: InboxStore> Inbox<S> {
                 self.dead_letter(d, key.as_ref(), event_type, &reason, 0, shutdown)
                     .await
             }
+            Prepared::Ready(ready) if ready.reg.mode.is_two_phase() && ready.lease.is_none() => {
+                let received = self.receive_all(&[(0, &ready)], shutdown).await;
+                received
+                    .into_iter()
+                    .next()
+                    .map_or(Outcome::Abandoned, |(_, o)| o)
+            }
             Prepared::Ready(ready) => self.run(&ready, shutdown).await,
         }
     }
@@ -272,6 +287,12 @@ impl<S: InboxStore> Inbox<S> {
             }
             Outcome::Abandoned => {
                 tracing::info!(target: "txbox::engine", group, %at, event_id = id, "abandoned at shutdown")
+            }
+            Outcome::Received => {
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "received")
+            }
+            Outcome::LeaseLost => {
+                tracing::warn!(target: "txbox::engine", group, %at, event_id = id, "lease lost, rolled back")
             }
         }
     }
@@ -367,36 +388,16 @@ impl<S: InboxStore> Inbox<S> {
 
     /// One transaction: inbox row, handler, processed mark, commit.
     async fn attempt(&self, msg: &Ready<'_>, local_failures: u32) -> Attempt {
-        let inbox = self.config.ack.uses_inbox();
         let mut tx = match self.store.begin().await {
             Ok(tx) => tx,
             Err(e) => return Attempt::Outage(e),
         };
-        let previous_failures = if inbox {
-            let claimed = match self.expire_business_keys(&mut tx, &[&msg.key]).await {
-                Ok(()) => {
-                    self.store
-                        .claim(&mut tx, &msg.key, msg.event_type, msg.d)
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            match claimed {
-                Ok(claim @ (Claim::Duplicate | Claim::DuplicateBusinessKey)) => {
-                    let _ = self.store.rollback(tx).await;
-                    return Attempt::Done(duplicate(&msg.key, claim));
-                }
-                Ok(Claim::New { attempts }) => {
-                    crate::failpoint::hit("after_inbox_insert").await;
-                    attempts
-                }
-                Err(e) => {
-                    let _ = self.store.rollback(tx).await;
-                    return Attempt::Outage(e);
-                }
+        let previous_failures = match self.open_row(msg, &mut tx, local_failures).await {
+            Ok(n) => n,
+            Err(end) => {
+                let _ = self.store.rollback(tx).await;
+                return end;
             }
-        } else {
-            local_failures
         };
         let attempt = previous_failures + 1;
         if let Err(error) = self.invoke(msg, &mut tx, attempt).await {
@@ -404,22 +405,13 @@ impl<S: InboxStore> Inbox<S> {
             return classify_failure(error);
         }
         crate::failpoint::hit("after_handler").await;
-        let marked = if inbox {
-            self.store
-                .mark_processed(&mut tx, &msg.key, previous_failures > 0)
-                .await
-        } else {
-            Ok(())
-        };
-        let committed = match marked {
-            Ok(()) => self.store.commit(tx).await,
-            Err(e) => {
-                let _ = self.store.rollback(tx).await;
-                Err(e)
-            }
-        };
-        match committed {
+        if let Err(end) = self.close_row(msg, &mut tx, previous_failures > 0).await {
+            let _ = self.store.rollback(tx).await;
+            return end;
+        }
+        match self.store.commit(tx).await {
             Ok(()) => {
+                self.committed.notify_one();
                 crate::failpoint::hit("after_db_commit").await;
                 Attempt::Done(Outcome::Processed { attempt })
             }
@@ -442,6 +434,68 @@ impl<S: InboxStore> Inbox<S> {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Before the handler, in its transaction: inserts the inbox row (or, for a two-phase
+    /// worker, checks that it still holds the received row); returns the earlier failed runs,
+    /// or how the attempt ends (a duplicate, a lost lease, an outage).
+    async fn open_row(
+        &self,
+        msg: &Ready<'_>,
+        tx: &mut S::Tx,
+        local_failures: u32,
+    ) -> Result<u32, Attempt> {
+        if let Some(owner) = msg.lease {
+            return match self.store.check_lease(tx, &msg.key, owner).await {
+                Ok(Some(attempts)) => Ok(attempts),
+                Ok(None) => Err(Attempt::Done(Outcome::LeaseLost)),
+                Err(e) => Err(Attempt::Outage(e)),
+            };
+        }
+        if !self.config.ack.uses_inbox() {
+            return Ok(local_failures);
+        }
+        self.expire_business_keys(tx, &[&msg.key])
+            .await
+            .map_err(Attempt::Outage)?;
+        match self.store.claim(tx, &msg.key, msg.event_type, msg.d).await {
+            Ok(claim @ (Claim::Duplicate | Claim::DuplicateBusinessKey)) => {
+                Err(Attempt::Done(duplicate(&msg.key, claim)))
+            }
+            Ok(Claim::New { attempts }) => {
+                crate::failpoint::hit("after_inbox_insert").await;
+                Ok(attempts)
+            }
+            Err(e) => Err(Attempt::Outage(e)),
+        }
+    }
+
+    /// After the handler, in its transaction: marks the inbox row processed; a two-phase
+    /// worker's mark succeeds only if it still holds the row's lease.
+    async fn close_row(
+        &self,
+        msg: &Ready<'_>,
+        tx: &mut S::Tx,
+        had_failures: bool,
+    ) -> Result<(), Attempt> {
+        if let Some(owner) = msg.lease {
+            return match self
+                .store
+                .finish_leased(tx, &msg.key, owner, had_failures)
+                .await
+            {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(Attempt::Done(Outcome::LeaseLost)),
+                Err(e) => Err(Attempt::Outage(e)),
+            };
+        }
+        if !self.config.ack.uses_inbox() {
+            return Ok(());
+        }
+        self.store
+            .mark_processed(tx, &msg.key, had_failures)
+            .await
+            .map_err(Attempt::Outage)
     }
 
     /// Calls the handler in `tx`, turning a panic into a transient error.
@@ -576,7 +630,13 @@ impl<S: InboxStore> Inbox<S> {
             });
         }
         let (_never, shutdown) = watch::channel(false);
-        let outcome = self.process(&letter.delivery, &shutdown).await;
+        let d = &letter.delivery;
+        // A two-phase handler's letter runs here and now, as a one-phase message would.
+        let outcome = match self.prepare(d) {
+            Prepared::Ready(ready) => self.run(&ready, &shutdown).await,
+            other => self.resolve(d, other, &shutdown).await,
+        };
+        self.log(d, &outcome);
         if matches!(outcome, Outcome::Processed { .. } | Outcome::Duplicate) {
             self.store.mark_replayed(id).await?;
             self.telemetry.replayed(letter.event_type.as_deref());
@@ -694,6 +754,7 @@ impl<S: InboxStore> Inbox<S> {
         meta.key = d.key.clone();
         meta.headers = d.headers.clone();
         meta.attempt = attempt;
+        meta.effects_table = Some(self.store.tables().effects.to_string().into());
         meta
     }
 }

@@ -45,6 +45,12 @@ pub enum Outcome {
     },
     /// Shutdown came while waiting to retry: nothing acknowledged.
     Abandoned,
+    /// A two-phase handler's message is stored as received; workers will run the handler.
+    /// Acknowledged.
+    Received,
+    /// A two-phase worker lost its claim on the row (its lease expired and another worker
+    /// claimed it): its transaction rolled back; the other worker resolves the message.
+    LeaseLost,
 }
 
 impl Outcome {
@@ -64,6 +70,8 @@ impl Outcome {
             Self::DeadLettered { .. } => "dead-lettered",
             Self::Skipped { .. } => "skipped",
             Self::Abandoned => "abandoned",
+            Self::Received => "received",
+            Self::LeaseLost => "lease lost",
         }
     }
 }

@@ -14,6 +14,9 @@ pub(super) struct Ready<'d> {
     pub(super) payload: &'d [u8],
     /// The message's span: the handler runs in it.
     pub(super) span: tracing::Span,
+    /// For a two-phase worker's run: the owner of the lease on the received row (the handler's
+    /// transaction checks it and marks that row processed instead of inserting one).
+    pub(super) lease: Option<&'d str>,
 }
 
 /// What a message is, before any handler runs.
@@ -93,6 +96,7 @@ impl<S: InboxStore> Inbox<S> {
             event_type,
             payload,
             span: tracing::Span::none(),
+            lease: None,
         }))
     }
 

@@ -5,7 +5,8 @@ use sqlx::{Postgres, Row};
 use super::PgStore;
 use crate::engine::Delivery;
 use crate::store::{
-    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
+    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError,
+    StoredDeadLetter, StoredEffect, Tables,
 };
 
 impl InboxStore for PgStore {
@@ -150,7 +151,87 @@ impl InboxStore for PgStore {
     }
 
     async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
-        self.shared().count_stuck(older_than).await
+        self.count_stuck_rows(older_than).await
+    }
+
+    const TWO_PHASE: bool = true;
+
+    async fn receive<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.receive_rows(tx, requests).await
+    }
+
+    async fn claim_received<'a>(
+        &'a self,
+        request: &'a LeaseRequest<'a>,
+    ) -> Result<Option<ReceivedRow>, StoreError> {
+        self.claim_row(request).await
+    }
+
+    async fn renew_lease<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+        lease: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.renew_row(key, owner, lease).await
+    }
+
+    async fn release_lease<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<(), StoreError> {
+        self.release_row(key, owner).await
+    }
+
+    async fn drop_received<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<(), StoreError> {
+        self.drop_row(key, owner).await
+    }
+
+    async fn check_lease<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<Option<u32>, StoreError> {
+        self.check_row(tx, key, owner).await
+    }
+
+    async fn finish_leased<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        owner: &'a str,
+        had_failures: bool,
+    ) -> Result<bool, StoreError> {
+        self.finish_row(tx, key, owner, had_failures).await
+    }
+
+    async fn claim_effects<'a>(
+        &'a self,
+        owner: &'a str,
+        lease: std::time::Duration,
+        limit: u32,
+    ) -> Result<Vec<StoredEffect>, StoreError> {
+        self.claim_effect_rows(owner, lease, limit).await
+    }
+
+    async fn settle_effect<'a>(
+        &'a self,
+        id: i64,
+        owner: &'a str,
+        error: Option<&'a str>,
+        retry_in: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.settle_effect_row(id, owner, error, retry_in).await
     }
 
     async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {

@@ -13,10 +13,12 @@ mod inbox;
 pub(crate) mod outbox;
 mod partitions;
 pub(crate) mod relay;
+mod two_phase;
 
 pub use outbox::Outbox as PgOutbox;
 pub use partitions::{DailyPartitions, PartitionChanges, Retire};
 pub use relay::PgRelayStore;
+pub(crate) use two_phase::schedule_sql;
 
 /// The migrations this backend ships, in order.
 pub(crate) const MIGRATIONS: &[Migration] = &[
@@ -43,6 +45,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 2,
         description: "relay slots, fresh and retry indexes",
         sql: include_str!("migrations/outbox_v2.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 3,
+        description: "two-phase inbox (received rows, leases) and effects after commit",
+        sql: include_str!("migrations/inbox_v3.sql"),
     },
     Migration {
         component: "outbox",
@@ -106,6 +114,7 @@ struct Statements {
     release_claims: String,
     dead_letter: String,
     load_dead_letter: String,
+    two_phase: two_phase::Sql,
 }
 
 impl Statements {
@@ -114,6 +123,7 @@ impl Statements {
         Self {
             lock_keys: partitions::lock_keys_sql(t),
             shared: InboxSql::new(t, DIALECT),
+            two_phase: two_phase::Sql::new(t),
             // Rows are inserted in key order, so that two transactions claiming overlapping
             // batches take the unique-index locks in one order (no deadlock); the answer comes
             // back in the batch's order.

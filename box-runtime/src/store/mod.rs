@@ -12,11 +12,14 @@ pub(crate) mod migrate;
 pub(crate) mod sql;
 pub(crate) mod tables;
 pub mod text;
+mod two_phase;
 
 pub(crate) use connect::{bounded, check_scheme};
 pub use connect::{redact_url, CONNECT_TIMEOUT};
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
+use two_phase::unsupported;
+pub use two_phase::{LeaseRequest, ReceivedRow, StoredEffect};
 
 /// The identity of a message in a consumer group's inbox.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -142,6 +145,108 @@ pub trait InboxStore: Send + Sync + 'static {
 
     /// The table names.
     fn tables(&self) -> &Tables;
+
+    // Two-phase handlers and effects after commit: unsupported unless a store implements them.
+
+    /// Whether the store supports two-phase handlers and effects after commit.
+    const TWO_PHASE: bool = false;
+
+    /// Two-phase receive: inserts the rows as `received` (message, headers and key kept)
+    /// unless they exist (`ON CONFLICT DO NOTHING`), in `tx`; returns which were inserted.
+    fn receive<'a>(
+        &'a self,
+        _tx: &'a mut Self::Tx,
+        _requests: &'a [ClaimRequest<'a>],
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// Claims one received row whose lease is free or expired (others' claims are skipped,
+    /// not waited for), leasing it to `request.owner`; outside any transaction.
+    fn claim_received<'a>(
+        &'a self,
+        _request: &'a LeaseRequest<'a>,
+    ) -> impl Future<Output = Result<Option<ReceivedRow>, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// Extends the lease of `owner` on a received row; `false` when it no longer holds it.
+    fn renew_lease<'a>(
+        &'a self,
+        _key: &'a InboxKey,
+        _owner: &'a str,
+        _lease: std::time::Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// Gives up the lease of `owner` on a received row, so that any worker may claim it.
+    fn release_lease<'a>(
+        &'a self,
+        _key: &'a InboxKey,
+        _owner: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// Deletes a received row `owner` holds (it was dead-lettered: a redelivery is received
+    /// again, as a one-phase message would be handled again).
+    fn drop_received<'a>(
+        &'a self,
+        _key: &'a InboxKey,
+        _owner: &'a str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// In the handler's transaction: whether `owner` still holds the received, unprocessed row
+    /// (`Some(earlier failed runs)`), or not (`None`).
+    fn check_lease<'a>(
+        &'a self,
+        _tx: &'a mut Self::Tx,
+        _key: &'a InboxKey,
+        _owner: &'a str,
+    ) -> impl Future<Output = Result<Option<u32>, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// In the handler's transaction: marks the row processed if `owner` still holds it (the
+    /// condition is checked under the row lock, so of two holders only one can succeed);
+    /// clears recorded failures; `false` when the lease was lost.
+    fn finish_leased<'a>(
+        &'a self,
+        _tx: &'a mut Self::Tx,
+        _key: &'a InboxKey,
+        _owner: &'a str,
+        _had_failures: bool,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
+    }
+
+    /// Claims up to `limit` effects not done whose lease is free or expired; outside any
+    /// transaction.
+    fn claim_effects<'a>(
+        &'a self,
+        _owner: &'a str,
+        _lease: std::time::Duration,
+        _limit: u32,
+    ) -> impl Future<Output = Result<Vec<StoredEffect>, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
+    }
+
+    /// Marks an effect done (`error: None`), or records a failed run and leaves it to be run
+    /// again after `retry_in`.
+    fn settle_effect<'a>(
+        &'a self,
+        _id: i64,
+        _owner: &'a str,
+        _error: Option<&'a str>,
+        _retry_in: std::time::Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
+    }
+
+    // The core of every store: no default.
 
     /// Opens a transaction.
     fn begin(&self) -> impl Future<Output = Result<Self::Tx, StoreError>> + Send;

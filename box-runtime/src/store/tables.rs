@@ -9,6 +9,10 @@ use crate::names;
 pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("inbox", "unprocessed_idx"),
     ("inbox", "processed_idx"),
+    ("inbox", "received_idx"),
+    ("inbox", "received_key_idx"),
+    ("effects", "key_idx"),
+    ("effects", "pending_idx"),
     ("inbox", "business_key_idx"),
     // The partitioned inbox (`PgStore::partitioned_by_day`): its default partition, and its
     // daily partitions `<inbox>_pYYYYMMDD` (this entry stands for the length of each).
@@ -40,6 +44,8 @@ pub struct Tables {
     pub outbox: TableName,
     /// Applied migrations.
     pub migrations: TableName,
+    /// Effects scheduled by handlers to run after their transaction commits.
+    pub effects: TableName,
 }
 
 impl Default for Tables {
@@ -63,6 +69,7 @@ impl Tables {
             dead_letters: default_table(schema, names::DEAD_LETTER_TABLE),
             outbox: default_table(schema, names::OUTBOX_TABLE),
             migrations: default_table(schema, names::MIGRATIONS_TABLE),
+            effects: default_table(schema, names::EFFECTS_TABLE),
         }
     }
 
@@ -90,6 +97,7 @@ impl Tables {
             ("dead_letters", &self.dead_letters),
             ("outbox", &self.outbox),
             ("migrations", &self.migrations),
+            ("effects", &self.effects),
         ];
         let mut seen: Vec<(String, String)> = Vec::new();
         let mut claim = |name: String, what: String| match seen.iter().find(|(n, _)| *n == name) {
@@ -133,6 +141,7 @@ impl Tables {
             "dead_letters" => Some(&self.dead_letters),
             "outbox" => Some(&self.outbox),
             "migrations" => Some(&self.migrations),
+            "effects" => Some(&self.effects),
             _ => None,
         }
     }
@@ -158,6 +167,12 @@ impl Tables {
     /// Renames the outbox table.
     pub fn outbox(mut self, name: &str) -> Result<Self, IdentError> {
         self.outbox = self.table(name)?;
+        Ok(self)
+    }
+
+    /// Renames the effects table.
+    pub fn effects(mut self, name: &str) -> Result<Self, IdentError> {
+        self.effects = self.table(name)?;
         Ok(self)
     }
 

@@ -1,0 +1,274 @@
+//! The two-phase inbox, for handlers that take seconds (`mode = "two_phase"`).
+//!
+//! Receive: the partition's transaction stores the message as a `received` inbox row (payload,
+//! headers and key kept; a row that exists makes it a duplicate) and commits; the offset is
+//! committed after that, without waiting for the handler. Process: workers (any number per
+//! process, in any number of processes) claim received rows with a lease (`FOR UPDATE SKIP
+//! LOCKED`: a row being claimed by another worker is skipped, a row whose lease is live is not
+//! taken), renew the lease while the handler runs, and run the handler through the one-message
+//! path ([`Inbox::run`]) with retries, attempts and dead letters as in the one-phase mode. Its
+//! transaction checks the lease and marks the row processed under the row lock, so a worker
+//! whose lease expired and was taken over rolls back instead of applying the event twice. A
+//! crashed worker's row is claimed again once its lease expires.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::prepare::{Prepared, Ready};
+use super::{
+    sleep_unless_shutdown, wait_outage, AckStrategy, Inbox, InboxConfig, Outcome, SetupError,
+    REJECTIONS_BEFORE_DEAD_LETTER,
+};
+use crate::handler::DispatchTable;
+use crate::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError};
+
+/// Checks that a group with two-phase handlers runs on a store that supports them, with the
+/// inbox acknowledgement strategy.
+pub(super) fn check_setup<S: InboxStore>(
+    handlers: &DispatchTable,
+    config: &InboxConfig,
+) -> Result<(), SetupError> {
+    let (two_phase, _) = handlers.two_phase_types();
+    let Some(first) = two_phase.first().and_then(|t| handlers.get(t)) else {
+        return Ok(());
+    };
+    // The received row is stored before any handler code runs: a business key (read from
+    // the payload for the one-phase claim) is not checked there.
+    if let Some(keyed) =
+        (two_phase.iter().filter_map(|t| handlers.get(t))).find(|r| r.business_key.is_some())
+    {
+        return Err(SetupError::Config(format!(
+            "handler {} is two-phase (`mode = \"two_phase\"`) and deduplicates by a business key \
+             (`dedup_by` or the event's `idempotency_key`), which the two-phase inbox does not \
+             support: drop one of them",
+            keyed.location()
+        )));
+    }
+    if !S::TWO_PHASE {
+        return Err(SetupError::Config(format!(
+            "handler {} is two-phase (`mode = \"two_phase\"`), which the {} store does not \
+             support; use PostgreSQL or remove `mode = \"two_phase\"`",
+            first.location(),
+            S::NAME
+        )));
+    }
+    if config.ack != AckStrategy::ExactlyOnceInbox {
+        return Err(SetupError::Config(format!(
+            "handler {} is two-phase (`mode = \"two_phase\"`), which needs the inbox: use \
+             `AckStrategy::ExactlyOnceInbox` (the default), not {:?}",
+            first.location(),
+            config.ack
+        )));
+    }
+    Ok(())
+}
+
+/// A worker's name: unique per process and worker.
+fn owner_name(worker: usize) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("{}-{nanos:x}-{worker}", std::process::id())
+}
+
+impl<S: InboxStore> Inbox<S> {
+    /// Receive step of two-phase handlers: stores the messages as received rows in one
+    /// transaction and wakes this process's workers; returns `(index, outcome)` pairs
+    /// ([`Outcome::Received`], or [`Outcome::Duplicate`] when the row existed).
+    pub(super) async fn receive_all(
+        &self,
+        msgs: &[(usize, &Ready<'_>)],
+        shutdown: &watch::Receiver<bool>,
+    ) -> Vec<(usize, Outcome)> {
+        let mut outage = self.config.outage_backoff.start();
+        let mut rejections = 0;
+        loop {
+            let error = match self.try_receive(msgs).await {
+                Ok(inserted) => {
+                    if inserted.iter().any(|i| *i) {
+                        self.wake.notify_waiters();
+                    }
+                    let outcome = |new: bool| match new {
+                        true => Outcome::Received,
+                        false => Outcome::Duplicate,
+                    };
+                    return msgs
+                        .iter()
+                        .zip(inserted)
+                        .map(|((i, _), new)| (*i, outcome(new)))
+                        .collect();
+                }
+                Err(e) => e,
+            };
+            rejections += u32::from(error.is_rejected());
+            if rejections >= REJECTIONS_BEFORE_DEAD_LETTER {
+                let reason = format!("the database rejects this message: {error}");
+                let mut out = Vec::with_capacity(msgs.len());
+                for (i, m) in msgs {
+                    let (key, event_type) = (Some(&m.key), Some(m.event_type));
+                    let o = self.dead_letter(m.d, key, event_type, &reason, 0, shutdown);
+                    out.push((*i, o.await));
+                }
+                return out;
+            }
+            if !wait_outage(&mut outage, &error, shutdown).await {
+                return msgs.iter().map(|(i, _)| (*i, Outcome::Abandoned)).collect();
+            }
+        }
+    }
+
+    async fn try_receive(&self, msgs: &[(usize, &Ready<'_>)]) -> Result<Vec<bool>, StoreError> {
+        let requests: Vec<ClaimRequest<'_>> = msgs
+            .iter()
+            .map(|(_, m)| ClaimRequest {
+                key: &m.key,
+                event_type: m.event_type,
+                delivery: m.d,
+            })
+            .collect();
+        let mut tx = self.store.begin().await?;
+        match self.store.receive(&mut tx, &requests).await {
+            Ok(inserted) => {
+                self.store.commit(tx).await?;
+                Ok(inserted)
+            }
+            Err(e) => {
+                let _ = self.store.rollback(tx).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs the group's two-phase workers ([`InboxConfig::two_phase_workers`] of them) until
+    /// `shutdown` becomes true; each finishes the message in hand first. Returns at once when
+    /// the group has no two-phase handler. Any number of processes may run workers of a group
+    /// at once: a row is claimed by one worker at a time.
+    pub async fn run_two_phase(self: Arc<Self>, shutdown: watch::Receiver<bool>)
+    where
+        S: 'static,
+    {
+        let (types, ordered) = self.handlers.two_phase_types();
+        if types.is_empty() {
+            return;
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..self.config.two_phase_workers.max(1) {
+            let (inbox, shutdown) = (self.clone(), shutdown.clone());
+            let (types, ordered) = (types.clone(), ordered.clone());
+            tasks.spawn(async move {
+                inbox
+                    .worker(owner_name(worker), &types, &ordered, shutdown)
+                    .await
+            });
+        }
+        tracing::info!(target: "txbox::engine",
+            group = self.group(),
+            workers = tasks.len(),
+            "two-phase workers started"
+        );
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// One worker: claims a received row, runs it, and again; sleeps when there is none.
+    async fn worker(
+        &self,
+        owner: String,
+        types: &[&str],
+        ordered: &[&str],
+        shutdown: watch::Receiver<bool>,
+    ) {
+        let request = LeaseRequest {
+            group: self.group(),
+            owner: &owner,
+            lease: self.config.lease,
+            event_types: types,
+            ordered,
+        };
+        let mut outage = self.config.outage_backoff.start();
+        while !*shutdown.borrow() {
+            let woken = self.wake.notified();
+            match self.store.claim_received(&request).await {
+                Ok(Some(row)) => {
+                    outage.reset();
+                    self.work(row, &owner, &shutdown).await;
+                }
+                Ok(None) => {
+                    outage.reset();
+                    tokio::select! {
+                        () = woken => {},
+                        _ = sleep_unless_shutdown(self.config.two_phase_poll, &shutdown) => {},
+                    }
+                }
+                Err(e) => {
+                    if !wait_outage(&mut outage, &e, &shutdown).await {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs the handler of a claimed row while renewing its lease, then settles the row.
+    async fn work(&self, row: ReceivedRow, owner: &str, shutdown: &watch::Receiver<bool>) {
+        let d = &row.delivery;
+        let outcome = match self.prepare(d) {
+            Prepared::Ready(ready) => {
+                let ready = Ready {
+                    key: row.key.clone(),
+                    lease: Some(owner),
+                    ..ready
+                };
+                tokio::select! {
+                    outcome = self.run(&ready, shutdown) => outcome,
+                    never = self.renew(&row.key, owner) => match never {},
+                }
+            }
+            other => self.resolve(d, other, shutdown).await,
+        };
+        self.log(d, &outcome);
+        self.settle(&row.key, owner, &outcome).await;
+    }
+
+    /// Renews the lease every third of it, for as long as the handler runs.
+    async fn renew(&self, key: &InboxKey, owner: &str) -> Infallible {
+        let every = self.config.lease / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            match self.store.renew_lease(key, owner, self.config.lease).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(target: "txbox::engine", group = self.group(), event_id = key.event_id.as_str(),
+                    "the lease on a received row was lost; the handler's transaction will roll back")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "txbox::engine", group = self.group(), event_id = key.event_id.as_str(),
+                    error = e.to_string().as_str(), "renewing a lease failed")
+                }
+            }
+        }
+    }
+
+    /// After a worker's run: a dead-lettered or skipped row is deleted (a redelivery is
+    /// received again, as a one-phase message is handled again), an abandoned one released for
+    /// any worker; a row left failing keeps its lease until it expires, and is claimed again.
+    async fn settle(&self, key: &InboxKey, owner: &str, outcome: &Outcome) {
+        let result = match outcome {
+            Outcome::DeadLettered { .. }
+            | Outcome::Skipped { .. }
+            | Outcome::FailedAcknowledged { .. } => self.store.drop_received(key, owner).await,
+            Outcome::Abandoned => self.store.release_lease(key, owner).await,
+            _ => Ok(()),
+        };
+        if let Err(e) = result {
+            // The lease expires and the row is claimed again: resolved again, not lost.
+            tracing::warn!(target: "txbox::engine",
+                group = self.group(),
+                event_id = key.event_id.as_str(),
+                error = e.to_string().as_str(),
+                "settling a received row failed; its lease will expire"
+            );
+        }
+    }
+}

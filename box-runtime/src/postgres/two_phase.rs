@@ -1,0 +1,316 @@
+//! The two-phase inbox and the effects table on PostgreSQL: received rows claimed with
+//! leases (`FOR UPDATE SKIP LOCKED`), and effects drained after commit.
+
+use std::time::Duration;
+
+use sqlx::{Postgres, Row};
+
+use super::PgStore;
+use crate::engine::Delivery;
+use crate::store::{
+    text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, StoredEffect, Tables,
+};
+
+type Tx = sqlx::Transaction<'static, Postgres>;
+
+/// The statements, rendered once from the table names.
+#[derive(Debug)]
+pub(super) struct Sql {
+    receive: String,
+    claim: String,
+    renew: String,
+    release: String,
+    drop_row: String,
+    check: String,
+    finish: String,
+    pub(super) count_stuck: String,
+    claim_effects: String,
+    effect_done: String,
+    effect_failed: String,
+}
+
+/// `consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4`.
+const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4 \
+                     AND processed_at IS NULL";
+
+impl Sql {
+    pub(super) fn new(t: &Tables) -> Self {
+        let (inbox, attempts, effects) = (&t.inbox, &t.attempts, &t.effects);
+        Self {
+            receive: format!(
+                "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \
+                   \"offset\", message_key, header_names, header_values, payload) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1"
+            ),
+            // The oldest received row of the group whose lease is free or expired; rows other
+            // workers are claiming right now are skipped, not waited for. A row of an ordered
+            // handler waits while an earlier row of its key is unprocessed.
+            claim: format!(
+                "UPDATE {inbox} AS i SET lease_owner = $2, lease_until = now() + make_interval(secs => $3), \
+                   claims = i.claims + 1 \
+                 FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
+                   WHERE c.consumer_group = $1 AND c.processed_at IS NULL AND c.event_type = ANY($4) \
+                     AND (c.lease_until IS NULL OR c.lease_until < now()) \
+                     AND (NOT (c.event_type = ANY($5)) OR NOT EXISTS (SELECT 1 FROM {inbox} o \
+                       WHERE o.consumer_group = c.consumer_group AND o.processed_at IS NULL \
+                         AND o.topic = c.topic AND o.\"partition\" = c.\"partition\" \
+                         AND o.message_key = c.message_key AND o.\"offset\" < c.\"offset\")) \
+                   ORDER BY c.received_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick \
+                 WHERE i.consumer_group = pick.consumer_group AND i.source = pick.source \
+                   AND i.event_id = pick.event_id \
+                 RETURNING i.source, i.event_id, i.topic, i.\"partition\", i.\"offset\", i.message_key, \
+                   i.header_names, i.header_values, i.payload"
+            ),
+            renew: format!(
+                "UPDATE {inbox} SET lease_until = now() + make_interval(secs => $5) WHERE {OWNED} RETURNING 1"
+            ),
+            release: format!(
+                "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
+            ),
+            drop_row: format!("DELETE FROM {inbox} WHERE {OWNED}"),
+            check: format!(
+                "SELECT COALESCE((SELECT a.attempts FROM {attempts} a WHERE a.consumer_group = $1 \
+                   AND a.source = $2 AND a.event_id = $3), 0) AS attempts \
+                 FROM {inbox} WHERE {OWNED}"
+            ),
+            finish: format!(
+                "UPDATE {inbox} SET processed_at = now(), lease_owner = NULL, lease_until = NULL \
+                 WHERE {OWNED} RETURNING 1"
+            ),
+            // Received and not processed for longer than $1, and not held by a live claim, or
+            // claimed more than once (claims that keep failing or dying).
+            count_stuck: format!(
+                "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL \
+                   AND i.received_at < now() - make_interval(secs => $1) \
+                   AND (i.lease_until IS NULL OR i.lease_until < now() OR i.claims > 1 \
+                     OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
+                       AND a.source = i.source AND a.event_id = i.event_id))"
+            ),
+            claim_effects: format!(
+                "UPDATE {effects} AS e SET lease_owner = $1, lease_until = now() + make_interval(secs => $2) \
+                 FROM (SELECT id FROM {effects} WHERE done_at IS NULL \
+                   AND (lease_until IS NULL OR lease_until < now()) \
+                   ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) AS pick \
+                 WHERE e.id = pick.id \
+                 RETURNING e.id, e.consumer_group, e.event_id, e.kind, e.idempotency_key, e.payload, e.attempts"
+            ),
+            effect_done: format!(
+                "UPDATE {effects} SET done_at = now(), lease_owner = NULL, lease_until = NULL \
+                 WHERE id = $1 AND lease_owner = $2"
+            ),
+            effect_failed: format!(
+                "UPDATE {effects} SET attempts = attempts + 1, last_error = $3, \
+                   lease_until = now() + make_interval(secs => $4) WHERE id = $1 AND lease_owner = $2"
+            ),
+        }
+    }
+}
+
+/// The statement that schedules an effect in a handler's transaction (`effects::after_commit`):
+/// the same effect scheduled twice (a handler run again after a rollback cannot have left one,
+/// but a handler may call it twice) is one effect.
+pub(crate) fn schedule_sql(effects: &str) -> String {
+    format!(
+        "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
+    )
+}
+
+fn bind_owned<'q>(
+    sql: &'q str,
+    key: &'q InboxKey,
+    owner: &'q str,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(&key.group)
+        .bind(&key.source)
+        .bind(&key.event_id)
+        .bind(owner)
+}
+
+impl PgStore {
+    pub(super) async fn receive_rows(
+        &self,
+        tx: &mut Tx,
+        requests: &[ClaimRequest<'_>],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut inserted = Vec::with_capacity(requests.len());
+        for r in requests {
+            let d = r.delivery;
+            let names: Vec<String> = d
+                .headers
+                .iter()
+                .map(|(n, _)| text::safe_text(n, text::MAX_LABEL_BYTES).into_owned())
+                .collect();
+            let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
+            let row = sqlx::query(&self.sql.two_phase.receive)
+                .bind(&r.key.group)
+                .bind(&r.key.source)
+                .bind(&r.key.event_id)
+                .bind(text::safe_text(r.event_type, text::MAX_LABEL_BYTES))
+                .bind(&d.topic)
+                .bind(d.partition)
+                .bind(d.offset)
+                .bind(d.key.as_deref())
+                .bind(&names)
+                .bind(&values)
+                .bind(d.payload.as_deref())
+                .fetch_optional(&mut **tx)
+                .await?;
+            inserted.push(row.is_some());
+        }
+        Ok(inserted)
+    }
+
+    pub(super) async fn claim_row(
+        &self,
+        request: &LeaseRequest<'_>,
+    ) -> Result<Option<ReceivedRow>, StoreError> {
+        let Some(row) = sqlx::query(&self.sql.two_phase.claim)
+            .bind(request.group)
+            .bind(request.owner)
+            .bind(request.lease.as_secs_f64())
+            .bind(request.event_types)
+            .bind(request.ordered)
+            .fetch_optional(&self.pool)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let names: Vec<String> = row.try_get("header_names")?;
+        let values: Vec<Option<Vec<u8>>> = row.try_get("header_values")?;
+        Ok(Some(ReceivedRow {
+            key: InboxKey {
+                group: request.group.to_owned(),
+                source: row.try_get("source")?,
+                event_id: row.try_get("event_id")?,
+                // Two-phase handlers have no business key (refused at set-up).
+                business_key: None,
+            },
+            delivery: Delivery {
+                topic: row
+                    .try_get::<Option<String>, _>("topic")?
+                    .unwrap_or_default(),
+                partition: row.try_get::<Option<i32>, _>("partition")?.unwrap_or(0),
+                offset: row.try_get::<Option<i64>, _>("offset")?.unwrap_or(0),
+                key: row.try_get("message_key")?,
+                payload: row.try_get("payload")?,
+                headers: names.into_iter().zip(values).collect(),
+            },
+        }))
+    }
+
+    pub(super) async fn renew_row(
+        &self,
+        key: &InboxKey,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let row = bind_owned(&self.sql.two_phase.renew, key, owner)
+            .bind(lease.as_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    pub(super) async fn release_row(&self, key: &InboxKey, owner: &str) -> Result<(), StoreError> {
+        bind_owned(&self.sql.two_phase.release, key, owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn drop_row(&self, key: &InboxKey, owner: &str) -> Result<(), StoreError> {
+        bind_owned(&self.sql.two_phase.drop_row, key, owner)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(super) async fn check_row(
+        &self,
+        tx: &mut Tx,
+        key: &InboxKey,
+        owner: &str,
+    ) -> Result<Option<u32>, StoreError> {
+        let row = bind_owned(&self.sql.two_phase.check, key, owner)
+            .fetch_optional(&mut **tx)
+            .await?;
+        match row {
+            Some(row) => Ok(Some(row.try_get::<i32, _>("attempts")?.max(0) as u32)),
+            None => Ok(None),
+        }
+    }
+
+    pub(super) async fn finish_row(
+        &self,
+        tx: &mut Tx,
+        key: &InboxKey,
+        owner: &str,
+        had_failures: bool,
+    ) -> Result<bool, StoreError> {
+        let row = bind_owned(&self.sql.two_phase.finish, key, owner)
+            .fetch_optional(&mut **tx)
+            .await?;
+        if row.is_some() && had_failures {
+            self.shared().clear_attempts(tx, key).await?;
+        }
+        Ok(row.is_some())
+    }
+
+    pub(super) async fn count_stuck_rows(&self, older_than: Duration) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(&self.sql.two_phase.count_stuck)
+            .bind(older_than.as_secs_f64())
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    pub(super) async fn claim_effect_rows(
+        &self,
+        owner: &str,
+        lease: Duration,
+        limit: u32,
+    ) -> Result<Vec<StoredEffect>, StoreError> {
+        let rows = sqlx::query(&self.sql.two_phase.claim_effects)
+            .bind(owner)
+            .bind(lease.as_secs_f64())
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(StoredEffect {
+                    id: row.try_get("id")?,
+                    group: row.try_get("consumer_group")?,
+                    event_id: row.try_get("event_id")?,
+                    kind: row.try_get("kind")?,
+                    idempotency_key: row.try_get("idempotency_key")?,
+                    payload: row.try_get("payload")?,
+                    attempts: row.try_get::<i32, _>("attempts")?.max(0) as u32,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(Into::into)
+    }
+
+    pub(super) async fn settle_effect_row(
+        &self,
+        id: i64,
+        owner: &str,
+        error: Option<&str>,
+        retry_in: Duration,
+    ) -> Result<(), StoreError> {
+        let query = match error {
+            None => sqlx::query(&self.sql.two_phase.effect_done)
+                .bind(id)
+                .bind(owner),
+            Some(error) => sqlx::query(&self.sql.two_phase.effect_failed)
+                .bind(id)
+                .bind(owner)
+                .bind(text::safe_text(error, text::MAX_ERROR_BYTES))
+                .bind(retry_in.as_secs_f64()),
+        };
+        query.execute(&self.pool).await?;
+        Ok(())
+    }
+}

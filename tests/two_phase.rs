@@ -1,0 +1,440 @@
+//! The two-phase inbox and effects after commit, with real processes: the `two_phase_mailer`
+//! example (a two-phase handler that takes seconds) runs as child consumers over Tansu and
+//! PostgreSQL; tests SIGKILL them mid-handler and run two of them at once.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::child::ChildProcess;
+use support::{send, Broker, Msg, TestDb};
+use uuid::Uuid;
+
+/// Polls `sql` (a count) until it reaches `target`; panics with `what` after `within`.
+async fn wait_count(db: &TestDb, sql: &str, target: i64, within: Duration, what: &str) -> i64 {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = db.count(sql).await;
+        if n >= target {
+            return n;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: `{sql}` is {n}, expected {target} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A broker, a schema with txbox's tables, a topic with `partitions`, and `n` orders sent.
+async fn setup(name: &str, partitions: i32, n: usize) -> (Broker, TestDb, String, Vec<Uuid>) {
+    let broker = Broker::start();
+    let db = TestDb::new(name).await;
+    db.migrated_store().await;
+    // The example's tables, created here too so that the test can count before it starts.
+    sqlx::raw_sql(
+        "CREATE TABLE receipts (id bigserial PRIMARY KEY, order_id uuid NOT NULL, pid integer NOT NULL); \
+         CREATE TABLE handler_runs (id bigserial PRIMARY KEY, order_id uuid NOT NULL, \
+           pid integer NOT NULL, started_at timestamptz NOT NULL, ended_at timestamptz)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("create the example's tables");
+    let topic = support::unique(name);
+    broker.create_topic(&topic, partitions).await;
+    let producer = support::producer(&broker.brokers);
+    let orders: Vec<Uuid> = (0..n).map(|_| Uuid::new_v4()).collect();
+    for (i, order) in orders.iter().enumerate() {
+        let msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+        send(&producer, &topic, msg.on_partition(i as i32 % partitions)).await;
+    }
+    (broker, db, topic, orders)
+}
+
+fn mailer(db: &TestDb, broker: &Broker, topic: &str, args: &[&str]) -> ChildProcess {
+    let mut all = vec!["--topic", topic];
+    all.extend_from_slice(args);
+    ChildProcess::start("two_phase_mailer", db, &broker.brokers, &all, None)
+}
+
+/// Each order's receipts: the handler's effect, applied once per order.
+async fn receipts_per_order(db: &TestDb) -> BTreeMap<Uuid, i64> {
+    sqlx::query_as::<_, (Uuid, i64)>("SELECT order_id, count(*) FROM receipts GROUP BY order_id")
+        .fetch_all(&db.pool)
+        .await
+        .expect("receipts")
+        .into_iter()
+        .collect()
+}
+
+fn assert_each_once(receipts: &BTreeMap<Uuid, i64>, orders: &[Uuid]) {
+    let doubled: Vec<_> = receipts.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(
+        doubled.is_empty(),
+        "orders applied more than once: {doubled:?}"
+    );
+    let missing: Vec<_> = orders
+        .iter()
+        .filter(|o| !receipts.contains_key(o))
+        .collect();
+    assert!(missing.is_empty(), "orders never applied: {missing:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_3_s_handler_with_8_workers_handles_200_events_well_under_the_serial_time() {
+    let (broker, db, topic, orders) = setup("tp_speed", 3, 200).await;
+    // The child programs are built first, so that the clock measures the run alone.
+    support::child::example("two_phase_mailer");
+    let started = Instant::now();
+    let _child = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "3000", "--workers", "8"],
+    );
+    let serial = Duration::from_secs(200 * 3);
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        200,
+        serial / 4,
+        "200 events of a 3 s handler with 8 workers",
+    )
+    .await;
+    let took = started.elapsed();
+    eprintln!(
+        "two-phase timing: 200 events x 3 s handler, 8 workers: {:.1} s (serial {} s, ideal {} s)",
+        took.as_secs_f64(),
+        serial.as_secs(),
+        200 * 3 / 8
+    );
+    assert!(
+        took < serial / 4,
+        "took {took:?}, not under a quarter of {serial:?}"
+    );
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_offset_is_committed_before_processing_and_a_crash_after_it_loses_nothing() {
+    let (broker, db, topic, orders) = setup("tp_ack", 1, 10).await;
+    // Handlers that take a minute: the offsets must be committed long before any finishes.
+    let mut first = mailer(
+        &db,
+        &broker,
+        &topic,
+        &[
+            "--handler-ms",
+            "60000",
+            "--workers",
+            "2",
+            "--lease-ms",
+            "2000",
+        ],
+    );
+    first.wait_for("mailer: handling order", Duration::from_secs(60));
+    let committed = support::wait_committed(&broker.brokers, "mailing", &topic, 0, 10).await;
+    assert_eq!(
+        committed,
+        Some(10),
+        "the offset is committed after the receive step"
+    );
+    let received = db
+        .count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL")
+        .await;
+    assert_eq!(received, 10, "every message is stored as received");
+    assert_eq!(
+        db.count("SELECT count(*) FROM receipts").await,
+        0,
+        "no handler has committed yet"
+    );
+    first.kill9();
+
+    // The broker will not deliver them again (acknowledged): the table alone must bring them.
+    let _second = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "100", "--lease-ms", "2000"],
+    );
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        10,
+        Duration::from_secs(60),
+        "received rows handled after the crash",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+    let redelivered = db.count("SELECT count(*) FROM txbox_inbox").await;
+    assert_eq!(redelivered, 10, "one inbox row per event");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigkill_of_a_worker_mid_handler_the_row_is_reclaimed_and_applied_exactly_once() {
+    let (broker, db, topic, orders) = setup("tp_kill", 1, 4).await;
+    let mut first = mailer(
+        &db,
+        &broker,
+        &topic,
+        &[
+            "--handler-ms",
+            "5000",
+            "--workers",
+            "4",
+            "--lease-ms",
+            "2000",
+        ],
+    );
+    first.wait_for("mailer: handling order", Duration::from_secs(30));
+    // Let the lease be renewed at least once while the handler runs, then kill it mid-handler.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    first.kill9();
+    let killed = db
+        .count("SELECT count(*) FROM handler_runs WHERE ended_at IS NULL")
+        .await;
+    assert!(
+        killed >= 1,
+        "a handler was running when the worker was killed"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM receipts").await, 0);
+
+    let _second = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "200", "--lease-ms", "2000"],
+    );
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        4,
+        Duration::from_secs(60),
+        "rows of the killed worker reclaimed",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+    let reclaimed = db
+        .count("SELECT count(*) FROM txbox_inbox WHERE claims >= 2")
+        .await;
+    assert!(
+        reclaimed >= killed,
+        "the killed worker's rows were claimed again"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL")
+            .await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_worker_processes_never_run_the_same_row_at_once() {
+    let (broker, db, topic, orders) = setup("tp_race", 3, 60).await;
+    let args = [
+        "--handler-ms",
+        "700",
+        "--workers",
+        "4",
+        "--lease-ms",
+        "3000",
+    ];
+    let _a = mailer(&db, &broker, &topic, &args);
+    let _b = mailer(&db, &broker, &topic, &args);
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        60,
+        Duration::from_secs(120),
+        "60 events over two worker processes",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let overlapping = db
+        .count(
+            "SELECT count(*) FROM handler_runs a JOIN handler_runs b ON a.order_id = b.order_id \
+             AND a.id < b.id AND a.started_at < COALESCE(b.ended_at, 'infinity') \
+             AND b.started_at < COALESCE(a.ended_at, 'infinity')",
+        )
+        .await;
+    assert_eq!(overlapping, 0, "two runs of one row overlapped in time");
+    let processes = db
+        .count("SELECT count(DISTINCT pid) FROM handler_runs")
+        .await;
+    assert_eq!(processes, 2, "both processes ran handlers");
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+}
+
+/// A mail service stub: answers 503 while `failing`, else 200; records every key it answered
+/// 200 for (duplicates included).
+fn mail_stub(failing: Arc<AtomicBool>) -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("addr").to_string();
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = keys.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+            let (mut key, mut length) = (String::new(), 0usize);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some((name, value)) = line.split_once(':') {
+                    match name.to_ascii_lowercase().as_str() {
+                        "idempotency-key" => key = value.trim().to_owned(),
+                        "content-length" => length = value.trim().parse().unwrap_or(0),
+                        _ => {}
+                    }
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            let status = if failing.load(Ordering::SeqCst) {
+                "503 Service Unavailable"
+            } else {
+                seen.lock().unwrap().push(key);
+                "200 OK"
+            };
+            let mut stream = stream;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+        }
+    });
+    (address, keys)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_key_per_event() {
+    let failing = Arc::new(AtomicBool::new(true));
+    let (address, keys) = mail_stub(failing.clone());
+    let (broker, db, topic, orders) = setup("tp_effects", 1, 20).await;
+    let args = [
+        "--handler-ms",
+        "50",
+        "--workers",
+        "4",
+        "--mail-url",
+        address.as_str(),
+    ];
+    let mut first = mailer(&db, &broker, &topic, &args);
+    // Every handler commits (with its effect row); the mail service is down: none is sent.
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        20,
+        Duration::from_secs(60),
+        "receipts",
+    )
+    .await;
+    wait_count(
+        &db,
+        "SELECT count(*) FROM txbox_effects",
+        20,
+        Duration::from_secs(10),
+        "one effect row per committed handler",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    first.kill9();
+    assert!(
+        keys.lock().unwrap().is_empty(),
+        "nothing sent while the service fails"
+    );
+    let pending = db
+        .count("SELECT count(*) FROM txbox_effects WHERE done_at IS NULL")
+        .await;
+    assert_eq!(
+        pending, 20,
+        "the effects outlive the process that scheduled them"
+    );
+
+    // A new process drains what the dead one left.
+    failing.store(false, Ordering::SeqCst);
+    let _second = mailer(&db, &broker, &topic, &args);
+    wait_count(
+        &db,
+        "SELECT count(*) FROM txbox_effects WHERE done_at IS NOT NULL",
+        20,
+        Duration::from_secs(90),
+        "effects left by the killed process sent after a restart",
+    )
+    .await;
+    let sent: HashSet<String> = keys.lock().unwrap().iter().cloned().collect();
+    let event_ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM txbox_inbox")
+        .fetch_all(&db.pool)
+        .await
+        .expect("event ids");
+    let expected: HashSet<String> = event_ids
+        .iter()
+        .map(|id| txbox::effects::idempotency_key("mailing", "", id, "send_receipt"))
+        .collect();
+    assert_eq!(expected.len(), orders.len());
+    assert_eq!(
+        sent, expected,
+        "one key per event, derived from (group, event id), all sent"
+    );
+}
+
+fn signal(child: &ChildProcess, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &child.pid().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
+    let (broker, db, topic, orders) = setup("tp_lost", 1, 1).await;
+    let first = mailer(
+        &db,
+        &broker,
+        &topic,
+        &[
+            "--handler-ms",
+            "4000",
+            "--workers",
+            "1",
+            "--lease-ms",
+            "1500",
+        ],
+    );
+    first.wait_for("mailer: handling order", Duration::from_secs(60));
+    // Frozen mid-handler (a long GC pause, a VM stall): it renews nothing, its lease expires,
+    // and another process claims the row and applies it.
+    signal(&first, "STOP");
+    let _second = mailer(
+        &db,
+        &broker,
+        &topic,
+        &["--handler-ms", "200", "--lease-ms", "1500"],
+    );
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        1,
+        Duration::from_secs(60),
+        "the row applied by the second process",
+    )
+    .await;
+    // Thawed, the first finishes its handler; its transaction must not commit a second receipt.
+    signal(&first, "CONT");
+    first.wait_for("lease lost", Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let runs = db
+        .count("SELECT count(*) FROM handler_runs WHERE ended_at IS NOT NULL")
+        .await;
+    assert_eq!(runs, 2, "both processes ran the handler to its end");
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+}
