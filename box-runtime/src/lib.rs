@@ -6,8 +6,10 @@
 
 #![deny(missing_docs)]
 
+pub mod app;
 mod backoff;
 mod consumer;
+pub mod db;
 pub mod engine;
 mod event;
 mod failpoint;
@@ -24,7 +26,9 @@ pub mod store;
 mod util;
 
 pub use backoff::Backoff;
+pub use app::{App, AppError};
 pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
+pub use db::{sql, Db, Tx};
 pub use event::OutboxEvent;
 pub use handler::{ErrorKind, HandlerError, IntoHandlerError, MessageMeta};
 pub use ident::IdentError;
@@ -51,4 +55,7 @@ pub mod __private {
     };
     pub use crate::handler::{event_type_mismatch, ConstMessage};
     pub use inventory;
+    pub use sqlx::Postgres;
+    #[cfg(feature = "sqlite")]
+    pub use sqlx::Sqlite;
 }

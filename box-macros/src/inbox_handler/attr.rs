@@ -17,11 +17,17 @@ pub(crate) const EVENT: &str = "event";
 pub(crate) const GROUP: &str = "group";
 /// `batch`: a flag; the handler takes a run of events at once (`events: Vec<OrderCreated>`).
 pub(crate) const BATCH: &str = "batch";
+/// `stores(postgres, sqlite)`: the handler is generic over its store (`D: txbox::Db`) and is
+/// registered once per store listed.
+pub(crate) const STORES: &str = "stores";
 /// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
 pub(crate) const CRATE: &str = "crate";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, CRATE];
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, STORES, CRATE];
+
+/// The stores `stores(..)` may list, and the type of each (under `__private`).
+pub(crate) const STORE_NAMES: &[(&str, &str)] = &[("postgres", "Postgres"), ("sqlite", "Sqlite")];
 
 /// The required keys.
 const REQUIRED: &[&str] = &[EVENT, GROUP];
@@ -33,6 +39,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("consumer_group", GROUP),
     ("group_id", GROUP),
     ("batching", BATCH),
+    ("store", STORES),
+    ("databases", STORES),
 ];
 
 /// The attribute written in full, for messages.
@@ -50,6 +58,16 @@ pub(crate) struct HandlerAttr {
     /// The `batch` flag as written (also when it was wrongly given a value, which is reported:
     /// the signature is then checked as the batch handler's it was meant to be).
     pub(crate) batch: Option<Ident>,
+    /// `stores(..)`: the stores listed (each once, known), with the list for error spans.
+    pub(crate) stores: Option<Stores>,
+}
+
+/// The stores of `stores(postgres, sqlite)`.
+pub(crate) struct Stores {
+    /// The `(..)` as written.
+    pub(crate) group: TokenStream,
+    /// The stores listed, known ones only, each once.
+    pub(crate) names: Vec<Ident>,
 }
 
 /// Which handler the attribute declares: of one event per call, or of a run of events.
@@ -69,6 +87,7 @@ impl HandlerAttr {
             group: None,
             krate: None,
             batch: None,
+            stores: None,
         };
         // Keys written, and the keys unknown ones were probably meant to be: neither is
         // reported as missing (the "did you mean" says it already).
@@ -77,6 +96,7 @@ impl HandlerAttr {
         let spec = ListSpec {
             example: "event = \"OrderCreated\"",
             field_keys: &[],
+            list_keys: &[STORES],
         };
         let list = kv::parse_list(cx, tokens, spec);
         for pair in list.pairs {
@@ -115,6 +135,7 @@ impl HandlerAttr {
             EVENT => "OrderCreated",
             GROUP => "billing",
             BATCH => return self.take_flag(cx, pair),
+            STORES => return self.take_stores(cx, pair),
             _ => "my_txbox",
         };
         if pair.bare {
@@ -166,6 +187,41 @@ impl HandlerAttr {
             }
         };
         cx.error_spanned_by(written, message);
+    }
+
+    /// `stores(postgres, sqlite)`: each name known and listed once, at least one.
+    fn take_stores(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        let Some(list) = &pair.list else {
+            let key = &pair.key;
+            return cx.error_spanned_by(
+                key,
+                format!("`{key}` takes a list of stores: write `{key}(postgres, sqlite)`"),
+            );
+        };
+        let known: Vec<&str> = STORE_NAMES.iter().map(|(name, _)| *name).collect();
+        let mut names: Vec<Ident> = Vec::new();
+        for name in &list.items {
+            if !known.iter().any(|k| name == k) {
+                cx.error_spanned_by(
+                    name,
+                    format!("unknown store `{name}`; {}", kv::one_of(&known)),
+                );
+            } else if names.iter().any(|n| n == name) {
+                cx.error_spanned_by(name, format!("store `{name}` is listed twice; keep one"));
+            } else {
+                names.push(name.clone());
+            }
+        }
+        if list.items.is_empty() {
+            cx.error_spanned_by(
+                &list.group,
+                "list at least one store: write `stores(postgres, sqlite)`",
+            );
+        }
+        self.stores = Some(Stores {
+            group: list.group.clone(),
+            names,
+        });
     }
 
     /// Which handler the attribute declares.

@@ -8,7 +8,7 @@ use quote::{quote, ToTokens};
 use syn::{FnArg, Type};
 
 use super::ast::{several_elem, vec_elem, Handler};
-use super::attr::{Form, HandlerAttr};
+use super::attr::{Form, HandlerAttr, Stores};
 use crate::ctxt::Ctxt;
 use crate::tokens::compact;
 
@@ -23,7 +23,7 @@ fn signature(form: Form) -> &'static str {
 pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
     let form = attr.form();
     check_qualifiers(cx, handler, form);
-    check_generics(cx, handler);
+    check_generics(cx, handler, attr);
     if check_receiver(cx, handler) && check_no_self_type(cx, handler) {
         check_arity(cx, handler, form);
         if check_order(cx, handler, form) {
@@ -68,17 +68,25 @@ fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {
     }
 }
 
-fn check_generics(cx: &Ctxt, handler: &Handler) {
+fn check_generics(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
     let generics = &handler.func.sig.generics;
+    if let Some(stores) = &attr.stores {
+        return check_store_generic(cx, handler, stores);
+    }
     let message = "an inbox handler cannot be generic: txbox decodes each message into one \
                    concrete event type; remove the parameters and name the types, e.g. \
-                   `event: OrderCreated, tx: &mut PgTx<'_>`";
+                   `event: OrderCreated, tx: &mut PgTx<'_>` (a handler for several stores is \
+                   generic over its store alone and lists them: `stores(postgres, sqlite)`)";
     if !generics.params.is_empty() {
         let (lt, params, gt) = (&generics.lt_token, &generics.params, &generics.gt_token);
         cx.error_spanned_by(quote!(#lt #params #gt), message);
     } else if let Some(clause) = &generics.where_clause {
         cx.error_spanned_by(clause, message);
     }
+    check_no_impl_trait(cx, handler, message);
+}
+
+fn check_no_impl_trait(cx: &Ctxt, handler: &Handler, message: &str) {
     for arg in handler.inputs() {
         if let FnArg::Typed(typed) = arg {
             if let Type::ImplTrait(ty) = &*typed.ty {
@@ -86,6 +94,61 @@ fn check_generics(cx: &Ctxt, handler: &Handler) {
             }
         }
     }
+}
+
+/// With `stores(..)`: generic over one type parameter, the store, which the transaction names.
+fn check_store_generic(cx: &Ctxt, handler: &Handler, stores: &Stores) {
+    let sig = &handler.func.sig;
+    let generics = &sig.generics;
+    let example = format!(
+        "write `async fn {}<D: Db>(event: OrderCreated, tx: &mut Tx<'_, D>)`",
+        sig.ident
+    );
+    check_no_impl_trait(cx, handler, &format!("a handler for several stores is generic over its store alone: {example}"));
+    let types: Vec<&syn::TypeParam> = generics.type_params().collect();
+    let others = generics.params.len() - types.len();
+    let [param] = types.as_slice() else {
+        let message = match types.len() {
+            0 => format!(
+                "`stores(..)` registers a handler generic over its store once per store: {example}, \
+                 or remove `stores(..)` to run on the one store the transaction type names"
+            ),
+            _ => format!("a handler for several stores has one type parameter, the store: {example}"),
+        };
+        let (lt, params, gt) = (&generics.lt_token, &generics.params, &generics.gt_token);
+        return match types.len() {
+            0 => cx.error_spanned_by(&stores.group, message),
+            _ => cx.error_spanned_by(quote!(#lt #params #gt), message),
+        };
+    };
+    if others > 0 {
+        let (lt, params, gt) = (&generics.lt_token, &generics.params, &generics.gt_token);
+        cx.error_spanned_by(
+            quote!(#lt #params #gt),
+            format!("a handler for several stores has one type parameter, the store, and no other: {example}"),
+        );
+    }
+    if let Some(tx) = handler.param_ty(1) {
+        if !mentions(tx.to_token_stream(), &param.ident) {
+            let d = &param.ident;
+            cx.error_spanned_by(
+                tx,
+                format!(
+                    "with `stores(..)` the transaction is generic over the store: write \
+                     `tx: &mut Tx<'_, {d}>` (the handler then runs on every store listed)"
+                ),
+            );
+        }
+    }
+}
+
+/// Whether `tokens` name `ident`.
+fn mentions(tokens: TokenStream, ident: &syn::Ident) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        TokenTree::Ident(i) => i == *ident,
+        TokenTree::Group(group) => mentions(group.stream(), ident),
+        _ => false,
+    })
 }
 
 /// Reports a `self` parameter. Returns whether there was none (the other checks then apply).
