@@ -497,10 +497,13 @@ fn sqlite_row(row: &sqlx::sqlite::SqliteRow) -> Result<Row, sqlx::Error> {
     let mut cells = Vec::with_capacity(row.len());
     for i in 0..row.len() {
         let raw = row.try_get_raw(i)?;
+        if raw.is_null() {
+            cells.push(Cell::Null);
+            continue;
+        }
         // The value's own storage class (SQLite columns are dynamically typed).
         let class = raw.type_info().name().to_owned();
         cells.push(match class.as_str() {
-            "NULL" => Cell::Null,
             "INTEGER" | "BOOLEAN" => Cell::I64(row.try_get(i)?),
             "REAL" => Cell::F64(row.try_get(i)?),
             "TEXT" => Cell::Text(row.try_get(i)?),

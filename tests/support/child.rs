@@ -30,6 +30,8 @@ pub fn example(name: &str) -> PathBuf {
                 "relay",
                 "--example",
                 "quickstart",
+                "--example",
+                "inventory",
             ])
             .status()
             .expect("run cargo build for the child programs");
