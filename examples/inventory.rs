@@ -87,16 +87,20 @@ async fn reserve<D: Db>(event: OrderPlaced, tx: &mut Tx<'_, D>) -> Result<(), Ha
     }
     sql("SAVEPOINT reserve").execute(tx).await?;
     for line in &event.lines {
-        let taken = sql("UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $1")
-            .bind(line.qty)
-            .bind(&line.sku)
-            .execute(tx)
-            .await?;
+        let taken =
+            sql("UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $1")
+                .bind(line.qty)
+                .bind(&line.sku)
+                .execute(tx)
+                .await?;
         if taken == 0 {
             sql("ROLLBACK TO SAVEPOINT reserve").execute(tx).await?;
             sql("RELEASE SAVEPOINT reserve").execute(tx).await?;
             set_status(tx, id, "rejected").await?;
-            let rejected = StockRejected { order_id: id, sku: line.sku.clone() };
+            let rejected = StockRejected {
+                order_id: id,
+                sku: line.sku.clone(),
+            };
             txbox::outbox::enqueue(tx, &rejected).await?;
             return Ok(());
         }
@@ -114,7 +118,11 @@ async fn reserve<D: Db>(event: OrderPlaced, tx: &mut Tx<'_, D>) -> Result<(), Ha
 }
 
 /// Gives back what the order holds (nothing for a rejected order).
-#[inbox_handler(event = "OrderCancelled", group = "inventory", stores(postgres, sqlite))]
+#[inbox_handler(
+    event = "OrderCancelled",
+    group = "inventory",
+    stores(postgres, sqlite)
+)]
 async fn release<D: Db>(event: OrderCancelled, tx: &mut Tx<'_, D>) -> Result<(), HandlerError> {
     let id = event.order_id;
     let held = sql("SELECT sku, qty FROM reservations WHERE order_id = $1")
@@ -128,7 +136,10 @@ async fn release<D: Db>(event: OrderCancelled, tx: &mut Tx<'_, D>) -> Result<(),
             .execute(tx)
             .await?;
     }
-    sql("DELETE FROM reservations WHERE order_id = $1").bind(id).execute(tx).await?;
+    sql("DELETE FROM reservations WHERE order_id = $1")
+        .bind(id)
+        .execute(tx)
+        .await?;
     set_status(tx, id, "cancelled").await?;
     if !held.is_empty() {
         txbox::outbox::enqueue(tx, &StockReleased { order_id: id }).await?;
@@ -193,13 +204,17 @@ async fn main() {
 /// The service and its demo driver, side by side: the driver stops the app when it is done.
 async fn service(no_idempotence: bool) -> Result<(), Error> {
     let database_url = database_url().await?;
-    let brokers = std::env::var("KAFKA_BROKERS").ok().filter(|b| !b.is_empty());
+    let brokers = std::env::var("KAFKA_BROKERS")
+        .ok()
+        .filter(|b| !b.is_empty());
     let app = App::connect(database_url.as_deref(), brokers.as_deref()).await?;
     println!("txbox inventory: {}", app.describe());
     for topic in ["shop-orders", "stock"] {
         app.create_topic(topic, 3).await?;
     }
-    let relay = RelaySpec::new().source("inventory").poll_interval(Duration::from_millis(50));
+    let relay = RelaySpec::new()
+        .source("inventory")
+        .poll_interval(Duration::from_millis(50));
     let mut app = app
         .consumer("inventory", ["shop-orders"])
         // `stock` also carries StockRejected and StockReleased, which shipping leaves alone.
@@ -235,7 +250,9 @@ async fn database_url() -> Result<Option<String>, Error> {
         .await?;
     admin.close().await;
     let sep = if url.contains('?') { '&' } else { '?' };
-    Ok(Some(format!("{url}{sep}options=-c%20search_path%3Dtxbox_inventory")))
+    Ok(Some(format!(
+        "{url}{sep}options=-c%20search_path%3Dtxbox_inventory"
+    )))
 }
 
 /// The demo: stock, four orders and a cancellation, one step at a time.
@@ -247,10 +264,10 @@ async fn demo<D: Db>(pool: &sqlx::Pool<D>) -> Result<(), Error> {
     for (sku, available) in [("apple", 10_i64), ("pear", 5)] {
         sql("INSERT INTO stock (sku, available) VALUES ($1, $2) \
              ON CONFLICT (sku) DO UPDATE SET available = excluded.available")
-            .bind(sku)
-            .bind(available)
-            .execute(&mut conn)
-            .await?;
+        .bind(sku)
+        .bind(available)
+        .execute(&mut conn)
+        .await?;
     }
     drop(conn);
     let steps: [(&str, &[(&str, i64)], &str); 4] = [
@@ -269,7 +286,11 @@ async fn demo<D: Db>(pool: &sqlx::Pool<D>) -> Result<(), Error> {
         let id = place(pool, lines).await?;
         ids.push(id);
         let status = wait_for_status(pool, id, "placed").await?;
-        let what = lines.iter().map(|(s, q)| format!("{s} {q}")).collect::<Vec<_>>().join(", ");
+        let what = lines
+            .iter()
+            .map(|(s, q)| format!("{s} {q}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         failures += report(pool, &format!("order {name} ({what})"), &status, expected).await?;
     }
     failures += check_totals(pool, &ids).await?;
@@ -290,7 +311,10 @@ async fn place<D: Db>(pool: &sqlx::Pool<D>, lines: &[(&str, i64)]) -> Result<Uui
         .await?;
     let lines = lines
         .iter()
-        .map(|(sku, qty)| Line { sku: (*sku).to_owned(), qty: *qty })
+        .map(|(sku, qty)| Line {
+            sku: (*sku).to_owned(),
+            qty: *qty,
+        })
         .collect();
     txbox::outbox::enqueue(&mut tx, &OrderPlaced { order_id, lines }).await?;
     tx.commit().await?;
@@ -303,11 +327,21 @@ async fn cancel<D: Db>(pool: &sqlx::Pool<D>, name: &str, order_id: Uuid) -> Resu
     txbox::outbox::enqueue(&mut tx, &OrderCancelled { order_id }).await?;
     tx.commit().await?;
     let status = wait_for_status(pool, order_id, "reserved").await?;
-    report(pool, &format!("order {name} cancelled"), &status, "cancelled").await
+    report(
+        pool,
+        &format!("order {name} cancelled"),
+        &status,
+        "cancelled",
+    )
+    .await
 }
 
 /// Waits until the order's status is no longer `from`; returns it.
-async fn wait_for_status<D: Db>(pool: &sqlx::Pool<D>, id: Uuid, from: &str) -> Result<String, Error> {
+async fn wait_for_status<D: Db>(
+    pool: &sqlx::Pool<D>,
+    id: Uuid,
+    from: &str,
+) -> Result<String, Error> {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let mut conn = pool.acquire().await?;
@@ -327,16 +361,27 @@ async fn wait_for_status<D: Db>(pool: &sqlx::Pool<D>, id: Uuid, from: &str) -> R
 }
 
 /// Prints one step with the stock after it; 1 when the status is not the expected one.
-async fn report<D: Db>(pool: &sqlx::Pool<D>, what: &str, status: &str, expected: &str) -> Result<usize, Error> {
+async fn report<D: Db>(
+    pool: &sqlx::Pool<D>,
+    what: &str,
+    status: &str,
+    expected: &str,
+) -> Result<usize, Error> {
     let mut conn = pool.acquire().await?;
-    let stock = sql("SELECT sku, available FROM stock ORDER BY sku").fetch_all(&mut conn).await?;
+    let stock = sql("SELECT sku, available FROM stock ORDER BY sku")
+        .fetch_all(&mut conn)
+        .await?;
     let stock = stock
         .iter()
         .map(|row| Ok(format!("{} {}", row.get::<String>(0)?, row.get::<i64>(1)?)))
         .collect::<Result<Vec<_>, sqlx::Error>>()?
         .join(", ");
     let ok = status == expected;
-    let mark = if ok { String::new() } else { format!("  <- expected {expected}") };
+    let mark = if ok {
+        String::new()
+    } else {
+        format!("  <- expected {expected}")
+    };
     println!("  {what:<34} {status:<10} stock: {stock}{mark}");
     Ok(usize::from(!ok))
 }
@@ -370,8 +415,14 @@ async fn check_totals<D: Db>(pool: &sqlx::Pool<D>, ids: &[Uuid]) -> Result<usize
             .await?;
         held += row.get::<i64>(0)?;
     }
-    let apple: i64 = sql("SELECT available FROM stock WHERE sku = 'apple'").fetch_one(&mut conn).await?.get(0)?;
-    let pear: i64 = sql("SELECT available FROM stock WHERE sku = 'pear'").fetch_one(&mut conn).await?.get(0)?;
+    let apple: i64 = sql("SELECT available FROM stock WHERE sku = 'apple'")
+        .fetch_one(&mut conn)
+        .await?
+        .get(0)?;
+    let pear: i64 = sql("SELECT available FROM stock WHERE sku = 'pear'")
+        .fetch_one(&mut conn)
+        .await?
+        .get(0)?;
     let rows = [
         ("shipments made from StockReserved (A, C, D)", shipped, 3),
         ("reservation lines held (C 1, D 1)", held, 2),
@@ -380,7 +431,11 @@ async fn check_totals<D: Db>(pool: &sqlx::Pool<D>, ids: &[Uuid]) -> Result<usize
     ];
     let mut failures = 0;
     for (what, got, expected) in rows {
-        let mark = if got == expected { String::new() } else { format!("  <- expected {expected}") };
+        let mark = if got == expected {
+            String::new()
+        } else {
+            format!("  <- expected {expected}")
+        };
         println!("  {what:<45} {got:>6}{mark}");
         failures += usize::from(got != expected);
     }

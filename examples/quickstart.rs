@@ -85,7 +85,9 @@ async fn main() {
 /// beside it and stops it.
 async fn quickstart(no_idempotence: bool) -> Result<(), Error> {
     let database_url = database_url().await?;
-    let brokers = std::env::var("KAFKA_BROKERS").ok().filter(|b| !b.is_empty());
+    let brokers = std::env::var("KAFKA_BROKERS")
+        .ok()
+        .filter(|b| !b.is_empty());
     let app = App::connect(database_url.as_deref(), brokers.as_deref()).await?;
     println!("txbox quickstart: {}", app.describe());
     app.create_topic(TOPIC, 3).await?;
@@ -216,7 +218,13 @@ async fn publish_some_twice<D: Db>(
         return Err(error.into());
     }
     // (The relay reports a row as soon as the broker acknowledged it, and marks it right after.)
-    while count(pool, "SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL").await? > 0 {
+    while count(
+        pool,
+        "SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL",
+    )
+    .await?
+        > 0
+    {
         if Instant::now() > deadline {
             let error = format!("the relay did not mark its rows published within {secs} s");
             return Err(error.into());

@@ -32,7 +32,11 @@ async fn invoice_with_savepoint<D: Db>(
         .execute(tx)
         .await?;
     sql("SAVEPOINT discount").execute(tx).await?;
-    sql(insert).bind(event.order_id).bind(-1_i64).execute(tx).await?;
+    sql(insert)
+        .bind(event.order_id)
+        .bind(-1_i64)
+        .execute(tx)
+        .await?;
     sql("ROLLBACK TO SAVEPOINT discount").execute(tx).await?;
     sql("RELEASE SAVEPOINT discount").execute(tx).await?;
     Ok(())
@@ -101,7 +105,9 @@ async fn savepoint_rolled_back_inside_a_handler_keeps_the_outer_write_once<K: Ki
         K::NAME
     );
     assert_eq!(
-        inbox.process(&delivery(1, "payment-1", &payment), &shutdown).await,
+        inbox
+            .process(&delivery(1, "payment-1", &payment), &shutdown)
+            .await,
         Outcome::Duplicate,
         "{}: second delivery",
         K::NAME
@@ -146,8 +152,10 @@ async fn sqlite_sqlx_nested_transaction_in_a_handler() {
 async fn sql_binds_and_reads_alike<D: Db>(pool: &sqlx::Pool<D>) {
     let name = D::STORE;
     let mut conn = pool.acquire().await.expect("connection");
-    sql("CREATE TABLE kinds (id UUID, flag BOOLEAN, small INTEGER, big BIGINT, \
-         f DOUBLE PRECISION, t TEXT, b BYTEA, n BIGINT)")
+    sql(
+        "CREATE TABLE kinds (id UUID, flag BOOLEAN, small INTEGER, big BIGINT, \
+         f DOUBLE PRECISION, t TEXT, b BYTEA, n BIGINT)",
+    )
     .execute(&mut conn)
     .await
     .expect("create kinds");
@@ -180,7 +188,10 @@ async fn sql_binds_and_reads_alike<D: Db>(pool: &sqlx::Pool<D>) {
     assert_eq!(row.get::<Vec<u8>>(6).unwrap(), vec![0, 1, 255], "{name}");
     assert_eq!(row.get::<Option<i64>>(7).unwrap(), None, "{name}");
     assert!(row.get::<i64>(7).is_err(), "{name}: NULL is no i64");
-    assert!(row.get::<String>(3).is_err(), "{name}: an integer is no text");
+    assert!(
+        row.get::<String>(3).is_err(),
+        "{name}: an integer is no text"
+    );
     let none = sql("SELECT id FROM kinds WHERE id = $1")
         .bind(Uuid::new_v4())
         .fetch_optional(&mut tx)

@@ -117,7 +117,10 @@ pub struct ConsumerSpec {
 
 impl ConsumerSpec {
     /// The handlers of `group`, fed from `topics`, with the default settings.
-    pub fn new(group: impl Into<String>, topics: impl IntoIterator<Item = impl Into<String>>) -> Self {
+    pub fn new(
+        group: impl Into<String>,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         Self {
             group: group.into(),
             topics: topics.into_iter().map(Into::into).collect(),
@@ -283,12 +286,19 @@ impl App {
     /// unset), or the zero-setup ones; txbox's tables are migrated.
     pub async fn from_env() -> Result<Self, AppError> {
         let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
-        Self::connect(var("DATABASE_URL").as_deref(), var("KAFKA_BROKERS").as_deref()).await
+        Self::connect(
+            var("DATABASE_URL").as_deref(),
+            var("KAFKA_BROKERS").as_deref(),
+        )
+        .await
     }
 
     /// As [`App::from_env`], with the values given: `database_url` `postgres://...`,
     /// `sqlite:...` or `None` (zero setup), `brokers` or `None` (in-process Kafka).
-    pub async fn connect(database_url: Option<&str>, brokers: Option<&str>) -> Result<Self, AppError> {
+    pub async fn connect(
+        database_url: Option<&str>,
+        brokers: Option<&str>,
+    ) -> Result<Self, AppError> {
         let (store, temp, db_name) = open_store(database_url).await?;
         store.migrate().await?;
         let mut app = Self::new(store, brokers)?;
@@ -358,7 +368,11 @@ impl App {
     }
 
     /// Runs the handlers of `group` on `topics` with the default settings.
-    pub fn consumer(self, group: &str, topics: impl IntoIterator<Item = impl Into<String>>) -> Self {
+    pub fn consumer(
+        self,
+        group: &str,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
         self.consumer_with(ConsumerSpec::new(group, topics))
     }
 
@@ -426,7 +440,11 @@ impl App {
     }
 
     /// Stops the parts already started and returns `error`.
-    async fn abort(&self, mut parts: JoinSet<Result<(), AppError>>, error: AppError) -> Result<(), AppError> {
+    async fn abort(
+        &self,
+        mut parts: JoinSet<Result<(), AppError>>,
+        error: AppError,
+    ) -> Result<(), AppError> {
         self.token.cancel();
         while parts.join_next().await.is_some() {}
         Err(error)
@@ -526,7 +544,9 @@ where
 
 /// The store `database_url` names, or the zero-setup SQLite file; with the directory to remove
 /// and the name for [`App::describe`].
-async fn open_store(database_url: Option<&str>) -> Result<(Store, Option<TempDir>, String), AppError> {
+async fn open_store(
+    database_url: Option<&str>,
+) -> Result<(Store, Option<TempDir>, String), AppError> {
     match database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let store = PgStore::connect(url, PG_POOL_CONNECTIONS).await?;

@@ -155,17 +155,16 @@ impl Row {
     /// Column `index` (from 0) as `T`: `bool`, `i32`, `i64`, `f64`, `String`, `Uuid`,
     /// `Vec<u8>`, or `Option` of one of them for a nullable column.
     pub fn get<T: FromColumn>(&self, index: usize) -> Result<T, sqlx::Error> {
-        let cell = self.cells.get(index).ok_or(sqlx::Error::ColumnIndexOutOfBounds {
-            index,
-            len: self.cells.len(),
-        })?;
+        let cell = self
+            .cells
+            .get(index)
+            .ok_or(sqlx::Error::ColumnIndexOutOfBounds {
+                index,
+                len: self.cells.len(),
+            })?;
         T::from_cell(cell).ok_or_else(|| sqlx::Error::ColumnDecode {
             index: index.to_string(),
-            source: format!(
-                "cannot read {cell:?} as `{}`",
-                std::any::type_name::<T>()
-            )
-            .into(),
+            source: format!("cannot read {cell:?} as `{}`", std::any::type_name::<T>()).into(),
         })
     }
 
@@ -355,7 +354,10 @@ impl Sql<'_> {
     }
 
     /// Runs the query; returns every row.
-    pub async fn fetch_all<E: Executes + ?Sized>(self, on: &mut E) -> Result<Vec<Row>, sqlx::Error> {
+    pub async fn fetch_all<E: Executes + ?Sized>(
+        self,
+        on: &mut E,
+    ) -> Result<Vec<Row>, sqlx::Error> {
         E::Db::fetch(on.connection(), self.sql, self.args).await
     }
 
@@ -369,7 +371,9 @@ impl Sql<'_> {
 
     /// Runs the query; returns its first row, or `sqlx::Error::RowNotFound`.
     pub async fn fetch_one<E: Executes + ?Sized>(self, on: &mut E) -> Result<Row, sqlx::Error> {
-        self.fetch_optional(on).await?.ok_or(sqlx::Error::RowNotFound)
+        self.fetch_optional(on)
+            .await?
+            .ok_or(sqlx::Error::RowNotFound)
     }
 }
 
@@ -530,7 +534,11 @@ mod tests {
     fn columns_read_as_the_types_asked_or_fail() {
         let id = Uuid::new_v4();
         let row = Row {
-            cells: vec![Cell::I64(1), Cell::Bytes(id.as_bytes().to_vec()), Cell::Null],
+            cells: vec![
+                Cell::I64(1),
+                Cell::Bytes(id.as_bytes().to_vec()),
+                Cell::Null,
+            ],
         };
         assert!(row.get::<bool>(0).unwrap());
         assert_eq!(row.get::<Uuid>(1).unwrap(), id);

@@ -25,8 +25,8 @@ pub mod sqlite;
 pub mod store;
 mod util;
 
-pub use backoff::Backoff;
 pub use app::{App, AppError};
+pub use backoff::Backoff;
 pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
 pub use db::{sql, Db, Tx};
 pub use event::OutboxEvent;

@@ -2,7 +2,7 @@
 //! and the `batch` flag.
 
 use proc_macro2::{Span, TokenStream};
-use quote::quote;
+use quote::{quote, ToTokens};
 use syn::{Expr, ExprLit, Ident, Lit, LitStr};
 
 use crate::ctxt::Ctxt;
@@ -193,10 +193,16 @@ impl HandlerAttr {
     fn take_stores(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
         let Some(list) = &pair.list else {
             let key = &pair.key;
-            return cx.error_spanned_by(
+            cx.error_spanned_by(
                 key,
                 format!("`{key}` takes a list of stores: write `{key}(postgres, sqlite)`"),
             );
+            // Still a handler for several stores: its signature is checked as one.
+            self.stores = Some(Stores {
+                group: key.to_token_stream(),
+                names: Vec::new(),
+            });
+            return;
         };
         let known: Vec<&str> = STORE_NAMES.iter().map(|(name, _)| *name).collect();
         let mut names: Vec<Ident> = Vec::new();

@@ -33,6 +33,109 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
         }
     }
     check_output(cx, handler);
+    check_sqlx_executor(cx, handler);
+}
+
+/// sqlx's functions that start a query whose `.execute(..)`, `.fetch_*(..)` take an executor.
+const SQLX_QUERIES: &[&str] = &[
+    "query",
+    "query_as",
+    "query_scalar",
+    "query_with",
+    "query_as_with",
+    "query_scalar_with",
+    "raw_sql",
+];
+
+/// The methods of a sqlx query that take the executor.
+const SQLX_RUNS: &[&str] = &[
+    "execute",
+    "execute_many",
+    "fetch",
+    "fetch_all",
+    "fetch_many",
+    "fetch_one",
+    "fetch_optional",
+];
+
+/// `sqlx::query(..).execute(&mut *tx)` with the handler's `tx: &mut PgTx<'_>`: `&mut *tx` is
+/// the transaction, which sqlx 0.8 runs nothing on (its connection, `&mut **tx`, it does).
+/// Reported on the argument with what to write, instead of only sqlx's trait error.
+fn check_sqlx_executor(cx: &Ctxt, handler: &Handler) {
+    let Some(FnArg::Typed(typed)) = handler.func.sig.inputs.iter().nth(1) else {
+        return;
+    };
+    let syn::Pat::Ident(pat) = &*typed.pat else {
+        return;
+    };
+    let mut finder = SqlxOnTransaction {
+        tx: &pat.ident,
+        found: Vec::new(),
+    };
+    syn::visit::Visit::visit_block(&mut finder, &handler.func.block);
+    let tx = &pat.ident;
+    for arg in finder.found {
+        cx.error_spanned_by(
+            arg,
+            format!(
+                "sqlx runs queries on the connection inside the transaction, not on the \
+                 transaction: write `&mut **{tx}` (`{tx}` is `&mut PgTx<'_>`, `*{tx}` the \
+                 transaction, `**{tx}` its connection)"
+            ),
+        );
+    }
+}
+
+/// Finds `&mut *tx` passed to a sqlx query's `.execute(..)` / `.fetch_*(..)`.
+struct SqlxOnTransaction<'a> {
+    tx: &'a syn::Ident,
+    found: Vec<&'a syn::Expr>,
+}
+
+impl<'a> syn::visit::Visit<'a> for SqlxOnTransaction<'a> {
+    fn visit_expr_method_call(&mut self, call: &'a syn::ExprMethodCall) {
+        let runs = SQLX_RUNS.iter().any(|m| call.method == m);
+        if runs && starts_with_sqlx_query(&call.receiver) {
+            self.found
+                .extend(call.args.iter().filter(|arg| is_reborrow_of(arg, self.tx)));
+        }
+        syn::visit::visit_expr_method_call(self, call);
+    }
+}
+
+/// Whether a method chain starts with a call of one of sqlx's query functions (or macros).
+fn starts_with_sqlx_query(mut expr: &syn::Expr) -> bool {
+    loop {
+        match expr {
+            syn::Expr::MethodCall(call) => expr = &call.receiver,
+            syn::Expr::Call(call) => {
+                return matches!(&*call.func, syn::Expr::Path(path)
+                    if path.path.segments.last().is_some_and(|s| SQLX_QUERIES.iter().any(|q| s.ident == q)))
+            }
+            syn::Expr::Macro(mac) => {
+                return mac
+                    .mac
+                    .path
+                    .segments
+                    .last()
+                    .is_some_and(|s| s.ident.to_string().starts_with("query"))
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// `&mut *tx`.
+fn is_reborrow_of(expr: &syn::Expr, tx: &syn::Ident) -> bool {
+    let syn::Expr::Reference(reference) = expr else {
+        return false;
+    };
+    let syn::Expr::Unary(unary) = &*reference.expr else {
+        return false;
+    };
+    reference.mutability.is_some()
+        && matches!(unary.op, syn::UnOp::Deref(_))
+        && matches!(&*unary.expr, syn::Expr::Path(path) if path.path.is_ident(tx))
 }
 
 fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {
@@ -104,7 +207,11 @@ fn check_store_generic(cx: &Ctxt, handler: &Handler, stores: &Stores) {
         "write `async fn {}<D: Db>(event: OrderCreated, tx: &mut Tx<'_, D>)`",
         sig.ident
     );
-    check_no_impl_trait(cx, handler, &format!("a handler for several stores is generic over its store alone: {example}"));
+    check_no_impl_trait(
+        cx,
+        handler,
+        &format!("a handler for several stores is generic over its store alone: {example}"),
+    );
     let types: Vec<&syn::TypeParam> = generics.type_params().collect();
     let others = generics.params.len() - types.len();
     let [param] = types.as_slice() else {
