@@ -112,6 +112,7 @@ pub struct ConsumerSpec {
     config: InboxConfig,
     settings: Vec<(String, String)>,
     group_id: Option<String>,
+    startup_timeout: Option<Duration>,
     reports: Option<mpsc::UnboundedSender<Report>>,
 }
 
@@ -127,6 +128,7 @@ impl ConsumerSpec {
             config: InboxConfig::default(),
             settings: Vec::new(),
             group_id: None,
+            startup_timeout: None,
             reports: None,
         }
     }
@@ -154,6 +156,12 @@ impl ConsumerSpec {
     /// for a topic shared with other consumers).
     pub fn unknown_event(mut self, unknown: UnknownEvent) -> Self {
         self.config.unknown_event = unknown;
+        self
+    }
+
+    /// How long the member may wait for a broker at start-up before it fails (default 30 s).
+    pub fn startup_timeout(mut self, timeout: Duration) -> Self {
+        self.startup_timeout = Some(timeout);
         self
     }
 
@@ -463,6 +471,9 @@ impl App {
         if let Some(group_id) = &spec.group_id {
             kafka = kafka.group_id(group_id.as_str());
         }
+        if let Some(timeout) = spec.startup_timeout {
+            kafka.startup_timeout = timeout;
+        }
         match &self.store {
             Store::Postgres(store) => consumer(store.clone(), kafka, spec, &self.token),
             #[cfg(feature = "sqlite")]
@@ -550,7 +561,17 @@ async fn open_store(
     match database_url {
         Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
             let store = PgStore::connect(url, PG_POOL_CONNECTIONS).await?;
-            Ok((Store::Postgres(store), None, "PostgreSQL".to_owned()))
+            let redacted = crate::store::redact_url(url);
+            let target = redacted.split('?').next().unwrap_or_default();
+            let target = target.rsplit('@').next().unwrap_or_default();
+            let target = target
+                .trim_start_matches("postgres://")
+                .trim_start_matches("postgresql://");
+            Ok((
+                Store::Postgres(store),
+                None,
+                format!("PostgreSQL ({target})"),
+            ))
         }
         #[cfg(feature = "sqlite")]
         Some(url) if url.starts_with("sqlite:") => {

@@ -68,13 +68,10 @@ fn check_sqlx_executor(cx: &Ctxt, handler: &Handler) {
     let syn::Pat::Ident(pat) = &*typed.pat else {
         return;
     };
-    let mut finder = SqlxOnTransaction {
-        tx: &pat.ident,
-        found: Vec::new(),
-    };
-    syn::visit::Visit::visit_block(&mut finder, &handler.func.block);
     let tx = &pat.ident;
-    for arg in finder.found {
+    let mut found = Vec::new();
+    find_sqlx_on(handler.func.block.to_token_stream(), tx, &mut found);
+    for arg in found {
         cx.error_spanned_by(
             arg,
             format!(
@@ -86,56 +83,54 @@ fn check_sqlx_executor(cx: &Ctxt, handler: &Handler) {
     }
 }
 
-/// Finds `&mut *tx` passed to a sqlx query's `.execute(..)` / `.fetch_*(..)`.
-struct SqlxOnTransaction<'a> {
-    tx: &'a syn::Ident,
-    found: Vec<&'a syn::Expr>,
-}
-
-impl<'a> syn::visit::Visit<'a> for SqlxOnTransaction<'a> {
-    fn visit_expr_method_call(&mut self, call: &'a syn::ExprMethodCall) {
-        let runs = SQLX_RUNS.iter().any(|m| call.method == m);
-        if runs && starts_with_sqlx_query(&call.receiver) {
-            self.found
-                .extend(call.args.iter().filter(|arg| is_reborrow_of(arg, self.tx)));
+/// Collects the `(&mut *tx)` groups passed to `.execute`, `.fetch_*` of a method chain that
+/// starts with one of sqlx's query functions or macros (`sqlx::query(..).bind(..).execute(..)`),
+/// at any depth of `tokens`.
+fn find_sqlx_on(tokens: TokenStream, tx: &syn::Ident, found: &mut Vec<proc_macro2::Group>) {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    for (i, token) in tokens.iter().enumerate() {
+        let TokenTree::Group(group) = token else {
+            continue;
+        };
+        let runs = i >= 2
+            && matches!(&tokens[i - 1], TokenTree::Ident(m) if SQLX_RUNS.iter().any(|r| m == r))
+            && matches!(&tokens[i - 2], TokenTree::Punct(p) if p.as_char() == '.');
+        if runs && is_reborrow_of(group, tx) && chain_starts_with_sqlx(&tokens[..i - 2]) {
+            found.push(group.clone());
         }
-        syn::visit::visit_expr_method_call(self, call);
+        find_sqlx_on(group.stream(), tx, found);
     }
 }
 
-/// Whether a method chain starts with a call of one of sqlx's query functions (or macros).
-fn starts_with_sqlx_query(mut expr: &syn::Expr) -> bool {
+/// Whether the method chain ending at the end of `before` starts with a sqlx query: walks back
+/// over `.method(..)` links to the first call, `query(..)` or `query!(..)`.
+fn chain_starts_with_sqlx(before: &[TokenTree]) -> bool {
+    let mut end = before.len();
     loop {
-        match expr {
-            syn::Expr::MethodCall(call) => expr = &call.receiver,
-            syn::Expr::Call(call) => {
-                return matches!(&*call.func, syn::Expr::Path(path)
-                    if path.path.segments.last().is_some_and(|s| SQLX_QUERIES.iter().any(|q| s.ident == q)))
-            }
-            syn::Expr::Macro(mac) => {
-                return mac
-                    .mac
-                    .path
-                    .segments
-                    .last()
-                    .is_some_and(|s| s.ident.to_string().starts_with("query"))
-            }
-            _ => return false,
+        // `name(..)` or `name!(..)` at the end, or the chain is something else.
+        let Some(TokenTree::Group(_)) = end.checked_sub(1).map(|i| &before[i]) else {
+            return false;
+        };
+        let mut at = end - 1;
+        if matches!(at.checked_sub(1).map(|i| &before[i]), Some(TokenTree::Punct(p)) if p.as_char() == '!')
+        {
+            at -= 1;
+        }
+        let Some(TokenTree::Ident(name)) = at.checked_sub(1).map(|i| &before[i]) else {
+            return false;
+        };
+        match at.checked_sub(2).map(|i| &before[i]) {
+            // `.name(..)`: one more link of the chain.
+            Some(TokenTree::Punct(p)) if p.as_char() == '.' => end = at - 2,
+            _ => return SQLX_QUERIES.iter().any(|q| name == q),
         }
     }
 }
 
-/// `&mut *tx`.
-fn is_reborrow_of(expr: &syn::Expr, tx: &syn::Ident) -> bool {
-    let syn::Expr::Reference(reference) = expr else {
-        return false;
-    };
-    let syn::Expr::Unary(unary) = &*reference.expr else {
-        return false;
-    };
-    reference.mutability.is_some()
-        && matches!(unary.op, syn::UnOp::Deref(_))
-        && matches!(&*unary.expr, syn::Expr::Path(path) if path.path.is_ident(tx))
+/// `(&mut *tx)`.
+fn is_reborrow_of(group: &proc_macro2::Group, tx: &syn::Ident) -> bool {
+    let inner: Vec<String> = group.stream().into_iter().map(|t| t.to_string()).collect();
+    inner == ["&", "mut", "*", &tx.to_string()]
 }
 
 fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {
