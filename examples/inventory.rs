@@ -255,6 +255,9 @@ async fn database_url() -> Result<Option<String>, Error> {
     )))
 }
 
+/// One order of the demo: its name, lines (sku, quantity) and the expected outcome.
+type Step = (&'static str, &'static [(&'static str, i64)], &'static str);
+
 /// The demo: stock, four orders and a cancellation, one step at a time.
 async fn demo<D: Db>(pool: &sqlx::Pool<D>) -> Result<(), Error> {
     let mut conn = pool.acquire().await?;
@@ -270,7 +273,7 @@ async fn demo<D: Db>(pool: &sqlx::Pool<D>) -> Result<(), Error> {
         .await?;
     }
     drop(conn);
-    let steps: [(&str, &[(&str, i64)], &str); 4] = [
+    let steps: [Step; 4] = [
         ("A", &[("apple", 3), ("pear", 2)], "reserved"),
         ("B", &[("apple", 4), ("pear", 4)], "rejected"),
         ("C", &[("apple", 5)], "reserved"),

@@ -63,7 +63,7 @@ pub enum AppError {
     Config(String),
     /// The store could not be opened or migrated.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(Box<StoreError>),
     /// The in-process Kafka could not start, or a topic could not be created.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
@@ -81,7 +81,7 @@ pub enum AppError {
         /// The group.
         group: String,
         /// The cause.
-        source: SetupError,
+        source: Box<SetupError>,
     },
     /// A consumer group member failed.
     #[error("consumer group `{group}`: {source}")]
@@ -89,11 +89,11 @@ pub enum AppError {
         /// The group.
         group: String,
         /// The cause.
-        source: KafkaTransportError,
+        source: Box<KafkaTransportError>,
     },
     /// A relay failed.
     #[error("relay: {0}")]
-    Relay(#[from] RelayError),
+    Relay(Box<RelayError>),
     /// A part panicked.
     #[error("{part} panicked: {message}")]
     Panicked {
@@ -102,6 +102,18 @@ pub enum AppError {
         /// The panic's message, when it has one.
         message: String,
     },
+}
+
+impl From<StoreError> for AppError {
+    fn from(error: StoreError) -> Self {
+        AppError::Store(Box::new(error))
+    }
+}
+
+impl From<RelayError> for AppError {
+    fn from(error: RelayError) -> Self {
+        AppError::Relay(Box::new(error))
+    }
 }
 
 /// A consumer group to run in an [`App`]: its group, topics and settings.
@@ -524,14 +536,17 @@ fn consumer<S: InboxStore>(
     }
     let consumer = builder.build().map_err(|source| AppError::Setup {
         group: group.clone(),
-        source,
+        source: Box::new(source),
     })?;
     let shutdown = token.clone().cancelled_owned();
     Ok(Box::pin(async move {
         consumer
             .run(shutdown)
             .await
-            .map_err(|source| AppError::Consumer { group, source })
+            .map_err(|source| AppError::Consumer {
+                group,
+                source: Box::new(source),
+            })
     }))
 }
 
