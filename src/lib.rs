@@ -14,6 +14,8 @@ pub use box_runtime::{kafka::KafkaConfig, relay::Relay, store::Tables};
 pub use box_runtime::{
     shutdown_signal, Consumer, HandlerError, MessageMeta, OutboxEvent, PgStore, PgTx,
 };
+#[doc(inline)]
+pub use box_runtime::{sql, App, AppError, Db, Tx};
 #[cfg(feature = "sqlite")]
 #[doc(inline)]
 pub use box_runtime::{SqliteStore, SqliteTx};
@@ -25,7 +27,21 @@ pub use box_runtime::__private;
 pub mod prelude {
     #[cfg(feature = "sqlite")]
     pub use crate::SqliteTx;
-    pub use crate::{inbox_handler, HandlerError, MessageMeta, OutboxEvent, PgTx};
+    pub use crate::{inbox_handler, Db, HandlerError, MessageMeta, OutboxEvent, PgTx, Tx};
+}
+
+/// One runner for a service: [`App`](crate::App), the store it picked, and the consumer groups
+/// and relays it runs.
+pub mod app {
+    #[doc(inline)]
+    pub use box_runtime::app::*;
+}
+
+/// Handlers written once for PostgreSQL and SQLite: [`Db`](crate::Db), [`Tx`](crate::Tx) and
+/// [`sql`](crate::sql) statements, whose values are bound and rows read alike on both stores.
+pub mod db {
+    #[doc(inline)]
+    pub use box_runtime::db::{sql, Db, Executes, FromColumn, Row, Sql, Tx, Value};
 }
 
 /// Operating a txbox database: status, dead letters, parked outbox rows, purges, Kafka lag

@@ -1,4 +1,5 @@
-//! Compile-time checks of `#[inbox_handler]` and `#[derive(OutboxEvent)]` (trybuild).
+//! Compile-time checks of `#[inbox_handler]`, `#[derive(OutboxEvent)]` and `txbox::sql`
+//! (trybuild).
 //!
 //! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --test ui` and read the diff.
 
@@ -8,4 +9,5 @@ fn ui() {
     t.pass("tests/ui/pass/*.rs");
     t.compile_fail("tests/ui/inbox_handler/*.rs");
     t.compile_fail("tests/ui/outbox_event/*.rs");
+    t.compile_fail("tests/ui/sql/*.rs");
 }

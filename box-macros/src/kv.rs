@@ -3,6 +3,7 @@
 
 use syn::ext::IdentExt;
 use syn::parse::{ParseStream, Parser};
+use syn::punctuated::Punctuated;
 use syn::{Expr, ExprLit, ExprPath, Ident, Lit, LitStr, Token};
 
 use crate::ctxt::Ctxt;
@@ -15,6 +16,14 @@ pub(crate) struct KeyValue {
     pub(crate) value: Option<Expr>,
     /// Written as a lone `key` (not reported: the caller knows which keys are flags).
     pub(crate) bare: bool,
+    /// Written as `key(a, b, ..)`: the parenthesised list (the caller knows which keys take one).
+    pub(crate) list: Option<ParenList>,
+}
+
+/// The `(a, b, ..)` of `key(a, b, ..)`: its names, and the group for error spans.
+pub(crate) struct ParenList {
+    pub(crate) group: proc_macro2::TokenStream,
+    pub(crate) items: Vec<Ident>,
 }
 
 /// The pairs of a list, and whether the whole list parsed (when it did not, the error is
@@ -30,6 +39,8 @@ pub(crate) struct KvList {
 pub(crate) struct ListSpec<'a> {
     pub(crate) example: &'a str,
     pub(crate) field_keys: &'a [&'a str],
+    /// Keys written `key(a, b, ..)`.
+    pub(crate) list_keys: &'a [&'a str],
 }
 
 /// Parses `key = value, ...`. Syntax errors go to `cx`; what parsed before the error is returned.
@@ -73,12 +84,16 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
         ));
     }
     let key = input.call(Ident::parse_any)?;
+    if input.peek(syn::token::Paren) && spec.list_keys.contains(&key.to_string().as_str()) {
+        return parse_paren_list(input, key);
+    }
     if !input.peek(Token![=]) {
         if input.is_empty() || input.peek(Token![,]) {
             return Ok(KeyValue {
                 key,
                 value: None,
                 bare: true,
+                list: None,
             });
         }
         return Err(syn::Error::new(key.span(), missing_value(&key, example)));
@@ -95,6 +110,7 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
             key,
             value: None,
             bare: false,
+            list: None,
         });
     }
     let value: Expr = input
@@ -104,6 +120,29 @@ fn parse_pair(cx: &Ctxt, input: ParseStream, spec: ListSpec) -> syn::Result<KeyV
         key,
         value: Some(value),
         bare: false,
+        list: None,
+    })
+}
+
+/// `key(a, b, ..)`: a list of names.
+fn parse_paren_list(input: ParseStream, key: Ident) -> syn::Result<KeyValue> {
+    let group: proc_macro2::Group = input.parse()?;
+    let items = Punctuated::<Ident, Token![,]>::parse_terminated
+        .parse2(group.stream())
+        .map_err(|_| {
+            syn::Error::new(
+                group.span(),
+                format!("expected names separated by `,` in `{key}(..)`, e.g. `{key}(postgres, sqlite)`"),
+            )
+        })?;
+    Ok(KeyValue {
+        key,
+        value: None,
+        bare: false,
+        list: Some(ParenList {
+            group: proc_macro2::TokenTree::Group(group).into(),
+            items: items.into_iter().collect(),
+        }),
     })
 }
 

@@ -477,7 +477,9 @@ pub struct DispatchTable {
 pub enum RegistryError {
     /// Two handlers claim the same (event, group).
     #[error(
-        "two handlers for event `{event_type}` in group `{group}`: {first} and {second}; keep one"
+        "two handlers for event `{event_type}` in group `{group}`: {first} and {second}; keep \
+         one (one handler per event type, group and store: a handler written once for several \
+         stores with `stores(postgres, sqlite)` counts once on each)"
     )]
     Duplicate {
         /// The event type.
@@ -496,7 +498,11 @@ pub enum RegistryError {
         group: String,
     },
     /// A handler takes a transaction of another database than the consumer's store.
-    #[error("handler {handler} takes a transaction of another database than this consumer's store ({store})")]
+    #[error(
+        "handler {handler} takes a transaction of another database than this consumer's store \
+         ({store}); to run it on both, make it generic over its store and add \
+         `stores(postgres, sqlite)`"
+    )]
     WrongStore {
         /// The handler, `path (file:line)`.
         handler: String,

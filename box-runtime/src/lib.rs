@@ -7,8 +7,10 @@
 #![deny(missing_docs)]
 
 pub mod admin;
+pub mod app;
 mod backoff;
 mod consumer;
+pub mod db;
 pub mod effects;
 pub mod engine;
 mod event;
@@ -29,8 +31,10 @@ pub mod telemetry;
 pub mod testing;
 mod util;
 
+pub use app::{App, AppError};
 pub use backoff::Backoff;
 pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
+pub use db::{sql, Db, Tx};
 pub use event::OutboxEvent;
 pub use handler::{ErrorKind, HandlerError, HandlerMode, IntoHandlerError, MessageMeta};
 pub use ident::IdentError;
@@ -57,6 +61,9 @@ pub mod __private {
     };
     pub use crate::handler::{event_type_mismatch, ConstMessage};
     pub use inventory;
+    pub use sqlx::Postgres;
+    #[cfg(feature = "sqlite")]
+    pub use sqlx::Sqlite;
 }
 
 /// Rules on the sources that a compiler does not check.

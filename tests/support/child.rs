@@ -34,6 +34,8 @@ pub fn example(name: &str) -> PathBuf {
                 "two_phase_mailer",
                 "--example",
                 "mail_stub",
+                "--example",
+                "inventory",
             ])
             .status()
             .expect("run cargo build for the child programs");

@@ -2,7 +2,7 @@
 //! and the `batch` flag.
 
 use proc_macro2::{Span, TokenStream};
-use quote::quote;
+use quote::{quote, ToTokens};
 use syn::{Expr, ExprLit, Ident, Lit, LitStr};
 
 use crate::ctxt::Ctxt;
@@ -20,6 +20,9 @@ pub(crate) const BATCH: &str = "batch";
 /// `dedup_by = field`: a field of the event whose `Display` text is the business key; the
 /// inbox then also refuses a second event with the same key in the group.
 pub(crate) const DEDUP_BY: &str = "dedup_by";
+/// `stores(postgres, sqlite)`: the handler is generic over its store (`D: txbox::Db`) and is
+/// registered once per store listed.
+pub(crate) const STORES: &str = "stores";
 /// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
 pub(crate) const CRATE: &str = "crate";
 /// `mode = "two_phase"`: store the message and acknowledge it, then run the handler in a
@@ -36,7 +39,10 @@ pub(crate) const ONE_PHASE: &str = "one_phase";
 pub(crate) const TWO_PHASE: &str = "two_phase";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, DEDUP_BY, MODE, ORDERED, CRATE];
+pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, DEDUP_BY, MODE, ORDERED, STORES, CRATE];
+
+/// The stores `stores(..)` may list, and the type of each (under `__private`).
+pub(crate) const STORE_NAMES: &[(&str, &str)] = &[("postgres", "Postgres"), ("sqlite", "Sqlite")];
 
 /// The required keys.
 const REQUIRED: &[&str] = &[EVENT, GROUP];
@@ -55,6 +61,8 @@ const ALIASES: &[(&str, &str)] = &[
     ("phase", MODE),
     ("ordering", ORDERED),
     ("in_order", ORDERED),
+    ("store", STORES),
+    ("databases", STORES),
 ];
 
 /// The attribute written in full, for messages.
@@ -78,6 +86,16 @@ pub(crate) struct HandlerAttr {
     pub(crate) mode: Option<LitStr>,
     /// `ordered = <bool>`, with the key for spans.
     pub(crate) ordered: Option<(Ident, bool)>,
+    /// `stores(..)`: the stores listed (each once, known), with the list for error spans.
+    pub(crate) stores: Option<Stores>,
+}
+
+/// The stores of `stores(postgres, sqlite)`.
+pub(crate) struct Stores {
+    /// The `(..)` as written.
+    pub(crate) group: TokenStream,
+    /// The stores listed, known ones only, each once.
+    pub(crate) names: Vec<Ident>,
 }
 
 /// Which handler the attribute declares: of one event per call, or of a run of events.
@@ -100,6 +118,7 @@ impl HandlerAttr {
             dedup_by: None,
             mode: None,
             ordered: None,
+            stores: None,
         };
         // Keys written, and the keys unknown ones were probably meant to be: neither is
         // reported as missing (the "did you mean" says it already).
@@ -108,6 +127,7 @@ impl HandlerAttr {
         let spec = ListSpec {
             example: "event = \"OrderCreated\"",
             field_keys: &[DEDUP_BY],
+            list_keys: &[STORES],
         };
         let list = kv::parse_list(cx, tokens, spec);
         for pair in list.pairs {
@@ -157,6 +177,7 @@ impl HandlerAttr {
             }
             MODE => return self.take_mode(cx, pair),
             ORDERED => return self.take_ordered(cx, pair),
+            STORES => return self.take_stores(cx, pair),
             _ => "my_txbox",
         };
         if pair.bare {
@@ -254,6 +275,47 @@ impl HandlerAttr {
     /// Whether `ordered = true` was written.
     pub(crate) fn is_ordered(&self) -> bool {
         self.ordered.as_ref().is_some_and(|(_, ordered)| *ordered)
+    }
+
+    /// `stores(postgres, sqlite)`: each name known and listed once, at least one.
+    fn take_stores(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
+        let Some(list) = &pair.list else {
+            let key = &pair.key;
+            cx.error_spanned_by(
+                key,
+                format!("`{key}` takes a list of stores: write `{key}(postgres, sqlite)`"),
+            );
+            // Still a handler for several stores: its signature is checked as one.
+            self.stores = Some(Stores {
+                group: key.to_token_stream(),
+                names: Vec::new(),
+            });
+            return;
+        };
+        let known: Vec<&str> = STORE_NAMES.iter().map(|(name, _)| *name).collect();
+        let mut names: Vec<Ident> = Vec::new();
+        for name in &list.items {
+            if !known.iter().any(|k| name == k) {
+                cx.error_spanned_by(
+                    name,
+                    format!("unknown store `{name}`; {}", kv::one_of(&known)),
+                );
+            } else if names.iter().any(|n| n == name) {
+                cx.error_spanned_by(name, format!("store `{name}` is listed twice; keep one"));
+            } else {
+                names.push(name.clone());
+            }
+        }
+        if list.items.is_empty() {
+            cx.error_spanned_by(
+                &list.group,
+                "list at least one store: write `stores(postgres, sqlite)`",
+            );
+        }
+        self.stores = Some(Stores {
+            group: list.group.clone(),
+            names,
+        });
     }
 
     /// Which handler the attribute declares.

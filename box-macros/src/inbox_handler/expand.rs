@@ -27,7 +27,7 @@ use syn::ext::IdentExt;
 use syn::{Ident, LitStr, Type};
 
 use super::ast::Handler;
-use super::attr::{Form, HandlerAttr};
+use super::attr::{Form, HandlerAttr, STORE_NAMES};
 use crate::tokens::{compact, respan};
 
 /// What the expansion is made of, once the attribute and the signature have been checked.
@@ -39,6 +39,8 @@ struct Parts<'a> {
     /// The event type; for a batch handler, the `E` of `Vec<E>`.
     event_ty: &'a Type,
     tx_ty: &'a Type,
+    /// `::<Store>` for a handler generic over its store, else empty.
+    turbofish: TokenStream,
     /// The metadata type; for a batch handler, the `M` of `&[M]`.
     meta_ty: Option<&'a Type>,
     output: &'a Type,
@@ -64,42 +66,80 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     ) else {
         return quote!(#func);
     };
-    let parts = Parts {
-        name: &func.sig.ident,
-        form,
-        event,
-        group,
-        event_ty,
-        tx_ty,
-        meta_ty: handler.meta_ty(form),
-        output,
-        krate: match &attr.krate {
-            Some(path) => path.to_token_stream(),
-            None => quote!(::txbox),
-        },
-        dedup_by: attr.dedup_by.as_ref(),
-        two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
+    let krate = match &attr.krate {
+        Some(path) => path.to_token_stream(),
+        None => quote!(::txbox),
     };
-    let register = format_ident!("__txbox_register_{}", parts.name.unraw());
-    let private = parts.private();
-    let checks = parts.checks();
-    let invoke = parts.invoke();
-    let event_type_check = parts.event_type_check();
-    let submit = parts.submit();
-    let business_key = parts.business_key();
+    // One registration per store listed (the function called with that store's type), or one
+    // for the store the transaction names.
+    let registrations: Vec<(Type, TokenStream, String)> = match &attr.stores {
+        None => vec![(tx_ty.clone(), TokenStream::new(), String::new())],
+        Some(stores) => stores
+            .names
+            .iter()
+            .map(|store| {
+                let ty = store_type(store, &krate);
+                let tx: Type = syn::parse_quote!(#krate::Tx<'_, #ty>);
+                (tx, quote!(::<#ty>), format!("_{store}"))
+            })
+            .collect(),
+    };
+    let blocks = registrations.iter().map(|(tx_ty, turbofish, suffix)| {
+        let parts = Parts {
+            name: &func.sig.ident,
+            form,
+            event,
+            group,
+            event_ty,
+            tx_ty,
+            turbofish: turbofish.clone(),
+            meta_ty: handler.meta_ty(form),
+            output,
+            krate: krate.clone(),
+            dedup_by: attr.dedup_by.as_ref(),
+            two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
+        };
+        let register = format_ident!("__txbox_register_{}{}", parts.name.unraw(), suffix);
+        parts.registration(&register)
+    });
     quote! {
         #func
 
-        #[doc(hidden)]
-        #[allow(non_upper_case_globals)]
-        const #register: () = {
-            use #private::ProbeFallback as _;
-            #checks
-            #invoke
-            #event_type_check
-            #business_key
-            #submit
-        };
+        #(#blocks)*
+    }
+}
+
+/// `<krate>::__private::Postgres` for `postgres`, ..: the type a generic handler is called with.
+fn store_type(store: &Ident, krate: &TokenStream) -> TokenStream {
+    let name = STORE_NAMES
+        .iter()
+        .find(|(name, _)| store == name)
+        .map_or("Postgres", |(_, ty)| ty);
+    let ty = Ident::new(name, store.span());
+    quote!(#krate::__private::#ty)
+}
+
+impl Parts<'_> {
+    /// `const __txbox_register_<name>: () = { .. };`: checks, wrappers and the registration.
+    fn registration(&self, register: &Ident) -> TokenStream {
+        let private = self.private();
+        let checks = self.checks();
+        let invoke = self.invoke();
+        let event_type_check = self.event_type_check();
+        let submit = self.submit();
+        let business_key = self.business_key();
+        quote! {
+            #[doc(hidden)]
+            #[allow(non_upper_case_globals)]
+            const #register: () = {
+                use #private::ProbeFallback as _;
+                #checks
+                #invoke
+                #event_type_check
+                #business_key
+                #submit
+            };
+        }
     }
 }
 
@@ -329,9 +369,9 @@ impl Parts<'_> {
     /// with the function name's span: a future that is not `Send` is reported on the name.
     fn call(&self, events: TokenStream, meta_arg: TokenStream) -> TokenStream {
         let private = self.private();
-        let (name, output) = (self.name, self.output);
+        let (name, output, turbofish) = (self.name, self.output, &self.turbofish);
         let boxed = quote_spanned! {name.span()=>
-            ::std::boxed::Box::pin(#name(#events, __txbox_tx #meta_arg))
+            ::std::boxed::Box::pin(#name #turbofish (#events, __txbox_tx #meta_arg))
         };
         quote! {
             let __txbox_future: ::core::pin::Pin<::std::boxed::Box<

@@ -79,7 +79,7 @@ fn unknown_key_lists_the_valid_keys() {
     assert_eq!(
         message,
         "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `batch`, \
-         `dedup_by`, `crate`"
+         `dedup_by`, `mode`, `ordered`, `stores`, `crate`"
     );
 }
 
@@ -797,4 +797,94 @@ mod prop {
             Ok(())
         });
     }
+}
+
+fn stores_args(stores: TokenStream) -> TokenStream {
+    quote!(event = "OrderCreated", group = "billing", stores #stores)
+}
+
+fn generic_fn() -> TokenStream {
+    quote! {
+        async fn create_invoice<D: Db>(event: OrderCreated, tx: &mut Tx<'_, D>) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    }
+}
+
+#[test]
+fn a_handler_generic_over_its_store_is_registered_once_per_store() {
+    let args = stores_args(quote!((postgres, sqlite)));
+    assert_eq!(errors(args.clone(), generic_fn()), Vec::<String>::new());
+    let expanded = super::expand(args, generic_fn()).to_string();
+    for store in ["postgres", "sqlite"] {
+        assert!(
+            expanded.contains(&format!("__txbox_register_create_invoice_{store}")),
+            "{expanded}"
+        );
+    }
+    assert!(expanded.contains("create_invoice :: < :: txbox :: __private :: Postgres >"));
+    assert!(expanded.contains("create_invoice :: < :: txbox :: __private :: Sqlite >"));
+    assert_eq!(expanded.matches("inventory :: submit !").count(), 2);
+}
+
+#[test]
+fn misuse_of_stores_is_reported_with_what_to_write() {
+    let message = single_error(stores_args(quote!((postgres, mysql))), generic_fn());
+    assert!(
+        message.starts_with("unknown store `mysql`; expected one of: `postgres`, `sqlite`"),
+        "{message}"
+    );
+    let message = single_error(stores_args(quote!((sqlite, sqlite))), generic_fn());
+    assert!(
+        message.starts_with("store `sqlite` is listed twice"),
+        "{message}"
+    );
+    let message = single_error(stores_args(quote!(())), generic_fn());
+    assert!(message.starts_with("list at least one store"), "{message}");
+    let message = single_error(stores_args(quote!((postgres, sqlite))), good_fn());
+    assert!(
+        message.starts_with("`stores(..)` registers a handler generic over its store"),
+        "{message}"
+    );
+    let message = single_error(
+        quote!(
+            event = "OrderCreated",
+            group = "billing",
+            stores = "postgres"
+        ),
+        generic_fn(),
+    );
+    assert!(
+        message.starts_with("`stores` takes a list of stores"),
+        "{message}"
+    );
+    let message = single_error(good_args(), generic_fn());
+    assert!(message.contains("`stores(postgres, sqlite)`"), "{message}");
+    let item = quote! {
+        async fn h<D: Db>(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> { Ok(()) }
+    };
+    let message = single_error(stores_args(quote!((postgres))), item);
+    assert!(
+        message.starts_with("with `stores(..)` the transaction is generic over the store"),
+        "{message}"
+    );
+}
+
+#[test]
+fn sqlx_on_the_transaction_says_to_write_its_connection() {
+    let item = quote! {
+        async fn h(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+            sqlx::query("SELECT 1").bind(1).execute(&mut *tx).await?;
+            sqlx::query("SELECT 1").execute(&mut **tx).await?;
+            txbox::sql("SELECT 1").execute(&mut *tx).await?;
+            txbox::outbox::enqueue(&mut *tx, &event).await?;
+            Ok(())
+        }
+    };
+    let message = single_error(good_args(), item);
+    assert!(
+        message.starts_with("sqlx runs queries on the connection"),
+        "{message}"
+    );
+    assert!(message.contains("write `&mut **tx`"), "{message}");
 }

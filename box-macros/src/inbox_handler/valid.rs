@@ -8,7 +8,7 @@ use quote::{quote, ToTokens};
 use syn::{FnArg, Type};
 
 use super::ast::{several_elem, vec_elem, Handler};
-use super::attr::{Form, HandlerAttr};
+use super::attr::{Form, HandlerAttr, Stores};
 use crate::ctxt::Ctxt;
 use crate::tokens::compact;
 
@@ -24,7 +24,7 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
     let form = attr.form();
     check_mode(cx, attr);
     check_qualifiers(cx, handler, form);
-    check_generics(cx, handler);
+    check_generics(cx, handler, attr);
     if check_receiver(cx, handler) && check_no_self_type(cx, handler) {
         check_arity(cx, handler, form);
         if check_order(cx, handler, form) {
@@ -34,6 +34,104 @@ pub(crate) fn check(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
         }
     }
     check_output(cx, handler);
+    check_sqlx_executor(cx, handler);
+}
+
+/// sqlx's functions that start a query whose `.execute(..)`, `.fetch_*(..)` take an executor.
+const SQLX_QUERIES: &[&str] = &[
+    "query",
+    "query_as",
+    "query_scalar",
+    "query_with",
+    "query_as_with",
+    "query_scalar_with",
+    "raw_sql",
+];
+
+/// The methods of a sqlx query that take the executor.
+const SQLX_RUNS: &[&str] = &[
+    "execute",
+    "execute_many",
+    "fetch",
+    "fetch_all",
+    "fetch_many",
+    "fetch_one",
+    "fetch_optional",
+];
+
+/// `sqlx::query(..).execute(&mut *tx)` with the handler's `tx: &mut PgTx<'_>`: `&mut *tx` is
+/// the transaction, which sqlx 0.8 runs nothing on (its connection, `&mut **tx`, it does).
+/// Reported on the argument with what to write, instead of only sqlx's trait error.
+fn check_sqlx_executor(cx: &Ctxt, handler: &Handler) {
+    let Some(FnArg::Typed(typed)) = handler.func.sig.inputs.iter().nth(1) else {
+        return;
+    };
+    let syn::Pat::Ident(pat) = &*typed.pat else {
+        return;
+    };
+    let tx = &pat.ident;
+    let mut found = Vec::new();
+    find_sqlx_on(handler.func.block.to_token_stream(), tx, &mut found);
+    for arg in found {
+        cx.error_spanned_by(
+            arg,
+            format!(
+                "sqlx runs queries on the connection inside the transaction, not on the \
+                 transaction: write `&mut **{tx}` (`{tx}` is `&mut PgTx<'_>`, `*{tx}` the \
+                 transaction, `**{tx}` its connection)"
+            ),
+        );
+    }
+}
+
+/// Collects the `(&mut *tx)` groups passed to `.execute`, `.fetch_*` of a method chain that
+/// starts with one of sqlx's query functions or macros (`sqlx::query(..).bind(..).execute(..)`),
+/// at any depth of `tokens`.
+fn find_sqlx_on(tokens: TokenStream, tx: &syn::Ident, found: &mut Vec<proc_macro2::Group>) {
+    let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+    for (i, token) in tokens.iter().enumerate() {
+        let TokenTree::Group(group) = token else {
+            continue;
+        };
+        let runs = i >= 2
+            && matches!(&tokens[i - 1], TokenTree::Ident(m) if SQLX_RUNS.iter().any(|r| m == r))
+            && matches!(&tokens[i - 2], TokenTree::Punct(p) if p.as_char() == '.');
+        if runs && is_reborrow_of(group, tx) && chain_starts_with_sqlx(&tokens[..i - 2]) {
+            found.push(group.clone());
+        }
+        find_sqlx_on(group.stream(), tx, found);
+    }
+}
+
+/// Whether the method chain ending at the end of `before` starts with a sqlx query: walks back
+/// over `.method(..)` links to the first call, `query(..)` or `query!(..)`.
+fn chain_starts_with_sqlx(before: &[TokenTree]) -> bool {
+    let mut end = before.len();
+    loop {
+        // `name(..)` or `name!(..)` at the end, or the chain is something else.
+        let Some(TokenTree::Group(_)) = end.checked_sub(1).map(|i| &before[i]) else {
+            return false;
+        };
+        let mut at = end - 1;
+        if matches!(at.checked_sub(1).map(|i| &before[i]), Some(TokenTree::Punct(p)) if p.as_char() == '!')
+        {
+            at -= 1;
+        }
+        let Some(TokenTree::Ident(name)) = at.checked_sub(1).map(|i| &before[i]) else {
+            return false;
+        };
+        match at.checked_sub(2).map(|i| &before[i]) {
+            // `.name(..)`: one more link of the chain.
+            Some(TokenTree::Punct(p)) if p.as_char() == '.' => end = at - 2,
+            _ => return SQLX_QUERIES.iter().any(|q| name == q),
+        }
+    }
+}
+
+/// `(&mut *tx)`.
+fn is_reborrow_of(group: &proc_macro2::Group, tx: &syn::Ident) -> bool {
+    let inner: Vec<String> = group.stream().into_iter().map(|t| t.to_string()).collect();
+    inner == ["&", "mut", "*", &tx.to_string()]
 }
 
 /// `ordered` only with `mode = "two_phase"`; `mode = "two_phase"` not with `batch`.
@@ -93,17 +191,25 @@ fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {
     }
 }
 
-fn check_generics(cx: &Ctxt, handler: &Handler) {
+fn check_generics(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
     let generics = &handler.func.sig.generics;
+    if let Some(stores) = &attr.stores {
+        return check_store_generic(cx, handler, stores);
+    }
     let message = "an inbox handler cannot be generic: txbox decodes each message into one \
                    concrete event type; remove the parameters and name the types, e.g. \
-                   `event: OrderCreated, tx: &mut PgTx<'_>`";
+                   `event: OrderCreated, tx: &mut PgTx<'_>` (a handler for several stores is \
+                   generic over its store alone and lists them: `stores(postgres, sqlite)`)";
     if !generics.params.is_empty() {
         let (lt, params, gt) = (&generics.lt_token, &generics.params, &generics.gt_token);
         cx.error_spanned_by(quote!(#lt #params #gt), message);
     } else if let Some(clause) = &generics.where_clause {
         cx.error_spanned_by(clause, message);
     }
+    check_no_impl_trait(cx, handler, message);
+}
+
+fn check_no_impl_trait(cx: &Ctxt, handler: &Handler, message: &str) {
     for arg in handler.inputs() {
         if let FnArg::Typed(typed) = arg {
             if let Type::ImplTrait(ty) = &*typed.ty {
@@ -111,6 +217,65 @@ fn check_generics(cx: &Ctxt, handler: &Handler) {
             }
         }
     }
+}
+
+/// With `stores(..)`: generic over one type parameter, the store, which the transaction names.
+fn check_store_generic(cx: &Ctxt, handler: &Handler, stores: &Stores) {
+    let sig = &handler.func.sig;
+    let generics = &sig.generics;
+    let example = format!(
+        "write `async fn {}<D: Db>(event: OrderCreated, tx: &mut Tx<'_, D>)`",
+        sig.ident
+    );
+    check_no_impl_trait(
+        cx,
+        handler,
+        &format!("a handler for several stores is generic over its store alone: {example}"),
+    );
+    let types: Vec<&syn::TypeParam> = generics.type_params().collect();
+    let others = generics.params.len() - types.len();
+    let [param] = types.as_slice() else {
+        let message = match types.len() {
+            0 => format!(
+                "`stores(..)` registers a handler generic over its store once per store: {example}, \
+                 or remove `stores(..)` to run on the one store the transaction type names"
+            ),
+            _ => format!("a handler for several stores has one type parameter, the store: {example}"),
+        };
+        let (lt, params, gt) = (&generics.lt_token, &generics.params, &generics.gt_token);
+        return match types.len() {
+            0 => cx.error_spanned_by(&stores.group, message),
+            _ => cx.error_spanned_by(quote!(#lt #params #gt), message),
+        };
+    };
+    if others > 0 {
+        let (lt, params, gt) = (&generics.lt_token, &generics.params, &generics.gt_token);
+        cx.error_spanned_by(
+            quote!(#lt #params #gt),
+            format!("a handler for several stores has one type parameter, the store, and no other: {example}"),
+        );
+    }
+    if let Some(tx) = handler.param_ty(1) {
+        if !mentions(tx.to_token_stream(), &param.ident) {
+            let d = &param.ident;
+            cx.error_spanned_by(
+                tx,
+                format!(
+                    "with `stores(..)` the transaction is generic over the store: write \
+                     `tx: &mut Tx<'_, {d}>` (the handler then runs on every store listed)"
+                ),
+            );
+        }
+    }
+}
+
+/// Whether `tokens` name `ident`.
+fn mentions(tokens: TokenStream, ident: &syn::Ident) -> bool {
+    tokens.into_iter().any(|tt| match tt {
+        TokenTree::Ident(i) => i == *ident,
+        TokenTree::Group(group) => mentions(group.stream(), ident),
+        _ => false,
+    })
 }
 
 /// Reports a `self` parameter. Returns whether there was none (the other checks then apply).

@@ -94,6 +94,7 @@ impl Attrs {
             let spec = ListSpec {
                 example: "event_type = \"OrderCreated\"",
                 field_keys: FIELD_KEYS,
+                list_keys: &[],
             };
             let list = kv::parse_list(cx, list.tokens.clone(), spec);
             out.broken |= !list.complete;
@@ -199,6 +200,7 @@ impl FieldFlags {
             let spec = ListSpec {
                 example: "key",
                 field_keys: &[],
+                list_keys: &[],
             };
             for pair in kv::parse_list(cx, list.tokens.clone(), spec).pairs {
                 out.take(cx, pair);

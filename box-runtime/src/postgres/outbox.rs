@@ -252,11 +252,7 @@ impl OutboxTx for PgConnection {
     }
 }
 
-impl OutboxTx for sqlx::Transaction<'_, Postgres> {
-    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
-        OutboxTx::insert_rows(&mut **self, rows).await
-    }
-}
+// A transaction's rows: see `impl<D: Db> OutboxTx for Transaction<'_, D>` in db.rs.
 
 #[cfg(test)]
 mod tests {

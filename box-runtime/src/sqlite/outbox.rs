@@ -75,8 +75,4 @@ impl OutboxTx for sqlx::SqliteConnection {
     }
 }
 
-impl OutboxTx for sqlx::Transaction<'_, sqlx::Sqlite> {
-    async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
-        OutboxTx::insert_rows(&mut **self, rows).await
-    }
-}
+// A transaction's rows: see `impl<D: Db> OutboxTx for Transaction<'_, D>` in db.rs.
