@@ -57,7 +57,10 @@ pub(crate) async fn run<S: InboxStore>(
     let mut errors = ErrorLog::default();
     let mut retry_waiting = tokio::time::interval(Duration::from_millis(5));
     let lag = LagGauges::new(member.inbox.group());
-    let mut sample = tokio::time::interval(sampling.interval.max(MIN_SAMPLE_INTERVAL));
+    // The first sample comes one interval after joining, not at once: a consumer that lives
+    // shorter than that never queries the broker for its lag.
+    let every = sampling.interval.max(MIN_SAMPLE_INTERVAL);
+    let mut sample = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // The loop only ever waits for the broker (or for room in a busy partition's task,
