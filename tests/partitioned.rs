@@ -355,6 +355,8 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
             "txbox_inbox_business_key_idx",
             "txbox_inbox_pkey",
             "txbox_inbox_processed_idx",
+            "txbox_inbox_received_idx",
+            "txbox_inbox_received_key_idx",
             "txbox_inbox_unprocessed_idx"
         ]
     );

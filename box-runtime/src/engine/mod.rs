@@ -632,11 +632,15 @@ impl<S: InboxStore> Inbox<S> {
         let (_never, shutdown) = watch::channel(false);
         let d = &letter.delivery;
         // A two-phase handler's letter runs here and now, as a one-phase message would.
-        let outcome = match self.prepare(d) {
-            Prepared::Ready(ready) => self.run(&ready, &shutdown).await,
-            other => self.resolve(d, other, &shutdown).await,
+        let (span, started) = (self.message_span(d), Instant::now());
+        let outcome = match self.prepare(d).with_span(&span) {
+            Prepared::Ready(ready) => self.run(&ready, &shutdown).instrument(span.clone()).await,
+            other => {
+                let resolve = self.resolve(d, other, &shutdown);
+                resolve.instrument(span.clone()).await
+            }
         };
-        self.log(d, &outcome);
+        self.finish(d, &span, started, &outcome);
         if matches!(outcome, Outcome::Processed { .. } | Outcome::Duplicate) {
             self.store.mark_replayed(id).await?;
             self.telemetry.replayed(letter.event_type.as_deref());
