@@ -7,7 +7,8 @@
 //! messages after it run as a batch. Effects commit once; only the failing message is retried,
 //! counted and dead-lettered, exactly as without batching.
 
-use std::collections::HashSet;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use tokio::sync::watch;
@@ -56,7 +57,9 @@ impl<S: InboxStore> Inbox<S> {
         // The first message of each key runs; a later copy in the same batch is a duplicate.
         // A later event with the business key of an earlier one is left out of the batch and
         // taken alone after it, when the earlier one's row has committed (or not).
-        let mut seen = HashSet::with_capacity(batch.len());
+        let mut seen = HashMap::with_capacity(batch.len());
+        // (copy, first): a copy's outcome is its first's when that one was abandoned.
+        let mut copies: Vec<(usize, usize)> = Vec::new();
         let mut business_keys = HashSet::new();
         let mut runnable: Vec<(usize, &Ready<'_>)> = Vec::with_capacity(batch.len());
         // Messages of two-phase handlers are stored as received, all in one transaction.
@@ -68,12 +71,19 @@ impl<S: InboxStore> Inbox<S> {
                         continue;
                     }
                 }
-                if !seen.insert((&ready.key.source, &ready.key.event_id)) {
-                    outcomes[i] = Some(Outcome::Duplicate);
-                } else if ready.reg.mode.is_two_phase() {
-                    received.push((i, ready));
-                } else {
-                    runnable.push((i, ready));
+                match seen.entry((&ready.key.source, &ready.key.event_id)) {
+                    Entry::Occupied(first) => {
+                        outcomes[i] = Some(Outcome::Duplicate);
+                        copies.push((i, *first.get()));
+                    }
+                    Entry::Vacant(slot) => {
+                        slot.insert(i);
+                        if ready.reg.mode.is_two_phase() {
+                            received.push((i, ready));
+                        } else {
+                            runnable.push((i, ready));
+                        }
+                    }
                 }
             }
         }
@@ -85,6 +95,13 @@ impl<S: InboxStore> Inbox<S> {
         }
         for (i, outcome) in done {
             outcomes[i] = Some(outcome);
+        }
+        // A copy of a message that was abandoned is not a duplicate of anything committed:
+        // it is abandoned too (the next owner reads both again).
+        for (copy, first) in copies {
+            if outcomes[first] == Some(Outcome::Abandoned) {
+                outcomes[copy] = Some(Outcome::Abandoned);
+            }
         }
         for (i, p) in prepared.into_iter().enumerate() {
             if outcomes[i].is_none() {

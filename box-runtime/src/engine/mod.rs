@@ -286,7 +286,7 @@ impl<S: InboxStore> Inbox<S> {
                 tracing::info!(target: "txbox::engine", group, %at, event_id = id, reason = reason.as_str(), "skipped")
             }
             Outcome::Abandoned => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "abandoned at shutdown")
+                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "abandoned (stopping, or the partition was revoked): left for the next owner")
             }
             Outcome::Received => {
                 tracing::info!(target: "txbox::engine", group, %at, event_id = id, "received")

@@ -43,7 +43,8 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
-    /// Shutdown came while waiting to retry: nothing acknowledged.
+    /// Shutdown or revocation came before the message was resolved: nothing acknowledged;
+    /// the next owner of the partition reads it again.
     Abandoned,
     /// A two-phase handler's message is stored as received; workers will run the handler.
     /// Acknowledged.

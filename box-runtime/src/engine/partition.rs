@@ -129,7 +129,12 @@ impl<L: PartitionLink> Partition<L> {
     }
 
     /// Resolves a batch's messages in the tracker (dead letters also go to the transport),
-    /// commits the position once, and reports; `false` if a message was abandoned (shutdown).
+    /// commits the position once, and reports; `false` if a message was abandoned (shutdown,
+    /// revocation).
+    ///
+    /// An abandoned message stays in flight in the tracker: a message after it in the batch
+    /// that did resolve (a copy of an earlier message, a dead letter) never moves the position
+    /// past it, so the next owner of the partition reads it again.
     pub(super) async fn settle(
         &mut self,
         results: impl IntoIterator<Item = (Arc<Delivery>, Outcome)>,
@@ -141,6 +146,7 @@ impl<L: PartitionLink> Partition<L> {
         let mut complete = true;
         for (d, outcome) in results {
             if outcome == Outcome::Abandoned {
+                self.tracker.start(d.offset);
                 complete = false;
                 continue;
             }
@@ -284,5 +290,80 @@ async fn commit_before<L: PartitionLink>(
             }
             Err(_) => return false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use tokio::sync::watch;
+
+    use super::{Delivery, OffsetTracker, Outcome, Partition, PartitionLink};
+
+    /// A link that owns its partition for ever and records the positions committed.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<i64>>);
+
+    impl PartitionLink for Arc<Recorder> {
+        fn owned(&self) -> bool {
+            true
+        }
+        fn commit(&self, position: i64) -> bool {
+            self.0.lock().unwrap().push(position);
+            true
+        }
+        async fn commit_now(&self, position: i64) -> Result<(), String> {
+            self.commit(position);
+            Ok(())
+        }
+        async fn dead_lettered(&self, _: &Delivery, _: &str, _: i64) {}
+        fn name(&self) -> String {
+            "t/0".to_owned()
+        }
+    }
+
+    fn delivery(offset: i64) -> Arc<Delivery> {
+        Arc::new(Delivery {
+            topic: "t".to_owned(),
+            partition: 0,
+            offset,
+            key: None,
+            payload: None,
+            headers: Vec::new(),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_message_resolved_after_an_abandoned_one_never_commits_past_it() {
+        let link = Arc::new(Recorder::default());
+        let (_stop_tx, stop) = watch::channel(false);
+        let mut part = Partition {
+            link: link.clone(),
+            stop,
+            reports: None,
+            tracker: OffsetTracker::default(),
+        };
+        let batch = [
+            (delivery(10), Outcome::Processed { attempt: 1 }),
+            (delivery(11), Outcome::Abandoned),
+            (delivery(12), Outcome::Abandoned),
+            // A copy of an earlier message, and a dead letter, resolved after the abandoned.
+            (delivery(13), Outcome::Duplicate),
+            (
+                delivery(14),
+                Outcome::DeadLettered {
+                    reason: "bad".to_owned(),
+                    id: 1,
+                },
+            ),
+        ];
+        assert!(!part.settle(batch).await, "the batch is not complete");
+        assert_eq!(
+            *link.0.lock().unwrap(),
+            [11],
+            "committed up to the abandoned message"
+        );
+        assert_eq!(part.tracker.position(), Some(11));
     }
 }
