@@ -54,39 +54,11 @@ impl<S: InboxStore> Inbox<S> {
             .map(|(d, s)| self.prepare(d).with_span(s))
             .collect();
         let mut outcomes: Vec<Option<Outcome>> = vec![None; batch.len()];
-        // The first message of each key runs; a later copy in the same batch is a duplicate.
-        // A later event with the business key of an earlier one is left out of the batch and
-        // taken alone after it, when the earlier one's row has committed (or not).
-        let mut seen = HashMap::with_capacity(batch.len());
-        // (copy, first): a copy's outcome is its first's when that one was abandoned.
-        let mut copies: Vec<(usize, usize)> = Vec::new();
-        let mut business_keys = HashSet::new();
-        let mut runnable: Vec<(usize, &Ready<'_>)> = Vec::with_capacity(batch.len());
-        // Messages of two-phase handlers are stored as received, all in one transaction.
-        let mut received: Vec<(usize, &Ready<'_>)> = Vec::new();
-        for (i, p) in prepared.iter().enumerate() {
-            if let Prepared::Ready(ready) = p {
-                if let Some(k) = &ready.key.business_key {
-                    if !business_keys.insert(k) {
-                        continue;
-                    }
-                }
-                match seen.entry((&ready.key.source, &ready.key.event_id)) {
-                    Entry::Occupied(first) => {
-                        outcomes[i] = Some(Outcome::Duplicate);
-                        copies.push((i, *first.get()));
-                    }
-                    Entry::Vacant(slot) => {
-                        slot.insert(i);
-                        if ready.reg.mode.is_two_phase() {
-                            received.push((i, ready));
-                        } else {
-                            runnable.push((i, ready));
-                        }
-                    }
-                }
-            }
-        }
+        let Sorted {
+            runnable,
+            received,
+            copies,
+        } = sort(&prepared, &mut outcomes);
         let split = self.run_split(&runnable, shutdown);
         let mut done = split.instrument(span.clone()).await;
         if !received.is_empty() {
@@ -342,4 +314,54 @@ fn run_end(msgs: &[(usize, &Ready<'_>)], claims: &[Claim], k: usize) -> usize {
     (k + 1..msgs.len())
         .find(|&j| !new(j) || !std::ptr::eq(msgs[j].1.reg, reg))
         .unwrap_or(msgs.len())
+}
+
+/// A batch's ready messages, sorted by what happens to them next.
+struct Sorted<'p, 'd> {
+    /// Run by their handlers in one transaction.
+    runnable: Vec<(usize, &'p Ready<'d>)>,
+    /// Messages of two-phase handlers: stored as received, all in one transaction.
+    received: Vec<(usize, &'p Ready<'d>)>,
+    /// (copy, first): later copies of a message in the batch, already marked duplicates; a
+    /// copy's outcome becomes its first's when that one is abandoned.
+    copies: Vec<(usize, usize)>,
+}
+
+/// Sorts the ready messages of a batch (see [`Sorted`]). The first message of each key runs;
+/// a later copy in the same batch is a duplicate. A later event with the business key of an
+/// earlier one is left out (its outcome stays `None`) and taken alone after it, when the
+/// earlier one's row has committed (or not).
+fn sort<'p, 'd>(prepared: &'p [Prepared<'d>], outcomes: &mut [Option<Outcome>]) -> Sorted<'p, 'd> {
+    let mut seen = HashMap::with_capacity(prepared.len());
+    let mut business_keys = HashSet::new();
+    let mut sorted = Sorted {
+        runnable: Vec::with_capacity(prepared.len()),
+        received: Vec::new(),
+        copies: Vec::new(),
+    };
+    for (i, p) in prepared.iter().enumerate() {
+        let Prepared::Ready(ready) = p else {
+            continue;
+        };
+        if let Some(k) = &ready.key.business_key {
+            if !business_keys.insert(k) {
+                continue;
+            }
+        }
+        match seen.entry((&ready.key.source, &ready.key.event_id)) {
+            Entry::Occupied(first) => {
+                outcomes[i] = Some(Outcome::Duplicate);
+                sorted.copies.push((i, *first.get()));
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(i);
+                if ready.reg.mode.is_two_phase() {
+                    sorted.received.push((i, ready));
+                } else {
+                    sorted.runnable.push((i, ready));
+                }
+            }
+        }
+    }
+    sorted
 }
