@@ -438,3 +438,122 @@ async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once()
     assert_eq!(runs, 2, "both processes ran the handler to its end");
     assert_each_once(&receipts_per_order(&db).await, &orders);
 }
+
+// ---------------------------------------------------------------------------------------------
+// `ordered = true`: per message key, one event at a time, in offset order, whatever the
+// number of workers.
+
+#[derive(Debug, serde::Serialize, serde::Deserialize, txbox::OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+struct OrderCreated {
+    order_id: Uuid,
+    total_cents: i64,
+}
+
+/// (key, offset) of each handler run, in the order they started.
+static ORDERED_CALLS: Mutex<Vec<(String, i64)>> = Mutex::new(Vec::new());
+/// The keys whose handler is running now (a key twice: two runs of one key at once).
+static ORDERED_RUNNING: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+#[txbox::inbox_handler(
+    event = "OrderCreated",
+    group = "tp-ordered",
+    mode = "two_phase",
+    ordered = true
+)]
+async fn ordered_receipt(
+    event: OrderCreated,
+    tx: &mut txbox::PgTx<'_>,
+    meta: &txbox::MessageMeta,
+) -> Result<(), txbox::HandlerError> {
+    let key = String::from_utf8_lossy(meta.key.as_deref().unwrap_or_default()).into_owned();
+    ORDERED_RUNNING.lock().unwrap().push(key.clone());
+    ORDERED_CALLS
+        .lock()
+        .unwrap()
+        .push((key.clone(), meta.offset));
+    // 10 to 40 ms, so that a later event of a key could overtake an earlier one.
+    let delay = 10 + (event.order_id.as_u128() % 31) as u64;
+    tokio::time::sleep(Duration::from_millis(delay)).await;
+    sqlx::query("INSERT INTO receipts (order_id, pid) VALUES ($1, 0)")
+        .bind(event.order_id)
+        .execute(&mut **tx)
+        .await?;
+    // Off the list before the commit: the next event of the key can only be claimed after it.
+    let mut running = ORDERED_RUNNING.lock().unwrap();
+    if let Some(at) = running.iter().position(|k| *k == key) {
+        running.remove(at);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ordered_two_phase_runs_one_event_per_key_at_a_time_in_offset_order() {
+    let (broker, db, topic, _) = setup("tp_ordered", 1, 0).await;
+    let producer = support::producer(&broker.brokers);
+    let (keys, per_key) = (4, 12);
+    let mut orders = Vec::new();
+    for i in 0..keys * per_key {
+        let order = Uuid::new_v4();
+        let mut msg = Msg::order(&Uuid::new_v4().to_string(), order, i as i64);
+        msg.key = Some(format!("account-{}", i % keys));
+        send(&producer, &topic, msg.on_partition(0)).await;
+        orders.push(order);
+    }
+    let overlaps = Arc::new(Mutex::new(Vec::new()));
+    let watch = {
+        let overlaps = overlaps.clone();
+        tokio::spawn(async move {
+            loop {
+                {
+                    let running = ORDERED_RUNNING.lock().unwrap();
+                    let distinct: HashSet<&String> = running.iter().collect();
+                    if distinct.len() < running.len() {
+                        overlaps.lock().unwrap().push(running.clone());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+    };
+    let consumer = support::Running::start(
+        txbox::Consumer::builder(
+            "tp-ordered",
+            db.store(),
+            support::kafka(&broker.brokers, &topic),
+        )
+        .two_phase_workers(8)
+        .two_phase_poll(Duration::from_millis(50)),
+    );
+    let all = (keys * per_key) as i64;
+    wait_count(
+        &db,
+        "SELECT count(*) FROM receipts",
+        all,
+        Duration::from_secs(120),
+        "ordered two-phase events",
+    )
+    .await;
+    consumer.stop().await;
+    watch.abort();
+
+    let overlaps = overlaps.lock().unwrap().clone();
+    assert!(
+        overlaps.is_empty(),
+        "two events of one key ran at once: {:?}",
+        &overlaps[..overlaps.len().min(3)]
+    );
+    let mut per: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for (key, offset) in ORDERED_CALLS.lock().unwrap().iter() {
+        per.entry(key.clone()).or_default().push(*offset);
+    }
+    assert_eq!(per.len(), keys, "every key ran");
+    for (key, offsets) in &per {
+        assert!(
+            offsets.windows(2).all(|w| w[0] < w[1]),
+            "{key}: runs out of offset order: {offsets:?}"
+        );
+        assert_eq!(offsets.len(), per_key, "{key}: each event once");
+    }
+    assert_each_once(&receipts_per_order(&db).await, &orders);
+}
