@@ -294,30 +294,48 @@ impl Write for Captured {
     }
 }
 
+/// Everything logged in this test binary under the filter `txbox=debug`, through a global
+/// subscriber (a scoped one, `set_default`, can miss events: a callsite registered on another
+/// test's thread at the same moment may keep the interest it had without it).
+fn captured_txbox_logs() -> Captured {
+    use tracing_subscriber::layer::SubscriberExt;
+    static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    CAPTURED
+        .get_or_init(|| {
+            let captured = Captured::default();
+            let writer = captured.clone();
+            let filter: tracing_subscriber::filter::Targets =
+                "txbox=debug".parse().expect("filter");
+            let subscriber = tracing_subscriber::registry()
+                .with(
+                    tracing_subscriber::fmt::layer()
+                        .with_ansi(false)
+                        .with_writer(move || writer.clone()),
+                )
+                .with(filter);
+            tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+            captured
+        })
+        .clone()
+}
+
 /// `RUST_LOG=txbox=debug` shows the engine's logs: every event is under a `txbox::...`
 /// target (the filter here is the same directive, parsed by tracing-subscriber).
 #[tokio::test]
 async fn a_txbox_filter_catches_the_engine_logs() {
-    use tracing_subscriber::layer::SubscriberExt;
+    let captured = captured_txbox_logs();
     let store = store_with_invoices().await;
     let kit = TestInbox::new(store.clone(), "kit").expect("inbox");
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let filter: tracing_subscriber::filter::Targets = "txbox=debug".parse().expect("filter");
-    let subscriber = tracing_subscriber::registry()
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(move || writer.clone()),
-        )
-        .with(filter);
-    let guard = tracing::subscriber::set_default(subscriber);
-    let outcome = kit.deliver(&order("o-log", 5)).await;
-    drop(guard);
+    let message = delivery(&order("o-log", 5));
+    let id = String::from_utf8_lossy(message.header("ce_id").expect("ce_id")).into_owned();
+    let outcome = kit.deliver_raw(message).await;
     assert_eq!(outcome, Outcome::Processed { attempt: 1 });
     let text = String::from_utf8(captured.0.lock().expect("buffer").clone()).expect("utf-8");
+    let line = text
+        .lines()
+        .find(|l| l.contains(&id) && l.contains(" processed"));
     assert!(
-        text.contains("txbox::engine") && text.contains("processed"),
-        "the engine's `processed` line under a txbox::engine target: {text:?}"
+        line.is_some_and(|l| l.contains("txbox::engine")),
+        "the engine's `processed` line for {id} under a txbox::engine target: {line:?}"
     );
 }
