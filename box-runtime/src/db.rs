@@ -403,39 +403,46 @@ fn unsupported(index: usize, type_name: &str) -> sqlx::Error {
     }
 }
 
-impl Db for sqlx::Postgres {
-    const STORE: &'static str = "postgres";
+/// `Db` for one sqlx database: the same statements on its connection, rows read by `$row`.
+macro_rules! impl_db {
+    ($db:ty, $conn:ty, $store:literal, $row:path) => {
+        impl Db for $db {
+            const STORE: &'static str = $store;
 
-    fn run<'a>(
-        conn: &'a mut sqlx::PgConnection,
-        sql: &'a str,
-        args: Vec<Value>,
-    ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
-        Box::pin(async move {
-            let query = bind_all!(sqlx::query(sql), args);
-            Ok(query.execute(conn).await?.rows_affected())
-        })
-    }
+            fn run<'a>(
+                conn: &'a mut $conn,
+                sql: &'a str,
+                args: Vec<Value>,
+            ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
+                Box::pin(async move {
+                    let query = bind_all!(sqlx::query(sql), args);
+                    Ok(query.execute(conn).await?.rows_affected())
+                })
+            }
 
-    fn fetch<'a>(
-        conn: &'a mut sqlx::PgConnection,
-        sql: &'a str,
-        args: Vec<Value>,
-    ) -> BoxFuture<'a, Result<Vec<Row>, sqlx::Error>> {
-        Box::pin(async move {
-            let query = bind_all!(sqlx::query(sql), args);
-            let rows = query.fetch_all(conn).await?;
-            rows.iter().map(pg_row).collect()
-        })
-    }
+            fn fetch<'a>(
+                conn: &'a mut $conn,
+                sql: &'a str,
+                args: Vec<Value>,
+            ) -> BoxFuture<'a, Result<Vec<Row>, sqlx::Error>> {
+                Box::pin(async move {
+                    let query = bind_all!(sqlx::query(sql), args);
+                    let rows = query.fetch_all(conn).await?;
+                    rows.iter().map($row).collect()
+                })
+            }
 
-    fn enqueue(
-        conn: &mut sqlx::PgConnection,
-        rows: Vec<NewRow>,
-    ) -> BoxFuture<'_, Result<Vec<Uuid>, EnqueueError>> {
-        Box::pin(OutboxTx::insert_rows(conn, rows))
-    }
+            fn enqueue(
+                conn: &mut $conn,
+                rows: Vec<NewRow>,
+            ) -> BoxFuture<'_, Result<Vec<Uuid>, EnqueueError>> {
+                Box::pin(OutboxTx::insert_rows(conn, rows))
+            }
+        }
+    };
 }
+
+impl_db!(sqlx::Postgres, sqlx::PgConnection, "postgres", pg_row);
 
 fn pg_row(row: &sqlx::postgres::PgRow) -> Result<Row, sqlx::Error> {
     let mut cells = Vec::with_capacity(row.len());
@@ -462,39 +469,7 @@ fn pg_row(row: &sqlx::postgres::PgRow) -> Result<Row, sqlx::Error> {
 }
 
 #[cfg(feature = "sqlite")]
-impl Db for sqlx::Sqlite {
-    const STORE: &'static str = "sqlite";
-
-    fn run<'a>(
-        conn: &'a mut sqlx::SqliteConnection,
-        sql: &'a str,
-        args: Vec<Value>,
-    ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
-        Box::pin(async move {
-            let query = bind_all!(sqlx::query(sql), args);
-            Ok(query.execute(conn).await?.rows_affected())
-        })
-    }
-
-    fn fetch<'a>(
-        conn: &'a mut sqlx::SqliteConnection,
-        sql: &'a str,
-        args: Vec<Value>,
-    ) -> BoxFuture<'a, Result<Vec<Row>, sqlx::Error>> {
-        Box::pin(async move {
-            let query = bind_all!(sqlx::query(sql), args);
-            let rows = query.fetch_all(conn).await?;
-            rows.iter().map(sqlite_row).collect()
-        })
-    }
-
-    fn enqueue(
-        conn: &mut sqlx::SqliteConnection,
-        rows: Vec<NewRow>,
-    ) -> BoxFuture<'_, Result<Vec<Uuid>, EnqueueError>> {
-        Box::pin(OutboxTx::insert_rows(conn, rows))
-    }
-}
+impl_db!(sqlx::Sqlite, sqlx::SqliteConnection, "sqlite", sqlite_row);
 
 #[cfg(feature = "sqlite")]
 fn sqlite_row(row: &sqlx::sqlite::SqliteRow) -> Result<Row, sqlx::Error> {
