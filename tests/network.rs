@@ -374,6 +374,16 @@ async fn longest_pause(db: &TestDb) -> f64 {
     .expect("longest pause")
 }
 
+/// The partition number of a member's "partition assigned/revoked" log line.
+fn partition_of(line: &str) -> Option<i32> {
+    let at = line.rfind("partition=")? + "partition=".len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// The partitions a member owns now, by its log: "partition assigned" and "partition
 /// revoked" lines replayed in order.
 fn owned_now(lines: &[String]) -> std::collections::BTreeSet<i32> {
@@ -383,20 +393,11 @@ fn owned_now(lines: &[String]) -> std::collections::BTreeSet<i32> {
         if !assigned && !l.contains("partition revoked") {
             continue;
         }
-        let Some(at) = l.rfind("partition=") else {
-            continue;
+        match partition_of(l) {
+            Some(p) if assigned => owned.insert(p),
+            Some(p) => owned.remove(&p),
+            None => false,
         };
-        let number = l[at + "partition=".len()..]
-            .split(|c: char| !c.is_ascii_digit())
-            .next()
-            .and_then(|n| n.parse().ok());
-        if let Some(p) = number {
-            if assigned {
-                owned.insert(p);
-            } else {
-                owned.remove(&p);
-            }
-        }
     }
     owned
 }
@@ -519,14 +520,7 @@ fn partitions_in(lines: &[String], what: &str) -> std::collections::BTreeSet<i32
     lines
         .iter()
         .filter(|l| l.contains(&needle))
-        .filter_map(|l| {
-            let at = l.rfind("partition=")? + "partition=".len();
-            l[at..]
-                .split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        })
+        .filter_map(|l| partition_of(l))
         .collect()
 }
 
