@@ -2,6 +2,7 @@
 //! per owned partition, see [`crate::engine::partition`]), and shuts down gracefully.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ struct Member<S> {
     /// Messages of partitions whose task is busy, in offset order; those partitions are
     /// paused until their task takes them, so that one slow partition never holds the others.
     waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
+    /// A request that wakes librdkafka's fetcher is in flight (see [`Member::wake_fetchers`]).
+    waking: Arc<AtomicBool>,
     first_error: Option<KafkaTransportError>,
 }
 
@@ -111,7 +114,12 @@ impl<S: InboxStore> Member<S> {
             .set("enable.partition.eof", "false")
             // Prefetched messages are bounded by this (16 MiB) rather than the backlog; with
             // the partition buffers it bounds the consumer's memory.
-            .set("queued.max.messages.kbytes", "16384");
+            .set("queued.max.messages.kbytes", "16384")
+            // A partition paused because its task is busy is fetched again only after the
+            // fetch in flight returns, which a broker may hold for this whole wait when there
+            // is nothing new (librdkafka's default is 500 ms): a short wait keeps a draining
+            // partition fed, at the cost of an empty fetch every 100 ms when idle.
+            .set("fetch.wait.max.ms", "100");
         for (k, v) in &config.settings {
             client.set(k, v);
         }
@@ -139,6 +147,7 @@ impl<S: InboxStore> Member<S> {
             tasks: HashMap::new(),
             retired: Vec::new(),
             waiting: HashMap::new(),
+            waking: Arc::default(),
             first_error: None,
         })
     }
@@ -210,10 +219,32 @@ impl<S: InboxStore> Member<S> {
                 resumed.push(pk.clone());
             }
         }
-        for pk in resumed {
-            self.waiting.remove(&pk);
-            self.pause(&pk, false);
+        // Every owned partition paused means librdkafka's fetcher went idle: it does not look
+        // at a resumed partition until its next wake-up, up to a second later. Any request to
+        // the partition's leader wakes it at once.
+        let all_paused = self.waiting.len() >= self.tasks.len();
+        for pk in &resumed {
+            self.waiting.remove(pk);
+            self.pause(pk, false);
         }
+        if all_paused && !resumed.is_empty() {
+            self.wake_fetchers(resumed);
+        }
+    }
+
+    /// Wakes librdkafka's fetchers for these partitions' leaders by asking each for the
+    /// partition's watermarks, on a blocking thread; one such thread at a time.
+    fn wake_fetchers(&self, partitions: Vec<PartitionKey>) {
+        if self.waking.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let (consumer, waking) = (self.consumer.clone(), self.waking.clone());
+        tokio::task::spawn_blocking(move || {
+            for (topic, partition) in partitions {
+                let _ = consumer.fetch_watermarks(&topic, partition, Duration::from_secs(1));
+            }
+            waking.store(false, Ordering::Release);
+        });
     }
 
     fn pause(&self, pk: &PartitionKey, pause: bool) {
@@ -301,6 +332,11 @@ impl<S: InboxStore> Member<S> {
         // commits): with the broker gone that could take for ever, so it gets what is left of
         // the grace period, on a detached thread of its own (a blocking task would hold up the
         // runtime's own shutdown), and is left behind after that.
+        // A wake-up request holds the consumer for at most a second a partition; the
+        // consumer closes (and flushes its commits) when the last holder lets it go.
+        while self.waking.load(Ordering::Acquire) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let consumer = self.consumer;
         let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
