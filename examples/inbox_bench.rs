@@ -53,9 +53,7 @@ use uuid::Uuid;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{
-    create_topic, flag, order_created_headers, BoxError, OrderCreated, QUICK_GROUP_SETTINGS,
-};
+use common::{create_topic, flag, order_created_headers, BoxError, OrderCreated};
 
 /// The inbox group of runs B, C and D; each run still has a Kafka group id of its own.
 const GROUP: &str = "bench";
@@ -171,13 +169,24 @@ struct Broker {
     in_process: Option<InProcessKafka>,
 }
 
+/// [`QUICK_GROUP_SETTINGS`] and a 20 ms fetch wait, for every run alike (the baseline too):
+/// Tansu holds a fetch for its whole wait even when it has messages to return, so a
+/// consumer's rate on it is bounded by what one fetch returns per wait. Kafka answers at once
+/// when it has messages, where the wait changes nothing.
+const BROKER_SETTINGS: &[(&str, &str)] = &[
+    ("session.timeout.ms", "6000"),
+    ("heartbeat.interval.ms", "1000"),
+    ("fetch.wait.max.ms", "20"),
+];
+
 impl Broker {
-    /// Consumer settings for quick group joins on this broker.
+    /// Consumer settings for quick group joins on this broker (and, on a broker of
+    /// `KAFKA_BROKERS`, [`BROKER_FETCH_WAIT`]).
     fn consumer_settings(&self) -> &'static [(&'static str, &'static str)] {
         if self.in_process.is_some() {
             CONSUMER_SETTINGS
         } else {
-            QUICK_GROUP_SETTINGS
+            BROKER_SETTINGS
         }
     }
 
@@ -638,13 +647,26 @@ async fn produce_at_rate(
     Ok(())
 }
 
-/// End-to-end latency, produce to handler commit, at a steady `rate` offered.
-async fn latency(
-    broker: &Broker,
-    pg: &txbox::PgStore,
-    rate: u64,
-    seconds: u64,
-) -> Result<(Duration, Duration), BoxError> {
+/// The latencies' median and 99th percentile.
+fn percentiles(mut latencies: Vec<Duration>) -> (Duration, Duration) {
+    latencies.sort();
+    let pick = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
+    (pick(0.50), pick(0.99))
+}
+
+/// How long ago a message produced by [`produce_at_rate`] was sent.
+fn age(headers: Option<&[u8]>) -> Result<Duration, BoxError> {
+    let sent: u128 = headers
+        .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
+        .ok_or("no x-sent-us")?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_micros();
+    Ok(Duration::from_micros(now.saturating_sub(sent) as u64))
+}
+
+/// A fresh 3-partition topic for a latency run.
+async fn latency_topic(broker: &Broker) -> Result<String, BoxError> {
     let topic = format!(
         "txbox-inbox-latency-{}",
         &Uuid::new_v4().simple().to_string()[..8]
@@ -653,6 +675,60 @@ async fn latency(
         Some(kafka) => kafka.create_topic(&topic, 3)?,
         None => create_topic(&broker.brokers, &topic, 3).await?,
     }
+    Ok(topic)
+}
+
+/// The broker's own share of the latency: a bare rdkafka consumer with the same settings,
+/// produce to receive, no database, at the same offered rate.
+async fn bare_latency(
+    broker: &Broker,
+    rate: u64,
+    seconds: u64,
+) -> Result<(Duration, Duration), BoxError> {
+    use rdkafka::message::Headers as _;
+    let topic = latency_topic(broker).await?;
+    let mut config = rdkafka::ClientConfig::new();
+    config
+        .set("bootstrap.servers", &broker.brokers)
+        .set("group.id", format!("inbox-bench-bare-{}", Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest");
+    for (k, v) in broker.consumer_settings() {
+        config.set(*k, *v);
+    }
+    let consumer: StreamConsumer = config.create()?;
+    consumer.subscribe(&[topic.as_str()])?;
+    tokio::time::sleep(Duration::from_secs(3)).await; // the group join
+    let events = (rate * seconds) as usize;
+    let producing = tokio::spawn({
+        let (brokers, topic) = (broker.brokers.clone(), topic.clone());
+        async move {
+            produce_at_rate(&brokers, &topic, events, rate)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    });
+    let mut latencies = Vec::with_capacity(events);
+    while latencies.len() < events {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await??;
+        let sent = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "x-sent-us"))
+            .and_then(|h| h.value);
+        latencies.push(age(sent)?);
+    }
+    producing.await?.map_err(|e| -> BoxError { e.into() })?;
+    Ok(percentiles(latencies))
+}
+
+/// End-to-end latency, produce to handler commit, at a steady `rate` offered.
+async fn latency(
+    broker: &Broker,
+    pg: &txbox::PgStore,
+    rate: u64,
+    seconds: u64,
+) -> Result<(Duration, Duration), BoxError> {
+    let topic = latency_topic(broker).await?;
     let kafka = broker.consumer_settings().iter().fold(
         txbox::KafkaConfig::new(broker.brokers.clone(), [topic.as_str()])
             .group_id(format!("inbox-bench-{}", Uuid::new_v4())),
@@ -681,22 +757,12 @@ async fn latency(
         let r = tokio::time::timeout(Duration::from_secs(30), reports.recv())
             .await?
             .ok_or("consumer ended")?;
-        let sent: u128 = r
-            .delivery
-            .header("x-sent-us")
-            .and_then(|v| std::str::from_utf8(v).ok()?.parse().ok())
-            .ok_or("no x-sent-us")?;
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_micros();
-        latencies.push(Duration::from_micros(now.saturating_sub(sent) as u64));
+        latencies.push(age(r.delivery.header("x-sent-us"))?);
     }
     producing.await?.map_err(|e| -> BoxError { e.into() })?;
     let _ = stop.send(());
     handle.await??;
-    latencies.sort();
-    let pick = |p: f64| latencies[((latencies.len() - 1) as f64 * p) as usize];
-    Ok((pick(0.50), pick(0.99)))
+    Ok(percentiles(latencies))
 }
 
 /// The unchanged `billing` example, run as a child process on a fresh schema and topic with a
@@ -838,11 +904,16 @@ async fn bench(
     }
 
     let (p50, p99) = latency(&broker, &pg, 1000, 10).await?;
+    let (bare50, bare99) = bare_latency(&broker, 1000, 10).await?;
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "\nlatency, produce -> handler commit, 1 000 msgs/s offered for 10 s (txbox batched): \
+        "\nlatency, 1 000 msgs/s offered for 10 s: txbox batched, produce -> handler commit: \
+         p50 {:.1} ms, p99 {:.1} ms; a bare consumer, produce -> receive (no database): \
          p50 {:.1} ms, p99 {:.1} ms",
-        p50.as_secs_f64() * 1e3,
-        p99.as_secs_f64() * 1e3
+        ms(p50),
+        ms(p99),
+        ms(bare50),
+        ms(bare99)
     );
     let baseline = runs.first().map_or(1.0, Measured::rate);
     for parts in [partitions, 12] {
