@@ -140,7 +140,7 @@ async fn produce(
     }
     rng.shuffle(&mut records);
     Workload {
-        topic: topic.to_owned(),
+        topic: topic.into(),
         valid: valid as i64,
         duplicates,
         bad,
@@ -1035,7 +1035,7 @@ async fn check_topic_and_effects(
     assert!(consumer.terminate().success());
     assert_eq!(done, total, "every event consumed");
     let w = Workload {
-        topic: "orders".to_owned(),
+        topic: "orders".into(),
         valid: total,
         duplicates: duplicates as i64,
         bad: 0,

@@ -91,7 +91,7 @@ pub fn delivery<E: OutboxEvent>(event: &E) -> Delivery {
     let payload = serde_json::to_vec(event).expect("the test event serialises to JSON");
     let header = |name: &str, value: &str| (name.to_owned(), Some(value.as_bytes().to_vec()));
     Delivery {
-        topic: E::TOPIC.to_owned(),
+        topic: E::TOPIC.into(),
         partition: 0,
         offset: -1,
         key: event.key().map(String::into_bytes),

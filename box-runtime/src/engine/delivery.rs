@@ -1,10 +1,11 @@
 //! One message as a transport hands it to the engine.
 
+use std::sync::Arc;
 /// One message as the broker delivered it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivery {
     /// Topic.
-    pub topic: String,
+    pub topic: Arc<str>,
     /// Partition.
     pub partition: i32,
     /// Offset within the partition.

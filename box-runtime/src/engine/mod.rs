@@ -752,7 +752,7 @@ impl<S: InboxStore> Inbox<S> {
         };
         let mut meta = MessageMeta::new(&key.group, event_id, msg.event_type);
         meta.source = (!key.source.is_empty()).then(|| key.source.clone());
-        meta.topic = d.topic.clone();
+        meta.topic = d.topic.to_string();
         meta.partition = d.partition;
         meta.offset = d.offset;
         meta.key = d.key.clone();

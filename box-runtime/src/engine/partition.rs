@@ -325,7 +325,7 @@ mod tests {
 
     fn delivery(offset: i64) -> Arc<Delivery> {
         Arc::new(Delivery {
-            topic: "t".to_owned(),
+            topic: "t".into(),
             partition: 0,
             offset,
             key: None,

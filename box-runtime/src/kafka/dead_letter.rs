@@ -30,7 +30,7 @@ impl DeadLetterTopic {
         for (key, value) in [
             ("txbox_dlq_reason", reason),
             ("txbox_dlq_group", self.group.as_str()),
-            ("txbox_dlq_topic", d.topic.as_str()),
+            ("txbox_dlq_topic", &*d.topic),
             ("txbox_dlq_partition", partition.as_str()),
             ("txbox_dlq_offset", offset.as_str()),
             ("txbox_dlq_id", id.as_str()),

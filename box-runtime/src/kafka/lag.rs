@@ -77,7 +77,7 @@ fn measure(
             Offset::Offset(o) => o,
             _ => low,
         };
-        let key = (e.topic().to_owned(), e.partition());
+        let key = (e.topic().into(), e.partition());
         gauges.gauge(&key).set((high - position).max(0) as f64);
     }
     Ok(())

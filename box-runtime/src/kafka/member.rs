@@ -42,6 +42,8 @@ struct Member<S> {
     /// Messages of partitions whose task is busy, in offset order; those partitions are
     /// paused until their task takes them, so that one slow partition never holds the others.
     waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
+    /// The subscribed topics' names, shared by their messages.
+    topics: Vec<Arc<str>>,
     /// A request that wakes librdkafka's fetcher is in flight (see [`Member::wake_fetchers`]).
     waking: Arc<AtomicBool>,
     first_error: Option<KafkaTransportError>,
@@ -83,7 +85,10 @@ pub(crate) async fn run<S: InboxStore>(
             m = member.consumer.recv() => m,
         };
         match message {
-            Ok(m) => member.dispatch(Arc::new(to_delivery(&m))),
+            Ok(m) => {
+                let topic = member.topic(m.topic());
+                member.dispatch(Arc::new(to_delivery(&m, topic)));
+            }
             Err(e) => {
                 errors.log(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -114,12 +119,7 @@ impl<S: InboxStore> Member<S> {
             .set("enable.partition.eof", "false")
             // Prefetched messages are bounded by this (16 MiB) rather than the backlog; with
             // the partition buffers it bounds the consumer's memory.
-            .set("queued.max.messages.kbytes", "16384")
-            // A partition paused because its task is busy is fetched again only after the
-            // fetch in flight returns, which a broker may hold for this whole wait when there
-            // is nothing new (librdkafka's default is 500 ms): a short wait keeps a draining
-            // partition fed, at the cost of an empty fetch every 100 ms when idle.
-            .set("fetch.wait.max.ms", "100");
+            .set("queued.max.messages.kbytes", "16384");
         for (k, v) in &config.settings {
             client.set(k, v);
         }
@@ -138,6 +138,7 @@ impl<S: InboxStore> Member<S> {
         tracing::info!(target: "txbox::kafka", group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
+            topics: config.topics.iter().map(|t| t.as_str().into()).collect(),
             inbox,
             config,
             consumer,
@@ -150,6 +151,15 @@ impl<S: InboxStore> Member<S> {
             waking: Arc::default(),
             first_error: None,
         })
+    }
+
+    /// The shared name of `topic` (a subscribed topic's, not a copy per message).
+    fn topic(&self, topic: &str) -> Arc<str> {
+        self.topics
+            .iter()
+            .find(|t| &***t == topic)
+            .cloned()
+            .unwrap_or_else(|| topic.into())
     }
 
     /// Hands a message to the task of its partition without ever waiting for it: when the
@@ -288,7 +298,7 @@ impl<S: InboxStore> Member<S> {
     async fn reap(&mut self, handle: JoinHandle<()>, pk: &PartitionKey) {
         if let Err(e) = handle.await {
             let error = KafkaTransportError::Task {
-                topic: pk.0.clone(),
+                topic: pk.0.to_string(),
                 partition: pk.1,
                 message: e.to_string(),
             };
@@ -430,9 +440,9 @@ fn dead_letter_topic(
     })))
 }
 
-fn to_delivery(m: &BorrowedMessage<'_>) -> Delivery {
+fn to_delivery(m: &BorrowedMessage<'_>, topic: Arc<str>) -> Delivery {
     Delivery {
-        topic: m.topic().to_owned(),
+        topic,
         partition: m.partition(),
         offset: m.offset(),
         key: m.key().map(<[u8]>::to_vec),

@@ -14,7 +14,7 @@ use super::dead_letter::DeadLetterTopic;
 use crate::engine::{Delivery, PartitionLink};
 use crate::telemetry::Health;
 
-pub(super) type PartitionKey = (String, i32);
+pub(super) type PartitionKey = (Arc<str>, i32);
 
 /// Which partitions this member owns, and since which rebalance.
 #[derive(Default)]
@@ -51,7 +51,7 @@ impl ConsumerContext for RebalanceContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let mut own = lock(&self.ownership);
             for e in tpl.elements() {
-                let key = (e.topic().to_owned(), e.partition());
+                let key: PartitionKey = (e.topic().into(), e.partition());
                 own.owned.remove(&key);
                 if let Some(stop) = own.stops.remove(&key) {
                     let _ = stop.send(true);
@@ -77,7 +77,7 @@ impl ConsumerContext for RebalanceContext {
             let generation = own.generation;
             for e in tpl.elements() {
                 own.owned
-                    .insert((e.topic().to_owned(), e.partition()), generation);
+                    .insert((e.topic().into(), e.partition()), generation);
                 tracing::info!(target: "txbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),

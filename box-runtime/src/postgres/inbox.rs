@@ -78,7 +78,7 @@ impl InboxStore for PgStore {
             .bind(&types)
             .bind(&partitions)
             .bind(&offsets)
-            .bind(&first.delivery.topic)
+            .bind(&*first.delivery.topic)
             .bind(&business_keys)
             .fetch_all(&mut **tx)
             .await?;
@@ -258,7 +258,7 @@ impl InboxStore for PgStore {
             .bind(&key.source)
             .bind(&key.event_id)
             .bind(event_type)
-            .bind(&delivery.topic)
+            .bind(&*delivery.topic)
             .bind(delivery.partition)
             .bind(delivery.offset)
             .fetch_one(&mut **tx)
@@ -293,7 +293,7 @@ impl InboxStore for PgStore {
             .bind(letter.stored_source())
             .bind(letter.key.map(|k| k.event_id.as_str()))
             .bind(letter.stored_event_type())
-            .bind(&d.topic)
+            .bind(&*d.topic)
             .bind(d.partition)
             .bind(d.offset)
             .bind(d.key.as_deref())
@@ -335,7 +335,7 @@ impl InboxStore for PgStore {
             event_id: row.try_get("event_id")?,
             event_type: row.try_get("event_type")?,
             delivery: Delivery {
-                topic: row.try_get("topic")?,
+                topic: row.try_get::<String, _>("topic")?.into(),
                 partition: row.try_get("partition")?,
                 offset: row.try_get("offset")?,
                 key: row.try_get("message_key")?,

@@ -148,7 +148,7 @@ impl PgStore {
                 .bind(&r.key.source)
                 .bind(&r.key.event_id)
                 .bind(text::safe_text(r.event_type, text::MAX_LABEL_BYTES))
-                .bind(&d.topic)
+                .bind(&*d.topic)
                 .bind(d.partition)
                 .bind(d.offset)
                 .bind(d.key.as_deref())
@@ -190,7 +190,9 @@ impl PgStore {
             delivery: Delivery {
                 topic: row
                     .try_get::<Option<String>, _>("topic")?
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    .into(),
+
                 partition: row.try_get::<Option<i32>, _>("partition")?.unwrap_or(0),
                 offset: row.try_get::<Option<i64>, _>("offset")?.unwrap_or(0),
                 key: row.try_get("message_key")?,

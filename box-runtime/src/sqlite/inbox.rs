@@ -70,7 +70,7 @@ impl InboxStore for SqliteStore {
         let json = serde_json::to_string(&rows).map_err(|e| StoreError::Config(e.to_string()))?;
         let inserted: Vec<(String, String)> = sqlx::query_as(&self.sql.claim_batch)
             .bind(&first.key.group)
-            .bind(&first.delivery.topic)
+            .bind(&*first.delivery.topic)
             .bind(&json)
             .fetch_all(&mut **tx)
             .await?;
@@ -167,7 +167,7 @@ impl InboxStore for SqliteStore {
             .bind(&key.source)
             .bind(&key.event_id)
             .bind(event_type)
-            .bind(&delivery.topic)
+            .bind(&*delivery.topic)
             .bind(delivery.partition)
             .bind(delivery.offset)
             .bind(key.business_key.as_deref())
@@ -197,7 +197,7 @@ impl InboxStore for SqliteStore {
             .bind(letter.stored_source())
             .bind(letter.key.map(|k| k.event_id.as_str()))
             .bind(letter.stored_event_type())
-            .bind(&d.topic)
+            .bind(&*d.topic)
             .bind(d.partition)
             .bind(d.offset)
             .bind(d.key.as_deref())
@@ -238,7 +238,7 @@ impl InboxStore for SqliteStore {
             event_id: row.try_get("event_id")?,
             event_type: row.try_get("event_type")?,
             delivery: Delivery {
-                topic: row.try_get("topic")?,
+                topic: row.try_get::<String, _>("topic")?.into(),
                 partition: partition as i32,
                 offset: row.try_get("offset")?,
                 key: row.try_get("message_key")?,

@@ -152,7 +152,7 @@ fn message_span(group: &str, d: &Delivery, (type_header, id_header): (&str, &str
         group,
         event_type = d.header_str(type_header).unwrap_or(""),
         event_id = d.header_str(id_header).unwrap_or(""),
-        topic = d.topic.as_str(),
+        topic = &*d.topic,
         partition = d.partition,
         offset = d.offset,
         attempt = tracing::field::Empty,
