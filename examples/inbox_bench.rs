@@ -649,6 +649,11 @@ async fn produce_at_rate(
     Ok(())
 }
 
+/// Messages a latency run sends, and waits for, before it measures: the first ones after a
+/// group join wait for the first fetches and the first database connections (up to 170 ms on
+/// Tansu), which is start-up, not the steady latency measured.
+const WARM_UP: usize = 200;
+
 /// The latencies' median and 99th percentile.
 fn percentiles(mut latencies: Vec<Duration>) -> (Duration, Duration) {
     latencies.sort();
@@ -701,6 +706,10 @@ async fn bare_latency(
     let consumer: StreamConsumer = config.create()?;
     consumer.subscribe(&[topic.as_str()])?;
     tokio::time::sleep(Duration::from_secs(3)).await; // the group join
+    produce_at_rate(&broker.brokers, &topic, WARM_UP, rate).await?;
+    for _ in 0..WARM_UP {
+        tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await??;
+    }
     let events = (rate * seconds) as usize;
     let producing = tokio::spawn({
         let (brokers, topic) = (broker.brokers.clone(), topic.clone());
@@ -745,6 +754,12 @@ async fn latency(
         let _ = stopped.await;
     }));
     tokio::time::sleep(Duration::from_secs(3)).await; // the group join
+    produce_at_rate(&broker.brokers, &topic, WARM_UP, rate).await?;
+    for _ in 0..WARM_UP {
+        tokio::time::timeout(Duration::from_secs(30), reports.recv())
+            .await?
+            .ok_or("consumer ended")?;
+    }
     let events = (rate * seconds) as usize;
     let producing = tokio::spawn({
         let (brokers, topic) = (broker.brokers.clone(), topic.clone());
