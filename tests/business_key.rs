@@ -305,3 +305,87 @@ async fn sqlite_store(dir: &TempDir) -> txbox::SqliteStore {
     store.migrate().await.expect("migrate");
     store
 }
+
+/// Round one of the `a_batch_frees_every_expired_business_key_it_holds_*` tests: three
+/// operations.
+async fn three_operations<S: InboxStore>(inbox: &Inbox<S>, ops: &[Uuid; 3]) {
+    let batch: Vec<Delivery> = (0..3)
+        .map(|i| credited(i, &format!("first-{i}"), ops[i as usize]))
+        .collect();
+    let refs: Vec<&Delivery> = batch.iter().collect();
+    let outcomes = inbox.process_batch(&refs, &no_shutdown()).await;
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| *o == Outcome::Processed { attempt: 1 }),
+        "{outcomes:?}"
+    );
+}
+
+/// Round two: the same operations again under new event ids, in one batch; the first two
+/// were received outside the window, the third inside.
+async fn the_same_operations_again<S: InboxStore>(inbox: &Inbox<S>, ops: &[Uuid; 3]) {
+    let batch: Vec<Delivery> = (0..3)
+        .map(|i| credited(10 + i, &format!("again-{i}"), ops[i as usize]))
+        .collect();
+    let refs: Vec<&Delivery> = batch.iter().collect();
+    let outcomes = inbox.process_batch(&refs, &no_shutdown()).await;
+    let processed = Outcome::Processed { attempt: 1 };
+    assert_eq!(
+        outcomes,
+        [
+            processed.clone(),
+            processed,
+            Outcome::DuplicateBusinessKey {
+                key: ops[2].to_string()
+            }
+        ],
+        "the two expired keys are freed by the batch, the recent one still refuses"
+    );
+}
+
+fn one_hour_window() -> InboxConfig {
+    let mut config = InboxConfig::default();
+    config.business_key_window = Some(Duration::from_secs(3600));
+    config
+}
+
+#[tokio::test]
+async fn a_batch_frees_every_expired_business_key_it_holds_on_postgres() {
+    let db = TestDb::new("bk_window_batch").await;
+    let inbox = Inbox::new(db.migrated_store().await, "bk-event", one_hour_window()).unwrap();
+    let ops = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
+    three_operations(&inbox, &ops).await;
+    sqlx::query(
+        "UPDATE txbox_inbox SET received_at = now() - interval '2 hours' \
+         WHERE event_id IN ('first-0', 'first-1')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    the_same_operations_again(&inbox, &ops).await;
+    assert_eq!(db.invoices().await, 5);
+}
+
+#[tokio::test]
+async fn a_batch_frees_every_expired_business_key_it_holds_on_sqlite() {
+    let dir = TempDir::new("bk-sqlite-window");
+    let store = sqlite_store(&dir).await;
+    let pool = store.pool().clone();
+    let inbox = Inbox::new(store, "bk-event", one_hour_window()).unwrap();
+    let ops = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
+    three_operations(&inbox, &ops).await;
+    sqlx::query(
+        "UPDATE txbox_inbox SET received_at = '2000-01-01T00:00:00.000Z' \
+         WHERE event_id IN ('first-0', 'first-1')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    the_same_operations_again(&inbox, &ops).await;
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(invoices, 5);
+}

@@ -70,6 +70,7 @@ const DIALECT: Dialect = Dialect {
     now: "now()",
     ago: |secs| format!("now() - make_interval(secs => {secs})"),
     row_id: "ctid",
+    json_strings: |array| format!("SELECT json_array_elements_text({array}::json)"),
 };
 
 struct Postgres;

@@ -62,6 +62,7 @@ const DIALECT: Dialect = Dialect {
     now: NOW,
     ago: |secs| format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%f seconds', {secs}))"),
     row_id: "rowid",
+    json_strings: |array| format!("SELECT value FROM json_each({array})"),
 };
 
 struct Sqlite3;

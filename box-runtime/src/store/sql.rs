@@ -14,6 +14,9 @@ pub(crate) struct Dialect {
     pub(crate) ago: fn(&str) -> String,
     /// The physical row id, for batched deletes.
     pub(crate) row_id: &'static str,
+    /// The strings of a JSON array, as a set to match with `IN`, given the SQL expression of
+    /// the array's text.
+    pub(crate) json_strings: fn(&str) -> String,
 }
 
 /// The inbox statements whose text is the same up to the [`Dialect`].
@@ -68,8 +71,9 @@ impl InboxSql {
             ),
             expire_business_key: format!(
                 "UPDATE {} SET business_key = NULL \
-                 WHERE consumer_group = $1 AND business_key = $2 AND received_at < {}",
+                 WHERE consumer_group = $1 AND business_key IN ({}) AND received_at < {}",
                 t.inbox,
+                (d.json_strings)("$2"),
                 (d.ago)("$3")
             ),
             known_event: format!(
@@ -116,20 +120,30 @@ where
         Ok(())
     }
 
-    /// Frees the business keys of `keys` held by rows received more than `older_than` ago.
+    /// Frees the business keys of `keys` held by rows received more than `older_than` ago:
+    /// one statement per group (a consumer's batch has one).
     pub(crate) async fn expire_business_keys(
         &self,
         conn: &mut DB::Connection,
         keys: &[&InboxKey],
         older_than: std::time::Duration,
     ) -> Result<(), StoreError> {
+        let mut groups: Vec<(&str, Vec<&str>)> = Vec::new();
         for key in keys {
             let Some(business_key) = key.business_key.as_deref() else {
                 continue;
             };
+            match groups.iter_mut().find(|(g, _)| *g == key.group) {
+                Some((_, held)) => held.push(business_key),
+                None => groups.push((&key.group, vec![business_key])),
+            }
+        }
+        for (group, business_keys) in groups {
+            let business_keys =
+                serde_json::to_string(&business_keys).expect("a list of strings serializes");
             sqlx::query(&self.sql.expire_business_key)
-                .bind(key.group.as_str())
-                .bind(business_key)
+                .bind(group)
+                .bind(business_keys.as_str())
                 .bind(older_than.as_secs_f64())
                 .execute(&mut *conn)
                 .await?;
