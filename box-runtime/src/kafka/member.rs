@@ -49,6 +49,10 @@ struct Member<S> {
     first_error: Option<KafkaTransportError>,
 }
 
+/// How long a request that wakes librdkafka's fetcher waits for its answer (see
+/// [`Member::wake_fetchers`]); a graceful stop waits for it.
+const WAKE_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// Runs `inbox` on Kafka until `shutdown` becomes true: then finishes the message each partition
 /// has in hand, commits what is resolved, and leaves the group.
 pub(crate) async fn run<S: InboxStore>(
@@ -250,8 +254,10 @@ impl<S: InboxStore> Member<S> {
         }
         let (consumer, waking) = (self.consumer.clone(), self.waking.clone());
         tokio::task::spawn_blocking(move || {
-            for (topic, partition) in partitions {
-                let _ = consumer.fetch_watermarks(&topic, partition, Duration::from_secs(1));
+            // A handful is enough: one request wakes the fetcher of every partition its
+            // broker leads, and a stop waits for these.
+            for (topic, partition) in partitions.into_iter().take(4) {
+                let _ = consumer.fetch_watermarks(&topic, partition, WAKE_TIMEOUT);
             }
             waking.store(false, Ordering::Release);
         });
@@ -342,9 +348,9 @@ impl<S: InboxStore> Member<S> {
         // commits): with the broker gone that could take for ever, so it gets what is left of
         // the grace period, on a detached thread of its own (a blocking task would hold up the
         // runtime's own shutdown), and is left behind after that.
-        // A wake-up request holds the consumer for at most a second a partition; the
-        // consumer closes (and flushes its commits) when the last holder lets it go.
-        while self.waking.load(Ordering::Acquire) && tokio::time::Instant::now() < deadline {
+        // A wake-up request in flight finishes first (within its timeout): closing the
+        // consumer while another thread still calls into it is not safe in librdkafka.
+        while self.waking.load(Ordering::Acquire) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let consumer = self.consumer;
