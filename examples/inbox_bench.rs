@@ -55,7 +55,9 @@ use uuid::Uuid;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{create_topic, flag, order_created_headers, BoxError, OrderCreated};
+use common::{
+    create_topic, flag, order_created_headers, BoxError, OrderCreated, QUICK_GROUP_SETTINGS,
+};
 
 /// The inbox group of runs B, C and D; each run still has a Kafka group id of its own.
 const GROUP: &str = "bench";
@@ -171,24 +173,20 @@ struct Broker {
     in_process: Option<InProcessKafka>,
 }
 
-/// [`QUICK_GROUP_SETTINGS`] and a 20 ms fetch wait, for every run alike (the baseline too):
-/// Tansu holds a fetch for its whole wait even when it has messages to return, so a
-/// consumer's rate on it is bounded by what one fetch returns per wait. Kafka answers at once
-/// when it has messages, where the wait changes nothing.
-const BROKER_SETTINGS: &[(&str, &str)] = &[
-    ("session.timeout.ms", "6000"),
-    ("heartbeat.interval.ms", "1000"),
-    ("fetch.wait.max.ms", "20"),
-];
+/// The fetch wait of every run on `KAFKA_BROKERS` (the baseline too), besides
+/// [`QUICK_GROUP_SETTINGS`]: Tansu holds a fetch for its whole wait even when it has messages
+/// to return, so a consumer's rate on it is bounded by what one fetch returns per wait. Kafka
+/// answers at once when it has messages, where the wait changes nothing.
+const BROKER_FETCH_WAIT: (&str, &str) = ("fetch.wait.max.ms", "20");
 
 impl Broker {
     /// Consumer settings for quick group joins on this broker (and, on a broker of
     /// `KAFKA_BROKERS`, [`BROKER_FETCH_WAIT`]).
-    fn consumer_settings(&self) -> &'static [(&'static str, &'static str)] {
+    fn consumer_settings(&self) -> Vec<(&'static str, &'static str)> {
         if self.in_process.is_some() {
-            CONSUMER_SETTINGS
+            CONSUMER_SETTINGS.to_vec()
         } else {
-            BROKER_SETTINGS
+            [QUICK_GROUP_SETTINGS, &[BROKER_FETCH_WAIT]].concat()
         }
     }
 
@@ -327,7 +325,7 @@ async fn handwritten(
         .set("auto.offset.reset", "earliest")
         .set("enable.partition.eof", "false");
     for (k, v) in broker.consumer_settings() {
-        config.set(*k, *v);
+        config.set(k, v);
     }
     let consumer: std::sync::Arc<StreamConsumer> = std::sync::Arc::new(config.create()?);
     consumer.subscribe(&[topic])?;
@@ -701,18 +699,39 @@ async fn bare_latency(
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest");
     for (k, v) in broker.consumer_settings() {
-        config.set(*k, *v);
+        config.set(k, v);
     }
     let consumer: StreamConsumer = config.create()?;
     consumer.subscribe(&[topic.as_str()])?;
+    measure(broker, &topic, rate, seconds, async || {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await??;
+        let sent = m
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "x-sent-us"))
+            .and_then(|h| h.value);
+        age(sent)
+    })
+    .await
+}
+
+/// Waits for the group join, produces [`WARM_UP`] messages at `rate` and takes them unmeasured,
+/// then produces `rate * seconds` more while `next` takes each and says how old it is: their
+/// median and 99th percentile.
+async fn measure(
+    broker: &Broker,
+    topic: &str,
+    rate: u64,
+    seconds: u64,
+    mut next: impl AsyncFnMut() -> Result<Duration, BoxError>,
+) -> Result<(Duration, Duration), BoxError> {
     tokio::time::sleep(Duration::from_secs(3)).await; // the group join
-    produce_at_rate(&broker.brokers, &topic, WARM_UP, rate).await?;
+    produce_at_rate(&broker.brokers, topic, WARM_UP, rate).await?;
     for _ in 0..WARM_UP {
-        tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await??;
+        next().await?;
     }
     let events = (rate * seconds) as usize;
     let producing = tokio::spawn({
-        let (brokers, topic) = (broker.brokers.clone(), topic.clone());
+        let (brokers, topic) = (broker.brokers.clone(), topic.to_owned());
         async move {
             produce_at_rate(&brokers, &topic, events, rate)
                 .await
@@ -721,12 +740,7 @@ async fn bare_latency(
     });
     let mut latencies = Vec::with_capacity(events);
     while latencies.len() < events {
-        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv()).await??;
-        let sent = m
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == "x-sent-us"))
-            .and_then(|h| h.value);
-        latencies.push(age(sent)?);
+        latencies.push(next().await?);
     }
     producing.await?.map_err(|e| -> BoxError { e.into() })?;
     Ok(percentiles(latencies))
@@ -753,33 +767,16 @@ async fn latency(
     let handle = tokio::spawn(consumer.run(async move {
         let _ = stopped.await;
     }));
-    tokio::time::sleep(Duration::from_secs(3)).await; // the group join
-    produce_at_rate(&broker.brokers, &topic, WARM_UP, rate).await?;
-    for _ in 0..WARM_UP {
-        tokio::time::timeout(Duration::from_secs(30), reports.recv())
-            .await?
-            .ok_or("consumer ended")?;
-    }
-    let events = (rate * seconds) as usize;
-    let producing = tokio::spawn({
-        let (brokers, topic) = (broker.brokers.clone(), topic.clone());
-        async move {
-            produce_at_rate(&brokers, &topic, events, rate)
-                .await
-                .map_err(|e| e.to_string())
-        }
-    });
-    let mut latencies = Vec::with_capacity(events);
-    while latencies.len() < events {
+    let measured = measure(broker, &topic, rate, seconds, async || {
         let r = tokio::time::timeout(Duration::from_secs(30), reports.recv())
             .await?
             .ok_or("consumer ended")?;
-        latencies.push(age(r.delivery.header("x-sent-us"))?);
-    }
-    producing.await?.map_err(|e| -> BoxError { e.into() })?;
+        age(r.delivery.header("x-sent-us"))
+    })
+    .await?;
     let _ = stop.send(());
     handle.await??;
-    Ok(percentiles(latencies))
+    Ok(measured)
 }
 
 /// The unchanged `billing` example, run as a child process on a fresh schema and topic with a

@@ -2,7 +2,6 @@
 //! per owned partition, see [`crate::engine::partition`]), and shuts down gracefully.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,8 +43,8 @@ struct Member<S> {
     waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
     /// The subscribed topics' names, shared by their messages.
     topics: Vec<Arc<str>>,
-    /// A request that wakes librdkafka's fetcher is in flight (see [`Member::wake_fetchers`]).
-    waking: Arc<AtomicBool>,
+    /// The last request that woke librdkafka's fetcher (see [`Member::wake_fetchers`]).
+    waking: Option<JoinHandle<()>>,
     first_error: Option<KafkaTransportError>,
 }
 
@@ -152,7 +151,7 @@ impl<S: InboxStore> Member<S> {
             tasks: HashMap::new(),
             retired: Vec::new(),
             waiting: HashMap::new(),
-            waking: Arc::default(),
+            waking: None,
             first_error: None,
         })
     }
@@ -248,19 +247,18 @@ impl<S: InboxStore> Member<S> {
 
     /// Wakes librdkafka's fetchers for these partitions' leaders by asking each for the
     /// partition's watermarks, on a blocking thread; one such thread at a time.
-    fn wake_fetchers(&self, partitions: Vec<PartitionKey>) {
-        if self.waking.swap(true, Ordering::AcqRel) {
+    fn wake_fetchers(&mut self, partitions: Vec<PartitionKey>) {
+        if self.waking.as_ref().is_some_and(|w| !w.is_finished()) {
             return;
         }
-        let (consumer, waking) = (self.consumer.clone(), self.waking.clone());
-        tokio::task::spawn_blocking(move || {
+        let consumer = self.consumer.clone();
+        self.waking = Some(tokio::task::spawn_blocking(move || {
             // A handful is enough: one request wakes the fetcher of every partition its
             // broker leads, and a stop waits for these.
             for (topic, partition) in partitions.into_iter().take(4) {
                 let _ = consumer.fetch_watermarks(&topic, partition, WAKE_TIMEOUT);
             }
-            waking.store(false, Ordering::Release);
-        });
+        }));
     }
 
     fn pause(&self, pk: &PartitionKey, pause: bool) {
@@ -350,8 +348,8 @@ impl<S: InboxStore> Member<S> {
         // runtime's own shutdown), and is left behind after that.
         // A wake-up request in flight finishes first (within its timeout): closing the
         // consumer while another thread still calls into it is not safe in librdkafka.
-        while self.waking.load(Ordering::Acquire) {
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        if let Some(waking) = self.waking.take() {
+            let _ = waking.await;
         }
         let consumer = self.consumer;
         let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
