@@ -43,14 +43,12 @@ struct Member<S> {
     waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
     /// The subscribed topics' names, shared by their messages.
     topics: Vec<Arc<str>>,
-    /// The last request that woke librdkafka's fetcher (see [`Member::wake_fetchers`]).
-    waking: Option<JoinHandle<()>>,
     first_error: Option<KafkaTransportError>,
 }
 
 /// How long a request that wakes librdkafka's fetcher waits for its answer (see
-/// [`Member::wake_fetchers`]); a graceful stop waits for it.
-const WAKE_TIMEOUT: Duration = Duration::from_millis(500);
+/// [`Member::wake_fetchers`]): the dispatcher waits for it.
+const WAKE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Runs `inbox` on Kafka until `shutdown` becomes true: then finishes the message each partition
 /// has in hand, commits what is resolved, and leaves the group.
@@ -151,7 +149,6 @@ impl<S: InboxStore> Member<S> {
             tasks: HashMap::new(),
             retired: Vec::new(),
             waiting: HashMap::new(),
-            waking: None,
             first_error: None,
         })
     }
@@ -246,19 +243,17 @@ impl<S: InboxStore> Member<S> {
     }
 
     /// Wakes librdkafka's fetchers for these partitions' leaders by asking each for the
-    /// partition's watermarks, on a blocking thread; one such thread at a time.
-    fn wake_fetchers(&mut self, partitions: Vec<PartitionKey>) {
-        if self.waking.as_ref().is_some_and(|w| !w.is_finished()) {
-            return;
+    /// partition's watermarks. On this task, as the lag sampler does: a request answered from
+    /// another thread kept the consumer alive there, and its last reference could then be
+    /// dropped (the consumer destroyed) off the runtime.
+    fn wake_fetchers(&self, partitions: Vec<PartitionKey>) {
+        // A handful is enough: one request wakes the fetcher of every partition its broker
+        // leads.
+        for (topic, partition) in partitions.into_iter().take(4) {
+            let _ = self
+                .consumer
+                .fetch_watermarks(&topic, partition, WAKE_TIMEOUT);
         }
-        let consumer = self.consumer.clone();
-        self.waking = Some(tokio::task::spawn_blocking(move || {
-            // A handful is enough: one request wakes the fetcher of every partition its
-            // broker leads, and a stop waits for these.
-            for (topic, partition) in partitions.into_iter().take(4) {
-                let _ = consumer.fetch_watermarks(&topic, partition, WAKE_TIMEOUT);
-            }
-        }));
     }
 
     fn pause(&self, pk: &PartitionKey, pause: bool) {
@@ -346,11 +341,6 @@ impl<S: InboxStore> Member<S> {
         // commits): with the broker gone that could take for ever, so it gets what is left of
         // the grace period, on a detached thread of its own (a blocking task would hold up the
         // runtime's own shutdown), and is left behind after that.
-        // A wake-up request in flight finishes first (within its timeout): closing the
-        // consumer while another thread still calls into it is not safe in librdkafka.
-        if let Some(waking) = self.waking.take() {
-            let _ = waking.await;
-        }
         let consumer = self.consumer;
         let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
         std::thread::spawn(move || {
