@@ -17,10 +17,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use inoutbox::prelude::*;
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
-use txbox::prelude::*;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
 #[path = "common/mod.rs"]
@@ -57,7 +57,7 @@ const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
 
 #[tokio::main]
 async fn main() -> Result<(), common::Failure> {
-    // `RUST_LOG` picks what is logged, in targets syntax (e.g. `info,box_runtime::kafka=debug`
+    // `RUST_LOG` picks what is logged, in targets syntax (e.g. `info,inoutbox_runtime::kafka=debug`
     // shows when a partition is no longer owned and its offset not committed); info by default.
     match std::env::var("RUST_LOG")
         .ok()
@@ -79,15 +79,15 @@ async fn main() -> Result<(), common::Failure> {
 
     // Refuses a URL of another database, and names the target (password hidden) if it
     // cannot connect within a few seconds.
-    let store = txbox::PgStore::connect(&database_url, 8).await?;
+    let store = inoutbox::PgStore::connect(&database_url, 8).await?;
     sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
 
     let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        txbox::KafkaConfig::new(brokers, [topic.as_str()]),
+        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
         |kafka, (k, v)| kafka.set(*k, *v),
     );
-    txbox::Consumer::builder(group, store, kafka)
+    inoutbox::Consumer::builder(group, store, kafka)
         .build()?
         .run_until_signal()
         .await?;

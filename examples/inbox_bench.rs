@@ -1,4 +1,4 @@
-//! Inbox benchmark: txbox's consumer against a hand-written consumer with one transaction per
+//! Inbox benchmark: inoutbox's consumer against a hand-written consumer with one transaction per
 //! message, measured in the same run on the same topic, database and number of lanes.
 //!
 //! ```text
@@ -16,10 +16,10 @@
 //! Kafka consumer group of its own and writes one `bench_invoices` row per message:
 //!
 //! * **A, hand-written** (baseline): an rdkafka consumer whose lanes (one per partition, as
-//!   txbox's) each run `BEGIN; INSERT; COMMIT` per message and then commit its offset.
-//! * **B, txbox batched** (`ExactlyOnceInbox`, the default): micro-batches per partition, one
+//!   inoutbox's) each run `BEGIN; INSERT; COMMIT` per message and then commit its offset.
+//! * **B, inoutbox batched** (`ExactlyOnceInbox`, the default): micro-batches per partition, one
 //!   claim statement, the handler per event, one commit and one offset commit per batch.
-//! * **C, txbox unbatched** (`max_batch(1)`): one transaction per message, as before batching.
+//! * **C, inoutbox unbatched** (`max_batch(1)`): one transaction per message, as before batching.
 //! * **D, at least once** (`OnSuccess`, batched): B without the inbox row.
 //! * **E, inbox on SQLite** (batched): B on `SqliteStore`, a temporary WAL file.
 //! * **F, batch handler** (`#[inbox_handler(.., batch)]`): the handler gets the new events of a
@@ -38,6 +38,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use inoutbox::inbox::Report;
+use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::prelude::*;
+use inoutbox::{AckStrategy, Outcome};
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
@@ -45,10 +49,6 @@ use rdkafka::Message as _;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
-use txbox::inbox::Report;
-use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
-use txbox::prelude::*;
-use txbox::{AckStrategy, Outcome};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -103,9 +103,9 @@ const INVOICES: &str = "CREATE TABLE bench_invoices (
 /// type, so this one shares the group `bench` with the PostgreSQL handler above).
 #[cfg(feature = "sqlite")]
 mod on_sqlite {
+    use inoutbox::prelude::*;
+    use inoutbox::SqliteTx;
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    use txbox::prelude::*;
-    use txbox::SqliteTx;
 
     use super::{BoxError, OrderCreated, INSERT_INVOICE};
 
@@ -122,13 +122,13 @@ mod on_sqlite {
     /// A database file in a directory of its own, removed on drop.
     pub struct Db {
         dir: std::path::PathBuf,
-        pub store: txbox::SqliteStore,
+        pub store: inoutbox::SqliteStore,
     }
 
     impl Db {
         pub async fn open(max_connections: u32) -> Result<Self, BoxError> {
             let dir = std::env::temp_dir().join(format!(
-                "txbox-inbox-bench-{}",
+                "inoutbox-inbox-bench-{}",
                 uuid::Uuid::new_v4().simple()
             ));
             std::fs::create_dir_all(&dir)?;
@@ -148,7 +148,7 @@ mod on_sqlite {
             )
             .execute(&pool)
             .await?;
-            let store = txbox::SqliteStore::new(pool);
+            let store = inoutbox::SqliteStore::new(pool);
             store.migrate().await?;
             Ok(Self { dir, store })
         }
@@ -382,9 +382,9 @@ async fn handwritten(
     ))
 }
 
-/// Runs B to F: txbox's consumer until every message is processed, then a graceful stop.
+/// Runs B to F: inoutbox's consumer until every message is processed, then a graceful stop.
 #[allow(clippy::too_many_arguments)] // the settings of one run, named at each call
-async fn inbox_consumer<S: txbox::store::InboxStore>(
+async fn inbox_consumer<S: inoutbox::store::InboxStore>(
     group: &str,
     name: &str,
     broker: &Broker,
@@ -396,12 +396,12 @@ async fn inbox_consumer<S: txbox::store::InboxStore>(
 ) -> Result<Measured, BoxError> {
     let started = Instant::now();
     let kafka = broker.consumer_settings().iter().fold(
-        txbox::KafkaConfig::new(broker.brokers.clone(), [topic])
+        inoutbox::KafkaConfig::new(broker.brokers.clone(), [topic])
             .group_id(format!("inbox-bench-{}", Uuid::new_v4())),
         |c, (k, v)| c.set(*k, *v),
     );
     let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
-    let consumer = txbox::Consumer::builder(group, store, kafka)
+    let consumer = inoutbox::Consumer::builder(group, store, kafka)
         .ack(ack)
         .max_batch(max_batch)
         .reports(report_tx)
@@ -433,7 +433,9 @@ async fn inbox_consumer<S: txbox::store::InboxStore>(
 }
 
 async fn count(pool: &PgPool, sql: &str) -> Result<i64, BoxError> {
-    Ok(sqlx::query_scalar(sql).fetch_one(pool).await?)
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await?)
 }
 
 fn print_table(runs: &[Measured]) {
@@ -463,29 +465,29 @@ fn selected(letter: &str) -> bool {
     std::env::var("INBOX_BENCH_RUNS").map_or(true, |runs| runs.contains(letter))
 }
 
-/// PostgreSQL in `schema`: the invoices table and txbox's tables.
+/// PostgreSQL in `schema`: the invoices table and inoutbox's tables.
 async fn open_postgres(
     database_url: &str,
     schema: &str,
     partitions: i32,
-) -> Result<(PgPool, txbox::PgStore), BoxError> {
+) -> Result<(PgPool, inoutbox::PgStore), BoxError> {
     let options: PgConnectOptions = database_url.parse()?;
     let pool = PgPoolOptions::new()
         .max_connections(partitions.max(1) as u32 + 2)
         .connect_with(options.options([("search_path", schema)]))
         .await?;
     sqlx::raw_sql(INVOICES).execute(&pool).await?;
-    let tables = txbox::Tables::with_schema(schema)?;
-    let pg = txbox::PgStore::with_tables(pool.clone(), tables);
+    let tables = inoutbox::Tables::with_schema(schema)?;
+    let pg = inoutbox::PgStore::with_tables(pool.clone(), tables);
     pg.migrate().await?;
     Ok((pool, pg))
 }
 
-/// Runs B, C and D: txbox's consumer on PostgreSQL, batched, unbatched, and without the inbox.
+/// Runs B, C and D: inoutbox's consumer on PostgreSQL, batched, unbatched, and without the inbox.
 async fn postgres_runs(
     broker: &Broker,
     topic: &str,
-    pg: &txbox::PgStore,
+    pg: &inoutbox::PgStore,
     events: usize,
 ) -> Result<Vec<Measured>, BoxError> {
     // C keeps its inbox in tables of its own: B's rows would make every message a duplicate.
@@ -496,24 +498,24 @@ async fn postgres_runs(
         .dead_letters("c_dead_letters")?
         .outbox("c_outbox")?
         .migrations("c_migrations")?;
-    let pg_c = txbox::PgStore::with_tables(pg.pool().clone(), tables);
+    let pg_c = inoutbox::PgStore::with_tables(pg.pool().clone(), tables);
     pg_c.migrate().await?;
     let mut runs = Vec::new();
     for (name, store, ack, max_batch) in [
         (
-            "B txbox batched (inbox)",
+            "B inoutbox batched (inbox)",
             pg,
             AckStrategy::ExactlyOnceInbox,
             500,
         ),
         (
-            "C txbox unbatched (inbox)",
+            "C inoutbox unbatched (inbox)",
             &pg_c,
             AckStrategy::ExactlyOnceInbox,
             1,
         ),
         (
-            "D txbox at least once (OnSuccess)",
+            "D inoutbox at least once (OnSuccess)",
             pg,
             AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
             500,
@@ -543,9 +545,9 @@ async fn postgres_runs(
             .dead_letters("f_dead_letters")?
             .outbox("f_outbox")?
             .migrations("f_migrations")?;
-        let pg_f = txbox::PgStore::with_tables(pg.pool().clone(), tables);
+        let pg_f = inoutbox::PgStore::with_tables(pg.pool().clone(), tables);
         pg_f.migrate().await?;
-        let name = "F txbox batch handler (multi-row)";
+        let name = "F inoutbox batch handler (multi-row)";
         let run = inbox_consumer(
             BATCH_GROUP,
             name,
@@ -572,7 +574,7 @@ async fn sqlite_run(
     let db = on_sqlite::Db::open(partitions.max(1) as u32 + 2).await?;
     let d = inbox_consumer(
         GROUP,
-        "E txbox batched on SQLite (WAL)",
+        "E inoutbox batched on SQLite (WAL)",
         broker,
         topic,
         db.store.clone(),
@@ -594,7 +596,7 @@ async fn print_postgres_check(
     let invoices = count(pool, "SELECT count(*) FROM bench_invoices").await?;
     let inbox_rows = count(
         pool,
-        &format!("SELECT count(*) FROM {}", txbox::Tables::default().inbox),
+        &format!("SELECT count(*) FROM {}", inoutbox::Tables::default().inbox),
     )
     .await?;
     println!(
@@ -673,7 +675,7 @@ fn age(headers: Option<&[u8]>) -> Result<Duration, BoxError> {
 /// A fresh 3-partition topic for a latency run.
 async fn latency_topic(broker: &Broker) -> Result<String, BoxError> {
     let topic = format!(
-        "txbox-inbox-latency-{}",
+        "inoutbox-inbox-latency-{}",
         &Uuid::new_v4().simple().to_string()[..8]
     );
     match &broker.in_process {
@@ -749,18 +751,18 @@ async fn measure(
 /// End-to-end latency, produce to handler commit, at a steady `rate` offered.
 async fn latency(
     broker: &Broker,
-    pg: &txbox::PgStore,
+    pg: &inoutbox::PgStore,
     rate: u64,
     seconds: u64,
 ) -> Result<(Duration, Duration), BoxError> {
     let topic = latency_topic(broker).await?;
     let kafka = broker.consumer_settings().iter().fold(
-        txbox::KafkaConfig::new(broker.brokers.clone(), [topic.as_str()])
+        inoutbox::KafkaConfig::new(broker.brokers.clone(), [topic.as_str()])
             .group_id(format!("inbox-bench-{}", Uuid::new_v4())),
         |c, (k, v)| c.set(*k, *v),
     );
     let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
-    let consumer = txbox::Consumer::builder(GROUP, pg.clone(), kafka)
+    let consumer = inoutbox::Consumer::builder(GROUP, pg.clone(), kafka)
         .reports(report_tx)
         .build()?;
     let (stop, stopped) = oneshot::channel::<()>();
@@ -797,14 +799,14 @@ async fn billing_blackbox(
     }
     let suffix = &Uuid::new_v4().simple().to_string()[..8];
     let (schema, topic) = (
-        format!("txbox_billing_bench_{suffix}"),
-        format!("txbox-billing-bench-{suffix}"),
+        format!("inoutbox_billing_bench_{suffix}"),
+        format!("inoutbox-billing-bench-{suffix}"),
     );
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect(database_url)
         .await?;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&admin)
         .await?;
     match &broker.in_process {
@@ -830,9 +832,11 @@ async fn billing_blackbox(
         .arg(child.id().to_string())
         .status();
     let _ = child.wait();
-    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&admin)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin)
+    .await?;
     result
 }
 
@@ -846,7 +850,7 @@ async fn watch_billing(
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut first = None;
     loop {
-        let n: i64 = sqlx::query_scalar(&count_sql)
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count_sql.as_str()))
             .fetch_one(admin)
             .await
             .unwrap_or(0);
@@ -886,7 +890,7 @@ async fn bench(
 ) -> Result<(), BoxError> {
     let (pool, pg) = open_postgres(database_url, schema, partitions).await?;
     let topic = format!(
-        "txbox-inbox-bench-{}",
+        "inoutbox-inbox-bench-{}",
         &Uuid::new_v4().simple().to_string()[..8]
     );
     let broker = start_broker(&topic, partitions).await?;
@@ -924,13 +928,13 @@ async fn bench(
     Ok(())
 }
 
-/// The latency part: txbox's and a bare consumer's, at 1 000 msgs/s offered for 10 s.
-async fn print_latency(broker: &Broker, pg: &txbox::PgStore) -> Result<(), BoxError> {
+/// The latency part: inoutbox's and a bare consumer's, at 1 000 msgs/s offered for 10 s.
+async fn print_latency(broker: &Broker, pg: &inoutbox::PgStore) -> Result<(), BoxError> {
     let (p50, p99) = latency(broker, pg, 1000, 10).await?;
     let (bare50, bare99) = bare_latency(broker, 1000, 10).await?;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "\nlatency, 1 000 msgs/s offered for 10 s: txbox batched, produce -> handler commit: \
+        "\nlatency, 1 000 msgs/s offered for 10 s: inoutbox batched, produce -> handler commit: \
          p50 {:.1} ms, p99 {:.1} ms; a bare consumer, produce -> receive (no database): \
          p50 {:.1} ms, p99 {:.1} ms",
         ms(p50),
@@ -982,14 +986,14 @@ async fn main() -> Result<(), BoxError> {
     }
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    // `--db-latency-ms N`: every connection to PostgreSQL (the baseline's and txbox's alike)
+    // `--db-latency-ms N`: every connection to PostgreSQL (the baseline's and inoutbox's alike)
     // goes through a proxy that adds N ms each way.
     let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
     let _proxy;
     let database_url = if latency_ms > 0 {
         let options: sqlx::postgres::PgConnectOptions = database_url.parse()?;
         let upstream = format!("{}:{}", options.get_host(), options.get_port());
-        let proxy = txbox_chaos::Proxy::start(upstream.as_str())?;
+        let proxy = inoutbox_chaos::Proxy::start(upstream.as_str())?;
         proxy.set_latency(Duration::from_millis(latency_ms), Duration::ZERO);
         let url = database_url.replacen(&upstream, &proxy.addr().to_string(), 1);
         if url == database_url {
@@ -1009,19 +1013,21 @@ async fn main() -> Result<(), BoxError> {
 
     // A schema of this run's own, dropped whatever happens.
     let schema = format!(
-        "txbox_inbox_bench_{}",
+        "inoutbox_inbox_bench_{}",
         &Uuid::new_v4().simple().to_string()[..8]
     );
     let admin = PgPoolOptions::new()
         .max_connections(1)
         .connect(&database_url)
         .await?;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&admin)
         .await?;
     let result = bench(&database_url, &schema, events, partitions, backlog).await;
-    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&admin)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&admin)
+    .await?;
     result
 }

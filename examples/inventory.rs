@@ -7,7 +7,7 @@
 //! - `StockReserved`, published by the relay running in the same process, creates a shipment
 //!   (consumer group `shipping`).
 //!
-//! The handlers are written once, generic over the store (`D: txbox::Db`), and registered for
+//! The handlers are written once, generic over the store (`D: inoutbox::Db`), and registered for
 //! PostgreSQL and SQLite with `stores(postgres, sqlite)`. A demo driver places and cancels
 //! orders, prints what became of each and the stock, and exits 0 only when every figure is the
 //! expected one.
@@ -18,15 +18,15 @@
 //!     cargo run --example inventory -- --no-idempotence
 //! ```
 //!
-//! On PostgreSQL the tables go to a schema `txbox_inventory`, recreated on each run.
+//! On PostgreSQL the tables go to a schema `inoutbox_inventory`, recreated on each run.
 
 use std::time::{Duration, Instant};
 
+use inoutbox::app::{ConsumerSpec, RelaySpec, Store};
+use inoutbox::inbox::UnknownEvent;
+use inoutbox::prelude::*;
+use inoutbox::{sql, App, AppError};
 use serde::{Deserialize, Serialize};
-use txbox::app::{ConsumerSpec, RelaySpec, Store};
-use txbox::inbox::UnknownEvent;
-use txbox::prelude::*;
-use txbox::{sql, App, AppError};
 use uuid::Uuid;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -101,7 +101,7 @@ async fn reserve<D: Db>(event: OrderPlaced, tx: &mut Tx<'_, D>) -> Result<(), Ha
                 order_id: id,
                 sku: line.sku.clone(),
             };
-            txbox::outbox::enqueue(tx, &rejected).await?;
+            inoutbox::outbox::enqueue(tx, &rejected).await?;
             return Ok(());
         }
         sql("INSERT INTO reservations (order_id, sku, qty) VALUES ($1, $2, $3)")
@@ -113,7 +113,7 @@ async fn reserve<D: Db>(event: OrderPlaced, tx: &mut Tx<'_, D>) -> Result<(), Ha
     }
     sql("RELEASE SAVEPOINT reserve").execute(tx).await?;
     set_status(tx, id, "reserved").await?;
-    txbox::outbox::enqueue(tx, &StockReserved { order_id: id }).await?;
+    inoutbox::outbox::enqueue(tx, &StockReserved { order_id: id }).await?;
     Ok(())
 }
 
@@ -142,7 +142,7 @@ async fn release<D: Db>(event: OrderCancelled, tx: &mut Tx<'_, D>) -> Result<(),
         .await?;
     set_status(tx, id, "cancelled").await?;
     if !held.is_empty() {
-        txbox::outbox::enqueue(tx, &StockReleased { order_id: id }).await?;
+        inoutbox::outbox::enqueue(tx, &StockReleased { order_id: id }).await?;
     }
     Ok(())
 }
@@ -208,7 +208,7 @@ async fn service(no_idempotence: bool) -> Result<(), Error> {
         .ok()
         .filter(|b| !b.is_empty());
     let app = App::connect(database_url.as_deref(), brokers.as_deref()).await?;
-    println!("txbox inventory: {}", app.describe());
+    println!("inoutbox inventory: {}", app.describe());
     for topic in ["shop-orders", "stock"] {
         app.create_topic(topic, 3).await?;
     }
@@ -236,7 +236,7 @@ async fn service(no_idempotence: bool) -> Result<(), Error> {
     demo
 }
 
-/// `DATABASE_URL`, with the PostgreSQL schema `txbox_inventory` recreated and chosen.
+/// `DATABASE_URL`, with the PostgreSQL schema `inoutbox_inventory` recreated and chosen.
 async fn database_url() -> Result<Option<String>, Error> {
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         return Ok(None);
@@ -245,13 +245,15 @@ async fn database_url() -> Result<Option<String>, Error> {
         return Ok(Some(url));
     }
     let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::raw_sql("DROP SCHEMA IF EXISTS txbox_inventory CASCADE; CREATE SCHEMA txbox_inventory")
-        .execute(&admin)
-        .await?;
+    sqlx::raw_sql(
+        "DROP SCHEMA IF EXISTS inoutbox_inventory CASCADE; CREATE SCHEMA inoutbox_inventory",
+    )
+    .execute(&admin)
+    .await?;
     admin.close().await;
     let sep = if url.contains('?') { '&' } else { '?' };
     Ok(Some(format!(
-        "{url}{sep}options=-c%20search_path%3Dtxbox_inventory"
+        "{url}{sep}options=-c%20search_path%3Dinoutbox_inventory"
     )))
 }
 
@@ -262,7 +264,7 @@ type Step = (&'static str, &'static [(&'static str, i64)], &'static str);
 async fn demo<D: Db>(pool: &sqlx::Pool<D>) -> Result<(), Error> {
     let mut conn = pool.acquire().await?;
     for ddl in TABLES {
-        sql(ddl).execute(&mut conn).await?;
+        sql(*ddl).execute(&mut conn).await?;
     }
     for (sku, available) in [("apple", 10_i64), ("pear", 5)] {
         sql("INSERT INTO stock (sku, available) VALUES ($1, $2) \
@@ -319,7 +321,7 @@ async fn place<D: Db>(pool: &sqlx::Pool<D>, lines: &[(&str, i64)]) -> Result<Uui
             qty: *qty,
         })
         .collect();
-    txbox::outbox::enqueue(&mut tx, &OrderPlaced { order_id, lines }).await?;
+    inoutbox::outbox::enqueue(&mut tx, &OrderPlaced { order_id, lines }).await?;
     tx.commit().await?;
     Ok(order_id)
 }
@@ -327,7 +329,7 @@ async fn place<D: Db>(pool: &sqlx::Pool<D>, lines: &[(&str, i64)]) -> Result<Uui
 /// Cancels an order and reports what became of it.
 async fn cancel<D: Db>(pool: &sqlx::Pool<D>, name: &str, order_id: Uuid) -> Result<usize, Error> {
     let mut tx = pool.begin().await?;
-    txbox::outbox::enqueue(&mut tx, &OrderCancelled { order_id }).await?;
+    inoutbox::outbox::enqueue(&mut tx, &OrderCancelled { order_id }).await?;
     tx.commit().await?;
     let status = wait_for_status(pool, order_id, "reserved").await?;
     report(

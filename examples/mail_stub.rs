@@ -1,5 +1,5 @@
 //! A mail service stub: a real local HTTP server that "sends" an e-mail per POST and
-//! deduplicates on the `Idempotency-Key` header, as a receiver of txbox effects must.
+//! deduplicates on the `Idempotency-Key` header, as a receiver of inoutbox effects must.
 //!
 //! ```text
 //! cargo run --example mail_stub -- [--listen 127.0.0.1:8025]

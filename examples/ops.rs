@@ -1,5 +1,5 @@
 //! Operations endpoints beside a running consumer and relay, with nothing installed: SQLite in a
-//! temporary directory and an in-process Kafka. Serves the txbox metrics for Prometheus on
+//! temporary directory and an in-process Kafka. Serves the inoutbox metrics for Prometheus on
 //! `--metrics` (default `127.0.0.1:9000`, path `/metrics`) and liveness and readiness on
 //! `--health` (default `127.0.0.1:9001`, paths `/healthz` and `/readyz`), while ten orders go
 //! through the outbox, the relay and the billing consumer; one of them is poisoned and ends as
@@ -8,18 +8,18 @@
 //! ```text
 //! cargo run --example ops               # serves until Ctrl-C
 //! cargo run --example ops -- --exit     # prints the scrape and the health once the orders are through
-//! curl -s 127.0.0.1:9000/metrics | grep '^txbox_'
+//! curl -s 127.0.0.1:9000/metrics | grep '^inoutbox_'
 //! curl -si 127.0.0.1:9001/readyz
 //! ```
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, KafkaConfig, Relay, RetryPolicy, SqliteStore};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use tokio::net::TcpListener;
-use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
-use txbox::prelude::*;
-use txbox::{Consumer, KafkaConfig, Relay, RetryPolicy, SqliteStore};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -60,7 +60,7 @@ async fn main() -> Result<(), Failure> {
     let metrics: SocketAddr = flag(&args, "--metrics", "127.0.0.1:9000")?.parse()?;
     let health: SocketAddr = flag(&args, "--health", "127.0.0.1:9001")?.parse()?;
     let exit = args.iter().any(|a| a == "--exit");
-    let dir = std::env::temp_dir().join(format!("txbox-ops-{}", Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!("inoutbox-ops-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir)?;
     let result = run(metrics, health, exit, &dir.join("ops.db")).await;
     let _ = std::fs::remove_dir_all(&dir);
@@ -125,7 +125,7 @@ async fn run(
             order_id: Uuid::new_v4(),
             total_cents,
         };
-        txbox::outbox::enqueue(&mut tx, &event).await?;
+        inoutbox::outbox::enqueue(&mut tx, &event).await?;
         tx.commit().await?;
     }
     wait_until_through(&pool, &components).await?;
@@ -134,7 +134,7 @@ async fn run(
         let (_, scrape) = ops_http::get(metrics, "/metrics").await?;
         for line in scrape
             .lines()
-            .filter(|l| l.starts_with("txbox_") && !l.contains("_bucket"))
+            .filter(|l| l.starts_with("inoutbox_") && !l.contains("_bucket"))
         {
             println!("{line}");
         }
@@ -142,7 +142,7 @@ async fn run(
         println!("GET /readyz -> {status} {body}");
     } else {
         println!("serving; Ctrl-C to stop");
-        txbox::shutdown_signal().await;
+        inoutbox::shutdown_signal().await;
     }
     let _ = stop.send(true);
     relay.await??;
@@ -153,14 +153,14 @@ async fn run(
 /// Waits until every order is invoiced or dead-lettered and the gauges were sampled after.
 async fn wait_until_through(
     pool: &sqlx::SqlitePool,
-    components: &[(&'static str, txbox::telemetry::Health)],
+    components: &[(&'static str, inoutbox::telemetry::Health)],
 ) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
             .fetch_one(pool)
             .await?;
-        let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM txbox_dead_letters")
+        let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM inoutbox_dead_letters")
             .fetch_one(pool)
             .await?;
         let ready = components.iter().all(|(_, h)| h.ready());

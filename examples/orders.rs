@@ -34,7 +34,7 @@ async fn create_order(pool: &sqlx::PgPool, total_cents: i64) -> Result<Uuid, com
         .bind(total_cents)
         .execute(&mut *tx)
         .await?;
-    let event_id = txbox::outbox::enqueue(
+    let event_id = inoutbox::outbox::enqueue(
         &mut tx,
         &OrderCreated {
             order_id,
@@ -63,10 +63,10 @@ async fn main() -> Result<(), common::Failure> {
         .connect(&database_url)
         .await?;
     sqlx::query(ORDERS).execute(&pool).await?;
-    txbox::PgStore::new(pool.clone()).migrate().await?;
+    inoutbox::PgStore::new(pool.clone()).migrate().await?;
 
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-    let shutdown = txbox::shutdown_signal();
+    let shutdown = inoutbox::shutdown_signal();
     tokio::pin!(shutdown);
     let mut created = 0u64;
     while count == 0 || created < count {

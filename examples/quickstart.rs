@@ -10,19 +10,19 @@
 //! KAFKA_BROKERS=127.0.0.1:9092 cargo run --example quickstart -- --no-idempotence
 //! ```
 //!
-//! `DATABASE_URL` may be `postgres://...` (the tables go to a schema `txbox_quickstart`,
+//! `DATABASE_URL` may be `postgres://...` (the tables go to a schema `inoutbox_quickstart`,
 //! recreated on each run) or `sqlite:...`; `KAFKA_BROKERS` a real broker (`--no-idempotence` for
 //! brokers without the idempotent producer, such as Tansu).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use inoutbox::app::{ConsumerSpec, RelaySpec, Store};
+use inoutbox::inbox::{Backoff, Report};
+use inoutbox::prelude::*;
+use inoutbox::relay::RelayReport;
+use inoutbox::{sql, App, Outcome, RetryPolicy};
 use tokio::sync::mpsc;
-use txbox::app::{ConsumerSpec, RelaySpec, Store};
-use txbox::inbox::{Backoff, Report};
-use txbox::prelude::*;
-use txbox::relay::RelayReport;
-use txbox::{sql, App, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -37,7 +37,7 @@ const REPUBLISHED: usize = 5;
 /// How long the relay, and then the consumer, may take.
 const PATIENCE: Duration = Duration::from_secs(60);
 /// The topic of `OrderCreated`.
-const TOPIC: &str = <OrderCreated as txbox::OutboxEvent>::TOPIC;
+const TOPIC: &str = <OrderCreated as inoutbox::OutboxEvent>::TOPIC;
 
 /// The billing handler, written once for both databases: one invoice; the order with
 /// `total_cents == 1003` fails on its first attempt, to show a retry.
@@ -89,7 +89,7 @@ async fn quickstart(no_idempotence: bool) -> Result<(), Error> {
         .ok()
         .filter(|b| !b.is_empty());
     let app = App::connect(database_url.as_deref(), brokers.as_deref()).await?;
-    println!("txbox quickstart: {}", app.describe());
+    println!("inoutbox quickstart: {}", app.describe());
     app.create_topic(TOPIC, 3).await?;
     let (relay_reports, relayed) = mpsc::unbounded_channel();
     let (consumer_reports, consumed) = mpsc::unbounded_channel();
@@ -124,7 +124,7 @@ async fn quickstart(no_idempotence: bool) -> Result<(), Error> {
     flow
 }
 
-/// `DATABASE_URL`; on PostgreSQL with the schema `txbox_quickstart` recreated and chosen.
+/// `DATABASE_URL`; on PostgreSQL with the schema `inoutbox_quickstart` recreated and chosen.
 async fn database_url() -> Result<Option<String>, Error> {
     let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
         return Ok(None);
@@ -133,13 +133,15 @@ async fn database_url() -> Result<Option<String>, Error> {
         return Ok(Some(url));
     }
     let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::raw_sql("DROP SCHEMA IF EXISTS txbox_quickstart CASCADE; CREATE SCHEMA txbox_quickstart")
-        .execute(&admin)
-        .await?;
+    sqlx::raw_sql(
+        "DROP SCHEMA IF EXISTS inoutbox_quickstart CASCADE; CREATE SCHEMA inoutbox_quickstart",
+    )
+    .execute(&admin)
+    .await?;
     admin.close().await;
     let sep = if url.contains('?') { '&' } else { '?' };
     Ok(Some(format!(
-        "{url}{sep}options=-c%20search_path%3Dtxbox_quickstart"
+        "{url}{sep}options=-c%20search_path%3Dinoutbox_quickstart"
     )))
 }
 
@@ -151,7 +153,7 @@ async fn flow<D: Db>(
 ) -> Result<(), Error> {
     let mut conn = pool.acquire().await?;
     for ddl in TABLES {
-        sql(ddl).execute(&mut conn).await?;
+        sql(*ddl).execute(&mut conn).await?;
     }
     drop(conn);
     // 1. Orders, each with its event in the same transaction (the outbox).
@@ -190,7 +192,7 @@ async fn create_orders<D: Db>(pool: &sqlx::Pool<D>) -> Result<HashSet<String>, E
             order_id,
             total_cents,
         };
-        let id = txbox::outbox::enqueue(&mut tx, &event).await?;
+        let id = inoutbox::outbox::enqueue(&mut tx, &event).await?;
         tx.commit().await?;
         ids.insert(id.to_string());
     }
@@ -198,7 +200,7 @@ async fn create_orders<D: Db>(pool: &sqlx::Pool<D>) -> Result<HashSet<String>, E
 }
 
 /// One number from the database.
-async fn count<D: Db>(pool: &sqlx::Pool<D>, query: &str) -> Result<i64, Error> {
+async fn count<D: Db>(pool: &sqlx::Pool<D>, query: &'static str) -> Result<i64, Error> {
     let mut conn = pool.acquire().await?;
     Ok(sql(query).fetch_one(&mut conn).await?.get(0)?)
 }
@@ -220,7 +222,7 @@ async fn publish_some_twice<D: Db>(
     // (The relay reports a row as soon as the broker acknowledged it, and marks it right after.)
     while count(
         pool,
-        "SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL",
+        "SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL",
     )
     .await?
         > 0
@@ -232,7 +234,7 @@ async fn publish_some_twice<D: Db>(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let mut conn = pool.acquire().await?;
-    sql("UPDATE txbox_outbox SET published_at = NULL WHERE seq IN (SELECT seq FROM txbox_outbox ORDER BY seq LIMIT $1)")
+    sql("UPDATE inoutbox_outbox SET published_at = NULL WHERE seq IN (SELECT seq FROM inoutbox_outbox ORDER BY seq LIMIT $1)")
         .bind(REPUBLISHED as i64)
         .execute(&mut conn)
         .await?;
@@ -295,7 +297,7 @@ async fn tally_billing(
         };
         let id = report
             .delivery
-            .header_str(txbox::kafka::HEADER_ID)
+            .header_str(inoutbox::kafka::HEADER_ID)
             .unwrap_or_default()
             .to_owned();
         if !events.contains(&id) {

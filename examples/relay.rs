@@ -8,7 +8,7 @@
 //! ```
 //!
 //! `--no-idempotence` turns the idempotent producer off (Tansu rejects it). The relay applies
-//! txbox's migrations on start, so it also works before any producer ran. SIGTERM or SIGINT
+//! inoutbox's migrations on start, so it also works before any producer ran. SIGTERM or SIGINT
 //! stop it: batches in flight are acknowledged and marked (for at most `--grace-ms`), then it
 //! exits.
 
@@ -39,10 +39,10 @@ async fn main() -> Result<(), common::Failure> {
         .max_connections(4)
         .connect(&database_url)
         .await?;
-    let store = txbox::PgStore::new(pool);
+    let store = inoutbox::PgStore::new(pool);
     store.migrate().await?;
     tracing::info!(%brokers, %source, idempotence, poll_ms, workers, batch, "relay started");
-    txbox::Relay::builder(store, brokers)
+    inoutbox::Relay::builder(store, brokers)
         .source(source)
         .idempotence(idempotence)
         .poll_interval(Duration::from_millis(poll_ms))

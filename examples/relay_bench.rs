@@ -32,8 +32,8 @@
 //!   slices, medians reported. No relay runs, so the ratio is what the outbox costs the
 //!   writers' own transactions.
 //!
-//! Rows live in a fresh schema (dropped at the end); messages go to topic `txbox-bench`
-//! (created with 4 partitions if missing). `--log` prints txbox's and sqlx's debug logs
+//! Rows live in a fresh schema (dropped at the end); messages go to topic `inoutbox-bench`
+//! (created with 4 partitions if missing). `--log` prints inoutbox's and sqlx's debug logs
 //! (statements, rebalances).
 
 use std::collections::HashMap;
@@ -41,13 +41,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use inoutbox::prelude::*;
+use inoutbox::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::mpsc;
-use txbox::prelude::*;
-use txbox::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
@@ -58,13 +58,13 @@ use common::{create_topic, env, flag, order_created_headers, BoxError};
 
 /// `OrderCreated` on the bench's own topic (the shared event goes to `orders`).
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "OrderCreated", topic = "txbox-bench", key = order_id)]
+#[outbox(event_type = "OrderCreated", topic = "inoutbox-bench", key = order_id)]
 pub struct BenchOrderCreated {
     pub order_id: Uuid,
     pub total_cents: i64,
 }
 
-const TOPIC: &str = <BenchOrderCreated as txbox::OutboxEvent>::TOPIC;
+const TOPIC: &str = <BenchOrderCreated as inoutbox::OutboxEvent>::TOPIC;
 const PARTITIONS: i32 = 4;
 const RAW_EVENTS: usize = 100_000;
 const LATENCY_SECS: f64 = 10.0;
@@ -175,23 +175,23 @@ impl Settings {
     }
 }
 
-/// A schema of this run's own, with txbox's tables and an `orders` table in it.
+/// A schema of this run's own, with inoutbox's tables and an `orders` table in it.
 struct Schema {
     name: String,
     admin_pool: PgPool,
     pool: PgPool,
-    tables: txbox::Tables,
+    tables: inoutbox::Tables,
 }
 
 impl Schema {
     async fn create(settings: &Settings) -> Result<Self, BoxError> {
         let suffix = &Uuid::new_v4().simple().to_string()[..8];
-        let name = format!("txbox_bench_{suffix}");
+        let name = format!("inoutbox_bench_{suffix}");
         let admin_pool = PgPoolOptions::new()
             .max_connections(1)
             .connect(&settings.database_url)
             .await?;
-        sqlx::raw_sql(&format!("CREATE SCHEMA \"{name}\""))
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{name}\"")))
             .execute(&admin_pool)
             .await?;
         let options: PgConnectOptions = settings.database_url.parse()?;
@@ -199,8 +199,8 @@ impl Schema {
             .max_connections(settings.writers as u32 + 2)
             .connect_with(options.options([("search_path", name.as_str())]))
             .await?;
-        let tables = txbox::Tables::with_schema(&name)?;
-        txbox::PgStore::with_tables(pool.clone(), tables.clone())
+        let tables = inoutbox::Tables::with_schema(&name)?;
+        inoutbox::PgStore::with_tables(pool.clone(), tables.clone())
             .migrate()
             .await?;
         sqlx::raw_sql(
@@ -222,7 +222,7 @@ impl Schema {
         config: &RelayConfig,
         reports: Option<mpsc::UnboundedSender<RelayReport>>,
     ) -> Running {
-        let store = txbox::PgStore::with_tables(self.pool.clone(), self.tables.clone());
+        let store = inoutbox::PgStore::with_tables(self.pool.clone(), self.tables.clone());
         let mut relay = Relay::with_store(store.into_relay_store(), config.clone()).expect("relay");
         if let Some(reports) = reports {
             relay = relay.reports(reports);
@@ -240,15 +240,20 @@ impl Schema {
     }
 
     async fn exec(&self, sql: &str) -> Result<(), BoxError> {
-        sqlx::raw_sql(sql).execute(&self.pool).await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await?;
         Ok(())
     }
 
     async fn remove(self) -> Result<(), BoxError> {
         self.pool.close().await;
-        sqlx::raw_sql(&format!("DROP SCHEMA \"{}\" CASCADE", self.name))
-            .execute(&self.admin_pool)
-            .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{}\" CASCADE",
+            self.name
+        )))
+        .execute(&self.admin_pool)
+        .await?;
         Ok(())
     }
 }
@@ -306,7 +311,7 @@ async fn relay_latency(schema: &Schema, settings: &Settings) -> Result<Vec<Durat
         for _ in 0..n {
             tick.tick().await;
             let mut tx = pool.begin().await.expect("begin");
-            let id = txbox::outbox::enqueue(&mut tx, &event())
+            let id = inoutbox::outbox::enqueue(&mut tx, &event())
                 .await
                 .expect("enqueue");
             tx.commit().await.expect("commit");
@@ -351,9 +356,9 @@ async fn backlog(schema: &Schema, rows: usize) -> Result<(), BoxError> {
 }
 
 async fn backlog_on(schema: &Schema, rows: usize, topic: &str) -> Result<(), BoxError> {
-    schema.exec("TRUNCATE txbox_outbox").await?;
+    schema.exec("TRUNCATE inoutbox_outbox").await?;
     sqlx::query(
-        "INSERT INTO txbox_outbox (id, aggregateid, type, topic, message_key, payload) \
+        "INSERT INTO inoutbox_outbox (id, aggregateid, type, topic, message_key, payload) \
          SELECT gen_random_uuid(), k, 'OrderCreated', $2, k, \
                 jsonb_build_object('order_id', k, 'total_cents', 1200) \
          FROM (SELECT gen_random_uuid()::text AS k FROM generate_series(1, $1)) AS keys",
@@ -362,7 +367,7 @@ async fn backlog_on(schema: &Schema, rows: usize, topic: &str) -> Result<(), Box
     .bind(topic)
     .execute(&schema.pool)
     .await?;
-    schema.exec("ANALYZE txbox_outbox").await
+    schema.exec("ANALYZE inoutbox_outbox").await
 }
 
 /// Starts `relays` relays on a backlog of `rows`; events/s until every row is marked.
@@ -379,7 +384,7 @@ async fn drain(
         .collect();
     loop {
         let left: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM txbox_outbox WHERE published_at IS NULL)",
+            "SELECT EXISTS (SELECT 1 FROM inoutbox_outbox WHERE published_at IS NULL)",
         )
         .fetch_one(&schema.pool)
         .await?;
@@ -430,7 +435,9 @@ async fn writers(schema: &Schema, settings: &Settings, extra: Extra) -> Result<f
                     match extra {
                         Extra::Nothing => {}
                         Extra::Enqueue => {
-                            txbox::outbox::enqueue(&mut tx, &e).await.expect("enqueue");
+                            inoutbox::outbox::enqueue(&mut tx, &e)
+                                .await
+                                .expect("enqueue");
                         }
                         Extra::EmptyStatement => {
                             sqlx::query("SELECT 1")
@@ -480,7 +487,7 @@ async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<[f64; 3
 /// marked are exactly the events the broker has.
 async fn sigterm(schema: &Schema, settings: &Settings) -> Result<(), BoxError> {
     let topic = format!(
-        "txbox-bench-sigterm-{}",
+        "inoutbox-bench-sigterm-{}",
         &Uuid::new_v4().simple().to_string()[..8]
     );
     create_topic(&settings.brokers, &topic, PARTITIONS).await?;
@@ -522,7 +529,7 @@ async fn sigterm(schema: &Schema, settings: &Settings) -> Result<(), BoxError> {
     };
     let took = signalled.elapsed();
     let marked_ids: std::collections::HashSet<Uuid> =
-        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NOT NULL")
+        sqlx::query_scalar("SELECT id FROM inoutbox_outbox WHERE published_at IS NOT NULL")
             .fetch_all(&schema.pool)
             .await?
             .into_iter()
@@ -547,7 +554,7 @@ async fn sigterm(schema: &Schema, settings: &Settings) -> Result<(), BoxError> {
 
 async fn marked(schema: &Schema) -> Result<i64, BoxError> {
     Ok(
-        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL")
+        sqlx::query_scalar("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NOT NULL")
             .fetch_one(&schema.pool)
             .await?,
     )
@@ -654,7 +661,7 @@ async fn main() -> Result<(), BoxError> {
         sigterm(&schema, &settings).await?;
     }
     if settings.phases.contains("writers") {
-        schema.exec("TRUNCATE txbox_outbox").await?;
+        schema.exec("TRUNCATE inoutbox_outbox").await?;
         let [plain, with_outbox, empty] = measure_writers(&schema, &settings).await?;
         println!(
             "\n{} writers, median of {WRITER_ROUNDS} interleaved {} s slices (transactions/s, no relay running):",

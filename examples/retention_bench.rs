@@ -14,9 +14,9 @@
 
 use std::time::{Duration, Instant};
 
+use inoutbox::store::{DailyPartitions, InboxStore};
+use inoutbox::{PgStore, Tables};
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use txbox::store::{DailyPartitions, InboxStore};
-use txbox::{PgStore, Tables};
 
 const WINDOW: Duration = Duration::from_secs(7 * 86_400);
 const DAYS: i32 = 10;
@@ -60,7 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let n = store.delete_processed(WINDOW, batch).await?;
             total += n;
             if n < u64::from(batch) {
-                return Ok::<u64, txbox::store::StoreError>(total);
+                return Ok::<u64, inoutbox::store::StoreError>(total);
             }
         }
     })
@@ -74,7 +74,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     fill(&admin, &schema, rows, true).await?;
     let drop = measure(&admin, &schema, || async {
         let changes = store.maintain_partitions(Some(WINDOW)).await?;
-        Ok::<u64, txbox::store::StoreError>(changes.retired.len() as u64)
+        Ok::<u64, inoutbox::store::StoreError>(changes.retired.len() as u64)
     })
     .await?;
     drop_schema(&admin, &schema).await?;
@@ -111,11 +111,11 @@ async fn fill(
     let started = Instant::now();
     if partitioned {
         for day in 8..8 + DAYS {
-            sqlx::raw_sql(&format!(
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
                 "DO $$ DECLARE d date := (now() AT TIME ZONE 'UTC')::date - {day}; BEGIN \
-                 EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.txbox_inbox FOR VALUES FROM (%L) TO (%L)', \
-                 '{schema}', 'txbox_inbox_p' || to_char(d, 'YYYYMMDD'), '{schema}', d, d + 1); END $$"
-            ))
+                 EXECUTE format('CREATE TABLE %I.%I PARTITION OF %I.inoutbox_inbox FOR VALUES FROM (%L) TO (%L)', \
+                 '{schema}', 'inoutbox_inbox_p' || to_char(d, 'YYYYMMDD'), '{schema}', d, d + 1); END $$"
+            )))
             .execute(pool)
             .await?;
         }
@@ -124,19 +124,21 @@ async fn fill(
         true => (", received_day", ", (t AT TIME ZONE 'UTC')::date"),
         false => ("", ""),
     };
-    sqlx::query(&format!(
-        "INSERT INTO \"{schema}\".txbox_inbox (consumer_group, source, event_id, event_type, topic, \
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO \"{schema}\".inoutbox_inbox (consumer_group, source, event_id, event_type, topic, \
            \"partition\", \"offset\", received_at, processed_at{day_column}) \
          SELECT 'billing', '', 'evt-' || g, 'OrderCreated', 'orders', (g % 12)::int, g, t, t{day_value} \
          FROM generate_series(1, $1) AS g, \
            LATERAL (SELECT now() - make_interval(days => 8 + (g % {DAYS})::int, secs => 60) AS t) AS x"
-    ))
+    )))
     .bind(rows)
     .execute(pool)
     .await?;
-    sqlx::raw_sql(&format!("VACUUM ANALYZE \"{schema}\".txbox_inbox"))
-        .execute(pool)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "VACUUM ANALYZE \"{schema}\".inoutbox_inbox"
+    )))
+    .execute(pool)
+    .await?;
     println!(
         "  {schema}: {rows} rows written in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -151,10 +153,12 @@ async fn measure<F, Fut>(
 ) -> Result<Measured, Box<dyn std::error::Error>>
 where
     F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<u64, txbox::store::StoreError>>,
+    Fut: std::future::Future<Output = Result<u64, inoutbox::store::StoreError>>,
 {
-    let count = format!("SELECT count(*) FROM \"{schema}\".txbox_inbox");
-    let rows_before: i64 = sqlx::query_scalar(&count).fetch_one(pool).await?;
+    let count = format!("SELECT count(*) FROM \"{schema}\".inoutbox_inbox");
+    let rows_before: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(&*count))
+        .fetch_one(pool)
+        .await?;
     sqlx::raw_sql("CHECKPOINT").execute(pool).await?;
     let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
         .fetch_one(pool)
@@ -167,7 +171,9 @@ where
             .bind(&lsn)
             .fetch_one(pool)
             .await?;
-    let rows_after: i64 = sqlx::query_scalar(&count).fetch_one(pool).await?;
+    let rows_after: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(&*count))
+        .fetch_one(pool)
+        .await?;
     println!(
         "  {schema}: {done} (rows deleted or partitions retired) in {:.2} s, {} of WAL",
         elapsed.as_secs_f64(),
@@ -182,9 +188,11 @@ where
 }
 
 async fn drop_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
-    sqlx::raw_sql(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(pool)
-        .await?;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

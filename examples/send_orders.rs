@@ -1,4 +1,4 @@
-//! A plain Kafka producer (rdkafka, no txbox) that sends `OrderCreated` messages in CloudEvents
+//! A plain Kafka producer (rdkafka, no inoutbox) that sends `OrderCreated` messages in CloudEvents
 //! binary mode, for feeding `examples/billing.rs`. Every `--duplicate-every`-th message is sent
 //! twice with the same `ce_id`, the way a retrying producer or relay would.
 //!

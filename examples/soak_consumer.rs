@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use inoutbox::prelude::*;
 use sqlx::postgres::PgPoolOptions;
-use txbox::prelude::*;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
 #[path = "common/mod.rs"]
@@ -45,19 +45,20 @@ async fn main() -> Result<(), common::Failure> {
         .max_connections(8)
         .connect(&database_url)
         .await?;
-    let store = txbox::PgStore::new(pool);
+    let store = inoutbox::PgStore::new(pool);
     store.migrate().await?;
     let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        txbox::KafkaConfig::new(brokers, [topic.as_str()]),
+        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
         |kafka, (k, v)| kafka.set(*k, *v),
     );
-    let retry = txbox::RetryPolicy::default()
-        .max_attempts(3)
-        .backoff(txbox::inbox::Backoff::new(
-            Duration::from_millis(10),
-            Duration::from_millis(100),
-        ));
-    txbox::Consumer::builder("soak", store, kafka)
+    let retry =
+        inoutbox::RetryPolicy::default()
+            .max_attempts(3)
+            .backoff(inoutbox::inbox::Backoff::new(
+                Duration::from_millis(10),
+                Duration::from_millis(100),
+            ));
+    inoutbox::Consumer::builder("soak", store, kafka)
         .retry(retry)
         .build()?
         .run_until_signal()

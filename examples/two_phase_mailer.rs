@@ -21,9 +21,9 @@ use std::io::{Read, Write};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use inoutbox::effects::Effect;
+use inoutbox::prelude::*;
 use serde::{Deserialize, Serialize};
-use txbox::effects::Effect;
-use txbox::prelude::*;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
 #[path = "common/mod.rs"]
@@ -79,7 +79,7 @@ async fn send_receipt(
             order_id: event.order_id,
             total_cents: event.total_cents,
         };
-        txbox::effects::after_commit(tx, meta, "send_receipt", &receipt).await?;
+        inoutbox::effects::after_commit(tx, meta, "send_receipt", &receipt).await?;
     }
     // The slow part: an external API, say.
     tokio::time::sleep(settings.handler_time).await;
@@ -150,7 +150,7 @@ async fn main() -> Result<(), common::Failure> {
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
 
     // Workers hold a connection each while their handler runs, plus the partitions' own.
-    let store = txbox::PgStore::connect(&database_url, workers as u32 + 8).await?;
+    let store = inoutbox::PgStore::connect(&database_url, workers as u32 + 8).await?;
     sqlx::raw_sql(TABLES).execute(store.pool()).await?;
     store.migrate().await?;
     let runs = sqlx::postgres::PgPoolOptions::new()
@@ -165,10 +165,10 @@ async fn main() -> Result<(), common::Failure> {
     let _ = SETTINGS.set(settings);
 
     let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        txbox::KafkaConfig::new(brokers, [topic.as_str()]),
+        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
         |kafka, (k, v)| kafka.set(*k, *v),
     );
-    let mut builder = txbox::Consumer::builder("mailing", store, kafka)
+    let mut builder = inoutbox::Consumer::builder("mailing", store, kafka)
         .two_phase_workers(workers)
         .lease(Duration::from_millis(lease_ms))
         .two_phase_poll(Duration::from_millis(200))

@@ -1,4 +1,4 @@
-# Sourced by scripts/test and scripts/demo: makes sure the services txbox runs against exist.
+# Sourced by scripts/test and scripts/demo: makes sure the services inoutbox runs against exist.
 # PostgreSQL: started if it is installed but down (and stopped again on exit by the caller's
 # trap if this script started it). Tansu: installed from PyPI if missing.
 

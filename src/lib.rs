@@ -2,28 +2,50 @@
 #![deny(missing_docs)]
 
 #[doc = include_str!("docs/inbox_handler.md")]
-pub use box_macros::inbox_handler;
+pub use inoutbox_macros::inbox_handler;
 #[doc = include_str!("docs/outbox_event.md")]
-pub use box_macros::OutboxEvent;
+pub use inoutbox_macros::OutboxEvent;
 
 #[doc(inline)]
-pub use box_runtime::engine::{AckStrategy, Outcome, RetryPolicy};
+pub use inoutbox_runtime::engine::{AckStrategy, Outcome, RetryPolicy};
 #[doc(inline)]
-pub use box_runtime::{kafka::KafkaConfig, relay::Relay, store::Tables};
+pub use inoutbox_runtime::{kafka::KafkaConfig, relay::Relay, store::Tables};
 #[doc(inline)]
-pub use box_runtime::{
+pub use inoutbox_runtime::{
     shutdown_signal, Consumer, HandlerError, MessageMeta, OutboxEvent, PgStore, PgTx,
 };
 #[doc(inline)]
-pub use box_runtime::{sql, App, AppError, Db, Tx};
+pub use inoutbox_runtime::{sql, App, AppError, Db, Tx};
 #[cfg(feature = "sqlite")]
 #[doc(inline)]
-pub use box_runtime::{SqliteStore, SqliteTx};
+pub use inoutbox_runtime::{SqliteStore, SqliteTx};
 
 #[doc(hidden)]
-pub use box_runtime::__private;
+pub use inoutbox_runtime::__private;
 
-/// The names most services need: `use txbox::prelude::*;`.
+/// The guides, rendered with the API so that the README's links to them work on docs.rs and
+/// crates.io alike (the same files are `docs/*.md`, `SECURITY.md` and `ARCHITECTURE.md` in the
+/// repository).
+pub mod docs {
+    #[doc = include_str!("../docs/behaviour.md")]
+    pub mod behaviour {}
+    #[doc = include_str!("../docs/deployment.md")]
+    pub mod deployment {}
+    #[doc = include_str!("../docs/modes.md")]
+    pub mod modes {}
+    #[doc = include_str!("../docs/operations.md")]
+    pub mod operations {}
+    #[doc = include_str!("../docs/outbox.md")]
+    pub mod outbox {}
+    #[doc = include_str!("../docs/two_phase.md")]
+    pub mod two_phase {}
+    #[doc = include_str!("../SECURITY.md")]
+    pub mod security {}
+    #[doc = include_str!("../ARCHITECTURE.md")]
+    pub mod architecture {}
+}
+
+/// The names most services need: `use inoutbox::prelude::*;`.
 pub mod prelude {
     #[cfg(feature = "sqlite")]
     pub use crate::SqliteTx;
@@ -34,21 +56,21 @@ pub mod prelude {
 /// and relays it runs.
 pub mod app {
     #[doc(inline)]
-    pub use box_runtime::app::*;
+    pub use inoutbox_runtime::app::*;
 }
 
 /// Handlers written once for PostgreSQL and SQLite: [`Db`](crate::Db), [`Tx`](crate::Tx) and
 /// [`sql`](crate::sql) statements, whose values are bound and rows read alike on both stores.
 pub mod db {
     #[doc(inline)]
-    pub use box_runtime::db::{sql, Db, Executes, FromColumn, Row, Sql, Tx, Value};
+    pub use inoutbox_runtime::db::{sql, Db, Executes, FromColumn, Row, Sql, Tx, Value};
 }
 
-/// Operating a txbox database: status, dead letters, parked outbox rows, purges, Kafka lag
-/// (what the `txbox` command shows and does).
+/// Operating a inoutbox database: status, dead letters, parked outbox rows, purges, Kafka lag
+/// (what the `inoutbox` command shows and does).
 pub mod admin {
     #[doc(inline)]
-    pub use box_runtime::admin::*;
+    pub use inoutbox_runtime::admin::*;
 }
 
 #[cfg(feature = "cli")]
@@ -58,77 +80,79 @@ pub mod cli;
 /// and the engine itself (for tests and tools).
 pub mod inbox {
     #[doc(inline)]
-    pub use box_runtime::engine::{
+    pub use inoutbox_runtime::engine::{
         AckStrategy, CommitOn, Delivery, EventId, Inbox, InboxConfig, OnExhausted, Ordering,
         Outcome, ReplayError, Report, RetryPolicy, SetupError, Source, UnknownEvent,
         DEFAULT_RETENTION,
     };
     #[doc(inline)]
-    pub use box_runtime::{Backoff, ConsumerBuilder, ErrorKind, HandlerMode, IntoHandlerError};
+    pub use inoutbox_runtime::{
+        Backoff, ConsumerBuilder, ErrorKind, HandlerMode, IntoHandlerError,
+    };
 }
 
 /// Effects after commit: work a handler schedules to run only if its transaction commits, at
 /// least once, with a stable idempotency key (PostgreSQL).
 pub mod effects {
     #[doc(inline)]
-    pub use box_runtime::effects::*;
+    pub use inoutbox_runtime::effects::*;
 }
 
 /// The producer side: enqueue events in the caller's transaction.
 pub mod outbox {
     #[doc(inline)]
-    pub use box_runtime::outbox::*;
+    pub use inoutbox_runtime::outbox::*;
     #[doc(inline)]
-    pub use box_runtime::postgres::PgOutbox;
+    pub use inoutbox_runtime::postgres::PgOutbox;
     #[cfg(feature = "sqlite")]
     #[doc(inline)]
-    pub use box_runtime::sqlite::SqliteOutbox;
+    pub use inoutbox_runtime::sqlite::SqliteOutbox;
 }
 
 /// The relay: publishes committed outbox rows to Kafka.
 pub mod relay {
     #[doc(inline)]
-    pub use box_runtime::postgres::PgRelayStore;
+    pub use inoutbox_runtime::postgres::PgRelayStore;
     #[doc(inline)]
-    pub use box_runtime::relay::*;
+    pub use inoutbox_runtime::relay::*;
     #[cfg(feature = "sqlite")]
     #[doc(inline)]
-    pub use box_runtime::sqlite::SqliteRelayStore;
+    pub use inoutbox_runtime::sqlite::SqliteRelayStore;
 }
 
 /// Stores: where inbox rows, attempt counts and dead letters live, and their table names.
 pub mod store {
     #[doc(inline)]
-    pub use box_runtime::postgres::{DailyPartitions, PartitionChanges, Retire};
+    pub use inoutbox_runtime::postgres::{DailyPartitions, PartitionChanges, Retire};
     #[doc(inline)]
-    pub use box_runtime::store::*;
+    pub use inoutbox_runtime::store::*;
     #[doc(inline)]
-    pub use box_runtime::IdentError;
+    pub use inoutbox_runtime::IdentError;
 }
 
 #[cfg(feature = "testing")]
 #[doc = include_str!("docs/testing.md")]
 pub mod testing {
     #[doc(inline)]
-    pub use box_runtime::testing::*;
+    pub use inoutbox_runtime::testing::*;
 }
 
 /// Operations: the metric names ([`telemetry::metric`]), the [`Health`](telemetry::Health) of
 /// consumers and relays, and how spans are named. See `docs/operations.md`.
 pub mod telemetry {
     #[doc(inline)]
-    pub use box_runtime::telemetry::*;
+    pub use inoutbox_runtime::telemetry::*;
 }
 
 /// The Kafka transport: consumer settings, and an in-process Kafka for zero-setup runs.
 pub mod kafka {
     #[doc(inline)]
-    pub use box_runtime::kafka::*;
+    pub use inoutbox_runtime::kafka::*;
     #[doc(inline)]
-    pub use box_runtime::names::{
+    pub use inoutbox_runtime::names::{
         CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_ID, HEADER_SOURCE, HEADER_SPECVERSION,
         HEADER_TRACEPARENT, HEADER_TYPE, SPECVERSION,
     };
     #[doc(inline)]
-    pub use box_runtime::redact::{is_secret_setting, redact_setting, REDACTED};
+    pub use inoutbox_runtime::redact::{is_secret_setting, redact_setting, REDACTED};
 }

@@ -1,13 +1,13 @@
-//! `txbox::App`: its parts run under one shutdown token; the first error of any part stops the
+//! `inoutbox::App`: its parts run under one shutdown token; the first error of any part stops the
 //! others and is returned; a group that cannot be set up fails the start.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
+use inoutbox::app::{ConsumerSpec, Store};
+use inoutbox::prelude::*;
+use inoutbox::{App, AppError};
 use serde::{Deserialize, Serialize};
-use txbox::app::{ConsumerSpec, Store};
-use txbox::prelude::*;
-use txbox::{App, AppError};
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "AppPing", topic = "app-pings", key = id)]

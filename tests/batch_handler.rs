@@ -10,11 +10,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use inoutbox::inbox::Backoff;
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, Outcome, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::{send, Broker, Msg, Running, TestDb};
-use txbox::inbox::Backoff;
-use txbox::prelude::*;
-use txbox::{Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -27,7 +27,7 @@ pub struct OrderCreated {
 struct Setup {
     broker: Broker,
     db: TestDb,
-    store: txbox::PgStore,
+    store: inoutbox::PgStore,
     topic: String,
     producer: rdkafka::producer::FutureProducer,
 }
@@ -51,7 +51,7 @@ impl Setup {
     }
 
     /// A consumer whose batches wait long enough to gather a whole backlog.
-    fn consumer(&self, group: &str) -> txbox::inbox::ConsumerBuilder<txbox::PgStore> {
+    fn consumer(&self, group: &str) -> inoutbox::inbox::ConsumerBuilder<inoutbox::PgStore> {
         Consumer::builder(
             group,
             self.store.clone(),

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use inoutbox::inbox::{Backoff, Ordering};
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, Outcome, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::child::ChildProcess;
 use support::{send, Broker, Msg, Running, TestDb};
-use txbox::inbox::{Backoff, Ordering};
-use txbox::prelude::*;
-use txbox::{Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -27,7 +27,7 @@ pub struct OrderCreated {
 struct Setup {
     broker: Broker,
     db: TestDb,
-    store: txbox::PgStore,
+    store: inoutbox::PgStore,
     topic: String,
     producer: rdkafka::producer::FutureProducer,
 }
@@ -50,7 +50,7 @@ impl Setup {
     }
 
     /// A consumer whose batches wait long enough to gather a whole backlog.
-    fn consumer(&self, group: &str) -> txbox::inbox::ConsumerBuilder<txbox::PgStore> {
+    fn consumer(&self, group: &str) -> inoutbox::inbox::ConsumerBuilder<inoutbox::PgStore> {
         Consumer::builder(
             group,
             self.store.clone(),
@@ -276,12 +276,12 @@ async fn sigkill_mid_batch_before_commit_applies_each_event_once_after_restart()
         Some("after_handler:4"),
     );
     first.wait_for(
-        "txbox failpoint after_handler reached",
+        "inoutbox failpoint after_handler reached",
         Duration::from_secs(60),
     );
     first.kill9();
     let before =
-        s.db.count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL")
+        s.db.count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL")
             .await;
     assert_eq!(before, 0, "the batch died with the process, uncommitted");
 
@@ -464,14 +464,14 @@ async fn fails_on_the_old_owner(
 }
 
 /// A store whose sessions are named `name` (the handler tells the two owners apart by it).
-async fn named_store(db: &TestDb, name: &str) -> txbox::PgStore {
+async fn named_store(db: &TestDb, name: &str) -> inoutbox::PgStore {
     let options: sqlx::postgres::PgConnectOptions = db.url().parse().expect("database url");
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
         .connect_with(options.application_name(name))
         .await
         .expect("connect");
-    txbox::PgStore::with_tables(pool, db.tables.clone())
+    inoutbox::PgStore::with_tables(pool, db.tables.clone())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -482,7 +482,7 @@ async fn a_revoked_partition_stops_retrying_at_once_and_is_neither_dead_lettered
     let retry = RetryPolicy::default()
         .max_attempts(3)
         .backoff(Backoff::new(Duration::from_secs(4), Duration::from_secs(4)));
-    let consumer = |store: txbox::PgStore| {
+    let consumer = |store: inoutbox::PgStore| {
         Consumer::builder(
             "batch-revoke",
             store,

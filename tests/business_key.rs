@@ -7,13 +7,13 @@ mod support;
 
 use std::time::Duration;
 
+use inoutbox::inbox::{Delivery, Inbox, InboxConfig};
+use inoutbox::prelude::*;
+use inoutbox::store::InboxStore;
+use inoutbox::Outcome;
 use serde::{Deserialize, Serialize};
 use support::kit::TempDir;
 use support::TestDb;
-use txbox::inbox::{Delivery, Inbox, InboxConfig};
-use txbox::prelude::*;
-use txbox::store::InboxStore;
-use txbox::Outcome;
 use uuid::Uuid;
 
 /// "Credit 100": a producer bug may send it twice with two event ids; the operation id is the
@@ -52,7 +52,7 @@ async fn credit_postgres(event: AccountCredited, tx: &mut PgTx<'_>) -> Result<()
 #[inbox_handler(event = "AccountCredited", group = "bk-event")]
 async fn credit_sqlite(
     event: AccountCredited,
-    tx: &mut txbox::SqliteTx<'_>,
+    tx: &mut inoutbox::SqliteTx<'_>,
 ) -> Result<(), HandlerError> {
     sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
         .bind(event.account)
@@ -248,7 +248,7 @@ async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
         .await;
     // The first operation was received two hours ago: outside the one-hour window.
     sqlx::query(
-        "UPDATE txbox_inbox SET received_at = now() - interval '2 hours' WHERE event_id = 'evt-old'",
+        "UPDATE inoutbox_inbox SET received_at = now() - interval '2 hours' WHERE event_id = 'evt-old'",
     )
     .execute(&db.pool)
     .await
@@ -282,7 +282,7 @@ async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
 }
 
 /// A fresh SQLite database in a temporary directory, migrated, with an invoices table.
-async fn sqlite_store(dir: &TempDir) -> txbox::SqliteStore {
+async fn sqlite_store(dir: &TempDir) -> inoutbox::SqliteStore {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     let options = SqliteConnectOptions::new()
         .filename(dir.0.join("bk.db"))
@@ -301,7 +301,7 @@ async fn sqlite_store(dir: &TempDir) -> txbox::SqliteStore {
     .execute(&pool)
     .await
     .expect("invoices");
-    let store = txbox::SqliteStore::new(pool);
+    let store = inoutbox::SqliteStore::new(pool);
     store.migrate().await.expect("migrate");
     store
 }
@@ -357,7 +357,7 @@ async fn a_batch_frees_every_expired_business_key_it_holds_on_postgres() {
     let ops = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
     three_operations(&inbox, &ops).await;
     sqlx::query(
-        "UPDATE txbox_inbox SET received_at = now() - interval '2 hours' \
+        "UPDATE inoutbox_inbox SET received_at = now() - interval '2 hours' \
          WHERE event_id IN ('first-0', 'first-1')",
     )
     .execute(&db.pool)
@@ -376,7 +376,7 @@ async fn a_batch_frees_every_expired_business_key_it_holds_on_sqlite() {
     let ops = [Uuid::new_v4(), Uuid::new_v4(), Uuid::new_v4()];
     three_operations(&inbox, &ops).await;
     sqlx::query(
-        "UPDATE txbox_inbox SET received_at = '2000-01-01T00:00:00.000Z' \
+        "UPDATE inoutbox_inbox SET received_at = '2000-01-01T00:00:00.000Z' \
          WHERE event_id IN ('first-0', 'first-1')",
     )
     .execute(&pool)

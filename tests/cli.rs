@@ -1,4 +1,4 @@
-//! The `txbox` command against real PostgreSQL (a schema per test) and SQLite: every
+//! The `inoutbox` command against real PostgreSQL (a schema per test) and SQLite: every
 //! subcommand's output and exit code, replay through an application binary that has the
 //! handlers linked in (this test binary, started again as a child), and no password printed.
 //! Also the consumer's scheduled inbox purge, and the quickstart's wrong-scheme message.
@@ -9,13 +9,13 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use inoutbox::inbox::{Delivery, Inbox, InboxConfig, Outcome, RetryPolicy};
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, KafkaConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use support::TestDb;
 use tokio::sync::watch;
-use txbox::inbox::{Delivery, Inbox, InboxConfig, Outcome, RetryPolicy};
-use txbox::prelude::*;
-use txbox::{Consumer, KafkaConfig};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -52,15 +52,15 @@ async fn invoice_lite(event: CliOrder, tx: &mut SqliteTx<'_>) -> Result<(), Hand
 }
 
 /// Not a test: the entry of the application binary that replay runs through. The test binary
-/// is started again with `TXBOX_CLI_APP_ARGS` set; it then runs `txbox::cli::run_from` with
+/// is started again with `INOUTBOX_CLI_APP_ARGS` set; it then runs `inoutbox::cli::run_from` with
 /// this binary's handlers and exits with its code.
 #[test]
 fn application_binary_entry() {
-    let Ok(args) = std::env::var("TXBOX_CLI_APP_ARGS") else {
+    let Ok(args) = std::env::var("INOUTBOX_CLI_APP_ARGS") else {
         return;
     };
     let args: Vec<String> = serde_json::from_str(&args).expect("args");
-    let code = txbox::cli::run_from(args);
+    let code = inoutbox::cli::run_from(args);
     let code = (0..=255u8)
         .find(|c| code == std::process::ExitCode::from(*c))
         .expect("an exit code");
@@ -88,14 +88,14 @@ fn finish(output: Output) -> Run {
     }
 }
 
-/// The standalone `txbox` binary (no handlers), with `DATABASE_URL` unset.
-fn txbox(args: &[&str]) -> Run {
+/// The standalone `inoutbox` binary (no handlers), with `DATABASE_URL` unset.
+fn inoutbox(args: &[&str]) -> Run {
     finish(
-        Command::new(env!("CARGO_BIN_EXE_txbox"))
+        Command::new(env!("CARGO_BIN_EXE_inoutbox"))
             .args(args)
             .env_remove("DATABASE_URL")
             .output()
-            .expect("run txbox"),
+            .expect("run inoutbox"),
     )
 }
 
@@ -106,7 +106,10 @@ fn app(args: &[&str]) -> Run {
     let run = finish(
         Command::new(std::env::current_exe().expect("test binary"))
             .args(["--exact", "application_binary_entry", "--nocapture"])
-            .env("TXBOX_CLI_APP_ARGS", serde_json::to_string(&all).unwrap())
+            .env(
+                "INOUTBOX_CLI_APP_ARGS",
+                serde_json::to_string(&all).unwrap(),
+            )
             .env_remove("DATABASE_URL")
             .output()
             .expect("run the application binary"),
@@ -135,8 +138,8 @@ impl Target {
             .collect()
     }
 
-    fn txbox(&self, args: &[&str]) -> Run {
-        txbox(&self.args(args))
+    fn inoutbox(&self, args: &[&str]) -> Run {
+        inoutbox(&self.args(args))
     }
 
     fn app(&self, args: &[&str]) -> Run {
@@ -175,7 +178,7 @@ fn once() -> InboxConfig {
     config
 }
 
-async fn dead_letter_id<S: txbox::store::InboxStore>(inbox: &Inbox<S>, d: Delivery) -> i64 {
+async fn dead_letter_id<S: inoutbox::store::InboxStore>(inbox: &Inbox<S>, d: Delivery) -> i64 {
     let (_stop, shutdown) = watch::channel(false);
     match inbox.process(&d, &shutdown).await {
         Outcome::DeadLettered { id, .. } => id,
@@ -191,13 +194,13 @@ async fn seed_outbox(db: &TestDb) {
         ("k-old", false, None, Some("now() - interval '10 days'")),
         ("k-new", false, None, Some("now() - interval '1 hour'")),
     ] {
-        sqlx::query(&format!(
-            "INSERT INTO txbox_outbox (id, type, topic, message_key, payload, created_at, attempts, \
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload, created_at, attempts, \
                last_error, parked_at, next_attempt_at, published_at) \
              VALUES ($1, 'CliOrder', 'cli-orders', $2, '{{}}', now() - interval '90 seconds', $3, $4, \
                CASE WHEN $5 THEN now() END, CASE WHEN $5 THEN now() END, {})",
             published.unwrap_or("NULL")
-        ))
+        )))
         .bind(Uuid::new_v4())
         .bind(key)
         .bind(if parked { 10 } else { 0 })
@@ -219,7 +222,7 @@ async fn every_subcommand_works_on_postgres() {
         db.schema.clone(),
     ]);
 
-    let run = t.txbox(&["migrate"]);
+    let run = t.inoutbox(&["migrate"]);
     assert_eq!(
         (run.code, run.stdout.as_str()),
         (0, "migrations applied\n"),
@@ -256,7 +259,7 @@ async fn every_subcommand_works_on_postgres() {
 }
 
 async fn status_on_postgres(t: &Target) {
-    let run = t.txbox(&["status"]);
+    let run = t.inoutbox(&["status"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     println!("{}", run.stdout);
     for text in [
@@ -279,7 +282,7 @@ async fn status_on_postgres(t: &Target) {
         "the latest error per key:\n{}",
         run.stdout
     );
-    let s = t.txbox(&["status", "--json"]).json();
+    let s = t.inoutbox(&["status", "--json"]).json();
     let group = &s["groups"][0];
     assert_eq!(group["group"], "cli");
     assert_eq!(group["inbox_rows"], 1);
@@ -302,7 +305,7 @@ async fn status_on_postgres(t: &Target) {
 }
 
 async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, closed: i64) {
-    let list = t.txbox(&["dead-letters", "list", "--group", "cli", "--json"]);
+    let list = t.inoutbox(&["dead-letters", "list", "--group", "cli", "--json"]);
     assert_eq!(list.code, 0, "{}", list.stderr);
     let ids: Vec<i64> = list
         .json()
@@ -313,11 +316,11 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
         .collect();
     assert_eq!(ids, [closed, malformed], "newest first");
     let none = t
-        .txbox(&["dead-letters", "list", "--event-type", "Other", "--json"])
+        .inoutbox(&["dead-letters", "list", "--event-type", "Other", "--json"])
         .json();
     assert_eq!(none, Value::Array(vec![]));
     let recent = t
-        .txbox(&[
+        .inoutbox(&[
             "dead-letters",
             "list",
             "--since",
@@ -328,14 +331,14 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
         ])
         .json();
     assert_eq!(recent.as_array().unwrap().len(), 1);
-    let table = t.txbox(&["dead-letters", "list"]);
+    let table = t.inoutbox(&["dead-letters", "list"]);
     assert!(
         table.stdout.starts_with("ID ") && table.stdout.contains("the books are closed"),
         "{}",
         table.stdout
     );
 
-    let show = t.txbox(&["dead-letters", "show", &malformed.to_string()]);
+    let show = t.inoutbox(&["dead-letters", "show", &malformed.to_string()]);
     assert_eq!(show.code, 0, "{}", show.stderr);
     println!("{}", show.stdout);
     for text in [
@@ -357,15 +360,15 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
         show.stdout
     );
     let show_json = t
-        .txbox(&["dead-letters", "show", &malformed.to_string(), "--json"])
+        .inoutbox(&["dead-letters", "show", &malformed.to_string(), "--json"])
         .json();
     assert_eq!(show_json["payload"]["order_id"], "not-a-uuid");
-    assert_eq!(t.txbox(&["dead-letters", "show", "999999"]).code, 3);
+    assert_eq!(t.inoutbox(&["dead-letters", "show", "999999"]).code, 3);
 
-    let standalone = t.txbox(&["dead-letters", "replay", &closed.to_string()]);
+    let standalone = t.inoutbox(&["dead-letters", "replay", &closed.to_string()]);
     assert_eq!(standalone.code, 4, "{}", standalone.stderr);
     assert!(
-        standalone.stderr.contains("txbox::cli::run()"),
+        standalone.stderr.contains("inoutbox::cli::run()"),
         "{}",
         standalone.stderr
     );
@@ -386,12 +389,12 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
     );
     let again = t.app(&["dead-letters", "replay", &malformed.to_string()]);
     assert_eq!(again.code, 1, "a letter that fails again: {}", again.stdout);
-    let s = t.txbox(&["status", "--json"]).json();
+    let s = t.inoutbox(&["status", "--json"]).json();
     assert_eq!(s["groups"][0]["dead_letters_pending"], 1);
 
-    let refused = t.txbox(&["dead-letters", "discard", &malformed.to_string()]);
+    let refused = t.inoutbox(&["dead-letters", "discard", &malformed.to_string()]);
     assert_eq!(refused.code, 2, "{}", refused.stderr);
-    let discarded = t.txbox(&[
+    let discarded = t.inoutbox(&[
         "dead-letters",
         "discard",
         "--group",
@@ -409,14 +412,14 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
     gone.sort();
     assert_eq!(gone, [malformed.min(closed), malformed.max(closed)]);
     assert_eq!(
-        t.txbox(&["dead-letters", "discard", &closed.to_string(), "--yes"])
+        t.inoutbox(&["dead-letters", "discard", &closed.to_string(), "--yes"])
             .code,
         3
     );
 }
 
 async fn outbox_and_purge_on_postgres(db: &TestDb, t: &Target) {
-    let unpark = t.txbox(&["outbox", "unpark", "k-bad"]);
+    let unpark = t.inoutbox(&["outbox", "unpark", "k-bad"]);
     assert_eq!(
         (unpark.code, unpark.stdout.as_str()),
         (0, "unparked 2 row(s) of key `k-bad`\n"),
@@ -424,21 +427,21 @@ async fn outbox_and_purge_on_postgres(db: &TestDb, t: &Target) {
         unpark.stderr
     );
     let due = db
-        .count("SELECT count(*) FROM txbox_outbox WHERE message_key = 'k-bad' AND parked_at IS NULL AND attempts = 0 AND next_attempt_at <= now()")
+        .count("SELECT count(*) FROM inoutbox_outbox WHERE message_key = 'k-bad' AND parked_at IS NULL AND attempts = 0 AND next_attempt_at <= now()")
         .await;
     assert_eq!(due, 2, "unparked rows are due again with fresh attempts");
     assert_eq!(
-        t.txbox(&["outbox", "unpark", "--all"]).code,
+        t.inoutbox(&["outbox", "unpark", "--all"]).code,
         3,
         "nothing parked any more"
     );
-    assert_eq!(t.txbox(&["outbox", "unpark"]).code, 2, "a key or --all");
+    assert_eq!(t.inoutbox(&["outbox", "unpark"]).code, 2, "a key or --all");
 
-    sqlx::query("INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) VALUES ('cli', 'old', 'CliOrder', now() - interval '8 days'), ('cli', 'unprocessed', 'CliOrder', NULL)")
+    sqlx::query("INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, processed_at) VALUES ('cli', 'old', 'CliOrder', now() - interval '8 days'), ('cli', 'unprocessed', 'CliOrder', NULL)")
         .execute(&db.pool)
         .await
         .expect("old inbox rows");
-    let purge = t.txbox(&["purge", "--older-than", "7d", "--batch-size", "1", "--json"]);
+    let purge = t.inoutbox(&["purge", "--older-than", "7d", "--batch-size", "1", "--json"]);
     assert_eq!(purge.code, 0, "{}", purge.stderr);
     let purged = purge.json();
     assert_eq!(
@@ -449,26 +452,26 @@ async fn outbox_and_purge_on_postgres(db: &TestDb, t: &Target) {
         (Some(1), Some(1))
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_inbox").await,
+        db.count("SELECT count(*) FROM inoutbox_inbox").await,
         3,
         "recent (two processed, one replayed) and unprocessed rows stay"
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_outbox").await,
+        db.count("SELECT count(*) FROM inoutbox_outbox").await,
         4,
         "the recent published row stays"
     );
-    assert_eq!(t.txbox(&["purge"]).code, 2, "--older-than is required");
+    assert_eq!(t.inoutbox(&["purge"]).code, 2, "--older-than is required");
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn every_subcommand_works_on_sqlite() {
-    let dir = std::env::temp_dir().join(format!("txbox-cli-{}", Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!("inoutbox-cli-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite:{}", dir.join("cli.db").display());
     let t = Target(vec!["--database-url".into(), url.clone()]);
-    assert_eq!(t.txbox(&["migrate"]).code, 0);
-    let store = txbox::SqliteStore::connect(&url).await.expect("sqlite");
+    assert_eq!(t.inoutbox(&["migrate"]).code, 0);
+    let store = inoutbox::SqliteStore::connect(&url).await.expect("sqlite");
     sqlx::raw_sql("CREATE TABLE invoices (order_id text NOT NULL)")
         .execute(store.pool())
         .await
@@ -480,18 +483,18 @@ async fn every_subcommand_works_on_sqlite() {
         .process(&delivery(2, "CliOrder", &order(5)), &shutdown)
         .await;
     sqlx::raw_sql(
-        "INSERT INTO txbox_outbox (id, type, topic, message_key, payload, attempts, last_error, parked_at) \
+        "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload, attempts, last_error, parked_at) \
          VALUES ('a', 'CliOrder', 't', 'k1', '{}', 10, 'rejected', strftime('%Y-%m-%dT%H:%M:%fZ','now')); \
-         INSERT INTO txbox_outbox (id, type, topic, message_key, payload, published_at) \
+         INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload, published_at) \
          VALUES ('b', 'CliOrder', 't', 'k2', '{}', '2000-01-01T00:00:00.000Z'); \
-         INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) \
+         INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, processed_at) \
          VALUES ('cli-lite', 'old', 'CliOrder', '2000-01-01T00:00:00.000Z');",
     )
     .execute(store.pool())
     .await
     .unwrap();
 
-    let s = t.txbox(&["status", "--json"]);
+    let s = t.inoutbox(&["status", "--json"]);
     assert_eq!(s.code, 0, "{}", s.stderr);
     let s = s.json();
     assert_eq!(
@@ -515,15 +518,15 @@ async fn every_subcommand_works_on_sqlite() {
         ),
         (Some(1), Some("rejected"))
     );
-    let status = t.txbox(&["status"]);
+    let status = t.inoutbox(&["status"]);
     assert!(
         status.stdout.contains("cli-lite") && status.stdout.contains("parked: 1"),
         "{}",
         status.stdout
     );
-    let list = t.txbox(&["dead-letters", "list", "--json"]).json();
+    let list = t.inoutbox(&["dead-letters", "list", "--json"]).json();
     assert_eq!(list[0]["id"].as_i64(), Some(bad));
-    let show = t.txbox(&["dead-letters", "show", &bad.to_string()]);
+    let show = t.inoutbox(&["dead-letters", "show", &bad.to_string()]);
     assert!(
         show.code == 0
             && show
@@ -533,7 +536,8 @@ async fn every_subcommand_works_on_sqlite() {
         show.stdout
     );
     assert_eq!(
-        t.txbox(&["dead-letters", "replay", &bad.to_string()]).code,
+        t.inoutbox(&["dead-letters", "replay", &bad.to_string()])
+            .code,
         4
     );
     assert_eq!(
@@ -541,12 +545,14 @@ async fn every_subcommand_works_on_sqlite() {
         1,
         "still not JSON"
     );
-    let unpark = t.txbox(&["outbox", "unpark", "--all"]);
+    let unpark = t.inoutbox(&["outbox", "unpark", "--all"]);
     assert_eq!(
         (unpark.code, unpark.stdout.as_str()),
         (0, "unparked 1 row(s) of every key\n")
     );
-    let purged = t.txbox(&["purge", "--older-than", "7d", "--json"]).json();
+    let purged = t
+        .inoutbox(&["purge", "--older-than", "7d", "--json"])
+        .json();
     assert_eq!(
         (
             purged["inbox_deleted"].as_i64(),
@@ -555,12 +561,12 @@ async fn every_subcommand_works_on_sqlite() {
         (Some(1), Some(1))
     );
     assert_eq!(
-        t.txbox(&["dead-letters", "discard", &bad.to_string(), "--yes"])
+        t.inoutbox(&["dead-letters", "discard", &bad.to_string(), "--yes"])
             .code,
         0
     );
     assert_eq!(
-        t.txbox(&["dead-letters", "list", "--json"]).json(),
+        t.inoutbox(&["dead-letters", "list", "--json"]).json(),
         Value::Array(vec![])
     );
     let _ = std::fs::remove_dir_all(dir);
@@ -568,14 +574,14 @@ async fn every_subcommand_works_on_sqlite() {
 
 #[test]
 fn the_command_never_prints_a_password() {
-    let refused = txbox(&["--database-url", "mysql://app:hunter2-pw@db/x", "status"]);
+    let refused = inoutbox(&["--database-url", "mysql://app:hunter2-pw@db/x", "status"]);
     assert_eq!(refused.code, 1);
     assert!(
         refused.stderr.contains("mysql://app:***@db/x"),
         "{}",
         refused.stderr
     );
-    let unreachable = txbox(&[
+    let unreachable = inoutbox(&[
         "--database-url",
         "postgres://app:hunter2-pw@127.0.0.1:1/x",
         "status",
@@ -587,7 +593,7 @@ fn the_command_never_prints_a_password() {
         .unwrap()
         .contains("app:***@127.0.0.1:1"));
     let help = finish(
-        Command::new(env!("CARGO_BIN_EXE_txbox"))
+        Command::new(env!("CARGO_BIN_EXE_inoutbox"))
             .arg("--help")
             .env("DATABASE_URL", "postgres://app:hunter2-pw@db/x")
             .output()
@@ -598,7 +604,7 @@ fn the_command_never_prints_a_password() {
         let all = format!("{}{}", run.stdout, run.stderr);
         assert!(!all.contains("hunter2"), "a password is printed:\n{all}");
     }
-    let missing = txbox(&["status"]);
+    let missing = inoutbox(&["status"]);
     assert_eq!(missing.code, 2, "{}", missing.stderr);
     assert!(
         missing.stderr.contains("DATABASE_URL"),
@@ -650,18 +656,18 @@ async fn the_consumer_purges_old_inbox_rows_by_itself() {
     let db = TestDb::new("retention").await;
     let store = db.migrated_store().await;
     sqlx::raw_sql(
-        "INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) \
+        "INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, processed_at) \
          SELECT 'cli', 'old-' || n, 'CliOrder', now() - interval '8 days' FROM generate_series(1, 5) n; \
-         INSERT INTO txbox_inbox (consumer_group, event_id, event_type, processed_at) \
+         INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, processed_at) \
          SELECT 'cli', 'new-' || n, 'CliOrder', now() - interval '6 days' FROM generate_series(1, 3) n; \
-         INSERT INTO txbox_inbox (consumer_group, event_id, event_type, received_at) \
+         INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, received_at) \
          VALUES ('cli', 'stuck', 'CliOrder', now() - interval '9 days');",
     )
     .execute(&db.pool)
     .await
     .expect("seed the inbox");
     assert!(InboxConfig::default().retention.is_some(), "on by default");
-    let kafka = txbox::kafka::InProcessKafka::start().expect("in-process Kafka");
+    let kafka = inoutbox::kafka::InProcessKafka::start().expect("in-process Kafka");
     kafka.create_topic("cli-orders", 1).expect("topic");
     let consumer = Consumer::builder(
         "cli",
@@ -669,7 +675,7 @@ async fn the_consumer_purges_old_inbox_rows_by_itself() {
         KafkaConfig::new(kafka.brokers(), ["cli-orders"]),
     )
     .retention(Some(
-        txbox::outbox::Retention::default()
+        inoutbox::outbox::Retention::default()
             .older_than(Duration::from_secs(7 * 86_400))
             .batch_size(2)
             .interval(Duration::from_millis(100)),
@@ -682,7 +688,7 @@ async fn the_consumer_purges_old_inbox_rows_by_itself() {
     }));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while db
-        .count("SELECT count(*) FROM txbox_inbox WHERE event_id LIKE 'old-%'")
+        .count("SELECT count(*) FROM inoutbox_inbox WHERE event_id LIKE 'old-%'")
         .await
         > 0
     {
@@ -695,13 +701,13 @@ async fn the_consumer_purges_old_inbox_rows_by_itself() {
     stop.send_replace(true);
     running.await.expect("join").expect("consumer");
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_inbox WHERE event_id LIKE 'new-%'")
+        db.count("SELECT count(*) FROM inoutbox_inbox WHERE event_id LIKE 'new-%'")
             .await,
         3,
         "recent rows stay"
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_inbox WHERE event_id = 'stuck'")
+        db.count("SELECT count(*) FROM inoutbox_inbox WHERE event_id = 'stuck'")
             .await,
         1,
         "unprocessed rows stay"
@@ -758,12 +764,12 @@ async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
         "--schema".into(),
         db.schema.clone(),
     ]);
-    let status = t.txbox(&["status", "--brokers", &broker.brokers]);
+    let status = t.inoutbox(&["status", "--brokers", &broker.brokers]);
     assert_eq!(status.code, 0, "{}", status.stderr);
     println!("{}", status.stdout);
     assert!(status.stdout.contains("KAFKA LAG"), "{}", status.stdout);
     let json = t
-        .txbox(&["status", "--brokers", &broker.brokers, "--json"])
+        .inoutbox(&["status", "--brokers", &broker.brokers, "--json"])
         .json();
     assert_eq!(json["groups"][0]["inbox_rows"], 3);
     assert_eq!(json["groups"][0]["dead_letters"], 1);
@@ -778,10 +784,10 @@ async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
         [(0, 1), (1, 0)],
         "one message sent after the consumer stopped"
     );
-    let id = t.txbox(&["dead-letters", "list", "--json"]).json()[0]["id"]
+    let id = t.inoutbox(&["dead-letters", "list", "--json"]).json()[0]["id"]
         .as_i64()
         .unwrap();
-    let show = t.txbox(&["dead-letters", "show", &id.to_string()]);
+    let show = t.inoutbox(&["dead-letters", "show", &id.to_string()]);
     println!("{}", show.stdout);
     assert!(
         show.stdout.contains("\"total_cents\": \"lots\""),

@@ -9,12 +9,12 @@ mod support;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use inoutbox::inbox::{Backoff, OnExhausted, UnknownEvent};
+use inoutbox::prelude::*;
+use inoutbox::{AckStrategy, Consumer, Outcome, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::kit::Kit;
 use support::{send, Broker, Msg, Running};
-use txbox::inbox::{Backoff, OnExhausted, UnknownEvent};
-use txbox::prelude::*;
-use txbox::{AckStrategy, Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -406,7 +406,7 @@ async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
             .collect();
         let winner = claims
             .iter()
-            .find(|c| matches!(c.result, Ok(txbox::store::Claim::New { .. })))
+            .find(|c| matches!(c.result, Ok(inoutbox::store::Claim::New { .. })))
             .unwrap_or_else(|| panic!("round {round}: no claim won: {claims:#?}"));
         let committed = store
             .commits()
@@ -559,7 +559,7 @@ handlers!("rebalance", |event, tx, meta, store| {
 });
 
 async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
-    use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+    use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
     let kafka = InProcessKafka::start().expect("in-process kafka");
     let topic = "rebalance";
     kafka.create_topic(topic, 4).expect("topic");
@@ -582,7 +582,7 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     let total = 4 * per_partition;
     let config = || {
         CONSUMER_SETTINGS.iter().fold(
-            txbox::KafkaConfig::new(kafka.brokers(), [topic]),
+            inoutbox::KafkaConfig::new(kafka.brokers(), [topic]),
             |c, (k, v)| c.set(*k, *v),
         )
     };
@@ -741,8 +741,8 @@ handlers!("retention", |event, tx, meta, store| {
 });
 
 async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K: Kit>() {
-    use txbox::inbox::Delivery;
-    use txbox::store::{Claim, InboxKey, InboxStore};
+    use inoutbox::inbox::Delivery;
+    use inoutbox::store::{Claim, InboxKey, InboxStore};
     let kit = K::new("retention").await;
     let store = kit.store();
     for (i, id) in ["old-1", "old-2", "old-3", "new-1", "new-2", "stuck"]
@@ -789,14 +789,14 @@ async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K
     ))
     .await;
 
-    let engine = txbox::inbox::Inbox::new(store, "retention", Default::default()).unwrap();
+    let engine = inoutbox::inbox::Inbox::new(store, "retention", Default::default()).unwrap();
     assert_eq!(engine.stuck(Duration::from_secs(3600)).await.unwrap(), 1);
     assert_eq!(
         engine.stuck(Duration::from_secs(3 * 86400)).await.unwrap(),
         0
     );
     let deleted = engine
-        .purge_processed(txbox::inbox::DEFAULT_RETENTION, 2)
+        .purge_processed(inoutbox::inbox::DEFAULT_RETENTION, 2)
         .await
         .unwrap();
     assert_eq!(deleted, 3, "the three rows processed 8 days ago");
@@ -812,10 +812,10 @@ async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K
 // =============================================================================================
 // The outbox contract.
 
+use inoutbox::outbox;
+use inoutbox::relay::{Relay, RelayStore};
+use inoutbox::store::InboxStore;
 use std::collections::HashMap;
-use txbox::outbox;
-use txbox::relay::{Relay, RelayStore};
-use txbox::store::InboxStore;
 
 /// An event whose key carries a per-key sequence number.
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -929,7 +929,7 @@ async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit>(
             "keyed by the event key"
         );
         assert_eq!(msg.header("ce_type"), Some("OrderCreated"));
-        assert_eq!(msg.header("ce_source"), Some("txbox-tests"));
+        assert_eq!(msg.header("ce_source"), Some("inoutbox-tests"));
         assert_eq!(msg.header("ce_specversion"), Some("1.0"));
         assert_eq!(msg.header("content-type"), Some("application/json"));
         assert_eq!(msg.header("traceparent"), Some(TRACEPARENT));
@@ -1036,7 +1036,7 @@ static CHAIN_RUNS: Counter = counter();
 
 handlers!("chain", |event, tx, meta, store| {
     CHAIN_RUNS[store].fetch_add(1, Ordering::SeqCst);
-    txbox::outbox::enqueue(
+    inoutbox::outbox::enqueue(
         tx,
         &InvoiceRequested {
             order_id: event.order_id,
@@ -1116,7 +1116,7 @@ async fn outbox_retention_deletes_old_published_rows_only<K: Kit>() {
         K::days_ago(0)
     ))
     .await;
-    let retention = txbox::outbox::Retention::default().batch_size(3);
+    let retention = inoutbox::outbox::Retention::default().batch_size(3);
     let deleted = kit.relay_store().purge(&retention).await.unwrap();
     assert_eq!(deleted, 7);
     assert_eq!(

@@ -56,19 +56,19 @@ async fn crash_at(failpoint: &str) {
         Some(&spec),
     );
     first.wait_for(
-        &format!("txbox failpoint {failpoint} reached"),
+        &format!("inoutbox failpoint {failpoint} reached"),
         Duration::from_secs(60),
     );
     first.kill9();
     let committed_before_restart = db
-        .count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL")
+        .count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL")
         .await;
 
     let mut second =
         ChildConsumer::start("billing", &db, &broker.brokers, &["--topic", &topic], None);
     let processed = wait_until(
         &db,
-        "SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL",
+        "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL",
         orders.len() as i64,
         Duration::from_secs(90),
     )
@@ -300,8 +300,8 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
     let transient = count(Fate::Transient);
     let duplicates = count(Fate::Duplicated) + count(Fate::DuplicatedPoison);
     let unique = EVENTS as i64;
-    let done_sql = "SELECT (SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL) \
-                    + (SELECT count(*) FROM txbox_dead_letters)";
+    let done_sql = "SELECT (SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL) \
+                    + (SELECT count(*) FROM inoutbox_dead_letters)";
     let started = Instant::now();
 
     // Three SIGKILLs at about a quarter, half and three quarters of the way.
@@ -352,9 +352,9 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
     let distinct = db
         .count("SELECT count(DISTINCT order_id) FROM invoices")
         .await;
-    let dead = db.count("SELECT count(*) FROM txbox_dead_letters").await;
+    let dead = db.count("SELECT count(*) FROM inoutbox_dead_letters").await;
     let dead_wrong = db
-        .count("SELECT count(*) FROM txbox_dead_letters WHERE error NOT LIKE '%injected permanent failure%'")
+        .count("SELECT count(*) FROM inoutbox_dead_letters WHERE error NOT LIKE '%injected permanent failure%'")
         .await;
     println!(
         "soak: {EVENTS} events (+{duplicates} duplicate deliveries) on 3 partitions, {transient} transient and \
@@ -379,7 +379,7 @@ async fn soak_20k_events_with_duplicates_failures_and_sigkills() {
     // SIGKILL before its offset commit); each time after one run (a permanent error is not
     // retried), so attempts >= times.
     let letters: Vec<(String, i32, i32)> =
-        sqlx::query_as("SELECT event_id, times, attempts FROM txbox_dead_letters")
+        sqlx::query_as("SELECT event_id, times, attempts FROM inoutbox_dead_letters")
             .fetch_all(&db.pool)
             .await
             .expect("dead letters");

@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use inoutbox::inbox::{Backoff, UnknownEvent};
+use inoutbox::inbox::{Inbox, ReplayError};
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, Outcome, RetryPolicy};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use serde::{Deserialize, Serialize};
 use support::{send, Broker, Msg, Running, TestDb};
-use txbox::inbox::{Backoff, UnknownEvent};
-use txbox::inbox::{Inbox, ReplayError};
-use txbox::prelude::*;
-use txbox::{Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -45,7 +45,7 @@ fn fast_retries(max_attempts: u32) -> RetryPolicy {
 struct Setup {
     broker: Broker,
     db: TestDb,
-    store: txbox::PgStore,
+    store: inoutbox::PgStore,
     topic: String,
     producer: rdkafka::producer::FutureProducer,
 }
@@ -67,7 +67,7 @@ async fn setup(name: &str, partitions: i32) -> Setup {
 }
 
 impl Setup {
-    fn consumer(&self, group: &str) -> txbox::inbox::ConsumerBuilder<txbox::PgStore> {
+    fn consumer(&self, group: &str) -> inoutbox::inbox::ConsumerBuilder<inoutbox::PgStore> {
         Consumer::builder(
             group,
             self.store.clone(),
@@ -196,7 +196,7 @@ async fn attempt_count_survives_rollback_and_restart() {
         let mut c = Running::start(
             s.consumer("restart-attempts")
                 .retry(RetryPolicy::no_retries())
-                .on_exhausted(txbox::inbox::OnExhausted::LeaveUncommitted),
+                .on_exhausted(inoutbox::inbox::OnExhausted::LeaveUncommitted),
         );
         let report = c.take(1).await.remove(0);
         c.stop().await;
@@ -235,10 +235,10 @@ async fn a_panicking_handler_is_retried_and_the_consumer_keeps_running() {
     assert_eq!(reports[0].outcome, Outcome::Processed { attempt: 2 });
     assert_eq!(reports[1].outcome, Outcome::Processed { attempt: 1 });
     assert_eq!(s.db.invoices().await, 2);
-    let error: String = sqlx::query_scalar(&format!(
+    let error: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT last_error FROM {} LIMIT 1",
         s.db.tables.attempts
-    ))
+    )))
     .fetch_optional(&s.db.pool)
     .await
     .unwrap()
@@ -289,10 +289,10 @@ async fn permanent_error_dead_letters_at_once_and_the_partition_moves_on() {
     );
     assert!(matches!(reports[1].outcome, Outcome::Processed { .. }));
     assert_eq!(committed, Some(2));
-    let (attempts, error): (i32, String) = sqlx::query_as(&format!(
+    let (attempts, error): (i32, String) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT attempts, error FROM {}",
         s.db.tables.dead_letters
-    ))
+    )))
     .fetch_one(&s.db.pool)
     .await
     .unwrap();
@@ -346,10 +346,10 @@ async fn exhausted_retries_dead_letter_to_table_and_topic_then_replay_applies_on
     assert_eq!(s.db.invoices().await, 1);
 
     // The table keeps the raw message; the topic has a copy with the reason.
-    let (payload, names): (Vec<u8>, Vec<String>) = sqlx::query_as(&format!(
+    let (payload, names): (Vec<u8>, Vec<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT payload, header_names FROM {} WHERE id = $1",
         s.db.tables.dead_letters
-    ))
+    )))
     .bind(id)
     .fetch_one(&s.db.pool)
     .await
@@ -377,7 +377,7 @@ async fn exhausted_retries_dead_letter_to_table_and_topic_then_replay_applies_on
         .headers()
         .and_then(|h| {
             h.iter()
-                .find(|h| h.key == "txbox_dlq_reason")
+                .find(|h| h.key == "inoutbox_dlq_reason")
                 .and_then(|h| h.value.map(<[u8]>::to_vec))
         })
         .expect("reason header");
@@ -511,10 +511,10 @@ async fn bad_messages_are_dead_lettered_with_reason_and_raw_bytes() {
             reason.contains(expected),
             "{name}: reason {reason:?} should contain {expected:?}"
         );
-        let payload: Option<Vec<u8>> = sqlx::query_scalar(&format!(
+        let payload: Option<Vec<u8>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT payload FROM {} WHERE id = $1",
             s.db.tables.dead_letters
-        ))
+        )))
         .bind(id)
         .fetch_one(&s.db.pool)
         .await
@@ -733,7 +733,7 @@ async fn migrations_race_safely_and_apply_once() {
             .connect(&db.url())
             .await
             .expect("pool");
-        stores.push(txbox::PgStore::with_tables(pool, db.tables.clone()));
+        stores.push(inoutbox::PgStore::with_tables(pool, db.tables.clone()));
     }
     let (a, b, c, d) = tokio::join!(
         stores[0].migrate(),
@@ -762,7 +762,7 @@ async fn migrations_race_safely_and_apply_once() {
     );
     let tables = db
         .count(&format!(
-            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{}' AND table_name LIKE 'txbox_%'",
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{}' AND table_name LIKE 'inoutbox_%'",
             db.schema
         ))
         .await;
@@ -776,15 +776,15 @@ async fn migrations_race_safely_and_apply_once() {
 fn configured_table_names_are_validated_never_interpolated() {
     for bad in ["inbox; DROP TABLE invoices", "a\"b", "", "9lives", "tab le"] {
         assert!(
-            txbox::Tables::default().inbox(bad).is_err(),
+            inoutbox::Tables::default().inbox(bad).is_err(),
             "{bad:?} accepted"
         );
         assert!(
-            txbox::Tables::with_schema(bad).is_err(),
+            inoutbox::Tables::with_schema(bad).is_err(),
             "{bad:?} accepted as a schema"
         );
     }
-    let t = txbox::Tables::with_schema("billing")
+    let t = inoutbox::Tables::with_schema("billing")
         .unwrap()
         .inbox("billing_inbox")
         .unwrap();
@@ -907,7 +907,7 @@ async fn a_consumer_with_no_reachable_broker_fails_start_up_within_its_timeout()
         .port();
     let brokers = format!("127.0.0.1:{port}");
     let timeout = Duration::from_secs(2);
-    let kafka = txbox::KafkaConfig::new(&brokers, ["orders"]).startup_timeout(timeout);
+    let kafka = inoutbox::KafkaConfig::new(&brokers, ["orders"]).startup_timeout(timeout);
     let consumer = Consumer::builder("no-broker", store, kafka)
         .build()
         .expect("build");
@@ -922,7 +922,10 @@ async fn a_consumer_with_no_reachable_broker_fails_start_up_within_its_timeout()
     let error = result.expect_err("no broker answered");
     println!("after {took:?}: {error}");
     assert!(
-        matches!(error, txbox::kafka::KafkaTransportError::Unreachable { .. }),
+        matches!(
+            error,
+            inoutbox::kafka::KafkaTransportError::Unreachable { .. }
+        ),
         "{error:?}"
     );
     let message = error.to_string();
@@ -951,10 +954,10 @@ async fn rejects_everything(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<()
 
 /// `(rows, times, attempts)` of the dead letters of the test's schema.
 async fn letter_counts(s: &Setup) -> (i64, i64, i64) {
-    sqlx::query_as(&format!(
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT count(*), COALESCE(sum(times), 0)::bigint, COALESCE(sum(attempts), 0)::bigint FROM {}",
         s.db.tables.dead_letters
-    ))
+    )))
     .fetch_one(&s.db.pool)
     .await
     .expect("dead letters")
@@ -1023,10 +1026,10 @@ async fn replaying_a_letter_that_still_fails_updates_the_same_row() {
         (1, 2, 2),
         "the failed replay updated the letter"
     );
-    let replayed: Option<bool> = sqlx::query_scalar(&format!(
+    let replayed: Option<bool> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT replayed_at IS NOT NULL FROM {} WHERE id = $1",
         s.db.tables.dead_letters
-    ))
+    )))
     .bind(id)
     .fetch_optional(&s.db.pool)
     .await

@@ -15,16 +15,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use inoutbox::inbox::{Delivery, Inbox, InboxConfig, OnExhausted};
+use inoutbox::prelude::*;
+use inoutbox::store::text::{inbox_id, sha256_hex};
+use inoutbox::{Outcome, RetryPolicy};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use serde::{Deserialize, Serialize};
 use support::child::ChildProcess;
 use support::raw::{self, RawMsg};
 use support::{Broker, TestDb};
-use txbox::inbox::{Delivery, Inbox, InboxConfig, OnExhausted};
-use txbox::prelude::*;
-use txbox::store::text::{inbox_id, sha256_hex};
-use txbox::{Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -86,7 +86,7 @@ fn cases(big_payload: usize) -> Vec<Case> {
     let nul_id = [unique_id("nul"), b"\0after-nul".to_vec()].concat();
     let newline_id = [
         unique_id("newline"),
-        format!("\n{FORGED} txbox: processed order").into_bytes(),
+        format!("\n{FORGED} inoutbox: processed order").into_bytes(),
     ]
     .concat();
     // A valid order, padded with a long string to `big_payload` bytes.
@@ -154,7 +154,7 @@ fn cases(big_payload: usize) -> Vec<Case> {
             "newline in ce_type",
             RawMsg::cloudevent(
                 &unique_id("nt"),
-                format!("OrderCreated\n{FORGED} txbox: processed order").as_bytes(),
+                format!("OrderCreated\n{FORGED} inoutbox: processed order").as_bytes(),
                 b"{}".to_vec(),
             ),
             DeadLettered(NO_HANDLER),
@@ -229,7 +229,7 @@ type LetterRow = (
 async fn letters(db: &TestDb) -> BTreeMap<(i32, i64), Letter> {
     let rows: Vec<LetterRow> = sqlx::query_as(
         "SELECT \"partition\", \"offset\", event_id, event_type, error, header_names, \
-         octet_length(payload)::bigint, payload_size, payload_sha256, times FROM txbox_dead_letters",
+         octet_length(payload)::bigint, payload_size, payload_sha256, times FROM inoutbox_dead_letters",
     )
     .fetch_all(&db.pool)
     .await
@@ -255,7 +255,7 @@ async fn letters(db: &TestDb) -> BTreeMap<(i32, i64), Letter> {
 
 async fn processed(db: &TestDb) -> BTreeMap<(i32, i64), String> {
     let rows: Vec<(i32, i64, String)> = sqlx::query_as(
-        "SELECT \"partition\", \"offset\", event_id FROM txbox_inbox WHERE processed_at IS NOT NULL",
+        "SELECT \"partition\", \"offset\", event_id FROM inoutbox_inbox WHERE processed_at IS NOT NULL",
     )
     .fetch_all(&db.pool)
     .await
@@ -325,8 +325,9 @@ async fn hostile_messages_end_processed_or_dead_lettered_and_never_crash_the_con
         &[("RUST_LOG", "info")],
     );
     let started = Instant::now();
-    let resolved_sql = "SELECT (SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL) \
-                        + (SELECT count(*) FROM txbox_dead_letters)";
+    let resolved_sql =
+        "SELECT (SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL) \
+                        + (SELECT count(*) FROM inoutbox_dead_letters)";
     while db.count(resolved_sql).await < total as i64 {
         assert!(
             child.is_running(),
@@ -546,7 +547,7 @@ static META_IDS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 #[inbox_handler(event = "OrderCreated", group = "hostile-meta")]
 async fn records_the_id(
     event: OrderCreated,
-    tx: &mut txbox::SqliteTx<'_>,
+    tx: &mut inoutbox::SqliteTx<'_>,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
     let _ = (event, tx);
@@ -557,7 +558,7 @@ async fn records_the_id(
 #[inbox_handler(event = "OrderCreated", group = "hostile-prop")]
 async fn prop_sqlite(
     event: OrderCreated,
-    tx: &mut txbox::SqliteTx<'_>,
+    tx: &mut inoutbox::SqliteTx<'_>,
 ) -> Result<(), HandlerError> {
     sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
         .bind(event.order_id)
@@ -578,7 +579,7 @@ async fn prop_postgres(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Han
 }
 
 /// A fresh SQLite database in a temporary directory, migrated, with an invoices table.
-async fn sqlite_store(dir: &support::kit::TempDir) -> txbox::SqliteStore {
+async fn sqlite_store(dir: &support::kit::TempDir) -> inoutbox::SqliteStore {
     use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
     let options = SqliteConnectOptions::new()
         .filename(dir.0.join("hostile.db"))
@@ -598,7 +599,7 @@ async fn sqlite_store(dir: &support::kit::TempDir) -> txbox::SqliteStore {
     .execute(&pool)
     .await
     .expect("invoices");
-    let store = txbox::SqliteStore::new(pool);
+    let store = inoutbox::SqliteStore::new(pool);
     store.migrate().await.expect("migrate");
     store
 }
@@ -648,7 +649,7 @@ async fn the_handler_sees_the_raw_id_while_the_inbox_keys_on_its_digest() {
     );
     let pool = store.pool().clone();
     let mut keyed: Vec<String> =
-        sqlx::query_scalar("SELECT event_id FROM txbox_inbox ORDER BY \"offset\"")
+        sqlx::query_scalar("SELECT event_id FROM inoutbox_inbox ORDER BY \"offset\"")
             .fetch_all(&pool)
             .await
             .unwrap();
@@ -667,7 +668,7 @@ fn header_name() -> impl Strategy<Value = String> {
         4 => Just("ce_type".to_owned()),
         1 => Just("ce_source".to_owned()),
         2 => proptest::collection::vec(any::<u8>(), 0..12)
-            .prop_map(|b| txbox::store::text::header_name(&b)),
+            .prop_map(|b| inoutbox::store::text::header_name(&b)),
     ]
 }
 
@@ -754,7 +755,7 @@ fn deliveries() -> impl Strategy<Value = Delivery> {
 }
 
 /// Runs `cases` random deliveries through `inbox`; returns how many ended in each outcome.
-fn envelope_property<S: txbox::store::InboxStore>(
+fn envelope_property<S: inoutbox::store::InboxStore>(
     rt: &tokio::runtime::Handle,
     inbox: &Inbox<S>,
     cases: u32,

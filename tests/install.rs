@@ -2,7 +2,7 @@
 //! build and run.
 //!
 //! Each test writes a new crate in a temporary directory: its `Cargo.toml` is a snippet of the
-//! README verbatim, plus a `[patch.crates-io]` that takes txbox from this repository (it is not
+//! README verbatim, plus a `[patch.crates-io]` that takes inoutbox from this repository (it is not
 //! on a registry here); its `src/main.rs` is a program of the README. The build runs offline on
 //! a copy of this workspace's `Cargo.lock`, in this workspace's target directory, so it
 //! resolves the same versions and reuses what is compiled.
@@ -73,9 +73,9 @@ fn new_crate(name: &str, dependencies: &str, main: &str) -> PathBuf {
         "[package]\nname = \"{name}\"\nversion = \"0.1.0\"\nedition = \"2021\"\npublish = false\n\n\
          {dependencies}\n\
          [patch.crates-io]\n\
-         txbox = {{ path = {repo:?} }}\n\
-         box-runtime = {{ path = {runtime:?} }}\n\
-         box-macros = {{ path = {macros:?} }}\n\n\
+         inoutbox = {{ path = {repo:?} }}\n\
+         inoutbox-runtime = {{ path = {runtime:?} }}\n\
+         inoutbox-macros = {{ path = {macros:?} }}\n\n\
          [workspace]\n",
         repo = REPO,
         runtime = format!("{REPO}/box-runtime"),
@@ -142,7 +142,7 @@ fn a_crate_from_the_sqlite_snippet_runs_the_zero_setup_program() {
         1,
         "the Install section has one program (the zero-setup check)"
     );
-    let dir = new_crate("txbox-install-sqlite", &snippet("SQLite"), &programs[0]);
+    let dir = new_crate("inoutbox-install-sqlite", &snippet("SQLite"), &programs[0]);
     let stdout = cargo(&dir, &["run", "--quiet"], Duration::from_secs(1800));
     assert!(
         stdout.contains("hello, world\n") && stdout.contains("greetings stored: 1\n"),
@@ -161,13 +161,127 @@ fn a_crate_from_the_postgres_snippet_compiles_the_program_on_postgres() {
     for (from, to) in [
         ("SqliteTx<'_>", "PgTx<'_>"),
         (
-            "txbox::SqliteStore::connect(&format!(\"sqlite:{}\", file.display())).await?",
-            "txbox::PgStore::connect(&std::env::var(\"DATABASE_URL\")?, 4).await?",
+            "inoutbox::SqliteStore::connect(&format!(\"sqlite:{}\", file.display())).await?",
+            "inoutbox::PgStore::connect(&std::env::var(\"DATABASE_URL\")?, 4).await?",
         ),
     ] {
         assert!(program.contains(from), "the program no longer has `{from}`");
         program = program.replace(from, to);
     }
-    let dir = new_crate("txbox-install-postgres", &snippet("PostgreSQL"), &program);
+    let dir = new_crate(
+        "inoutbox-install-postgres",
+        &snippet("PostgreSQL"),
+        &program,
+    );
     cargo(&dir, &["build", "--quiet"], Duration::from_secs(1800));
+}
+
+/// The guides a user reaches from the README, and the link targets in them.
+const GUIDES: [(&str, &str); 9] = [
+    ("README.md", include_str!("../README.md")),
+    ("SECURITY.md", include_str!("../SECURITY.md")),
+    ("ARCHITECTURE.md", include_str!("../ARCHITECTURE.md")),
+    ("docs/behaviour.md", include_str!("../docs/behaviour.md")),
+    ("docs/deployment.md", include_str!("../docs/deployment.md")),
+    ("docs/modes.md", include_str!("../docs/modes.md")),
+    ("docs/operations.md", include_str!("../docs/operations.md")),
+    ("docs/outbox.md", include_str!("../docs/outbox.md")),
+    ("docs/two_phase.md", include_str!("../docs/two_phase.md")),
+];
+
+/// The anchor rustdoc (and GitHub) gives a heading: lowercase, spaces to `-`, punctuation
+/// dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The `[text](target)` link targets of a Markdown text, outside code blocks.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        for (i, _) in line.match_indices("](") {
+            if let Some(end) = line[i + 2..].find(')') {
+                out.push(line[i + 2..i + 2 + end].to_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_readme_and_guides_link_only_to_pages_that_exist_on_docs_rs() {
+    const BASE: &str = "https://docs.rs/inoutbox/latest/inoutbox/";
+    let lib = include_str!("../src/lib.rs");
+    let guide_of = |module: &str| -> &'static str {
+        let file = GUIDES
+            .iter()
+            .find(|(path, _)| {
+                let stem = path.rsplit('/').next().unwrap().trim_end_matches(".md");
+                stem.to_lowercase() == module
+            })
+            .unwrap_or_else(|| panic!("no guide file for docs module `{module}`"));
+        assert!(
+            lib.contains(&format!("pub mod {module} {{}}")),
+            "src/lib.rs has no `docs::{module}` rendering it"
+        );
+        file.1
+    };
+    let mut checked = 0;
+    for (path, text) in GUIDES {
+        for target in links(text) {
+            if target.starts_with("http") && !target.starts_with(BASE) {
+                continue;
+            }
+            if target.starts_with("crate::") || target.starts_with("trait@") {
+                continue;
+            }
+            assert!(
+                target.starts_with(BASE),
+                "{path} links to `{target}`: a relative link breaks on crates.io and docs.rs; \
+                 link to {BASE}..."
+            );
+            let rest = &target[BASE.len()..];
+            let (page, fragment) = rest.split_once('#').unwrap_or((rest, ""));
+            let headings: &str = match page.strip_prefix("docs/") {
+                Some(module) => guide_of(module.trim_end_matches("/index.html")),
+                None if page == "attr.inbox_handler.html" => {
+                    include_str!("../src/docs/inbox_handler.md")
+                }
+                None => panic!("{path} links to `{target}`, a page this test does not know"),
+            };
+            if !fragment.is_empty() {
+                let found = headings
+                    .lines()
+                    .filter_map(|l| {
+                        l.trim_start_matches('#')
+                            .strip_prefix(' ')
+                            .filter(|_| l.starts_with('#'))
+                    })
+                    .any(|h| anchor(h) == fragment);
+                assert!(
+                    found,
+                    "{path} links to `#{fragment}` of {page}, which has no such heading"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} links checked");
 }

@@ -1,5 +1,5 @@
 //! Across a bad network: consumer and relay processes behind fault-injecting proxies
-//! (`txbox-chaos`) in front of PostgreSQL and the broker, with latency, partitions, half-open
+//! (`inoutbox-chaos`) in front of PostgreSQL and the broker, with latency, partitions, half-open
 //! connections and resets. Every scenario checks the same counts: effects == unique valid
 //! events, nothing doubled, dead letters == bad messages.
 //!
@@ -10,29 +10,29 @@ mod support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use inoutbox::prelude::*;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use serde::{Deserialize, Serialize};
 use support::child::ChildProcess;
 use support::net::{postgres_proxy, url_via, ProxiedBroker};
 use support::TestDb;
-use txbox::prelude::*;
 use uuid::Uuid;
 
 /// One scenario at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A small deterministic random generator (xorshift64*), seeded per run and printed, so a
-/// failing schedule can be replayed with `TXBOX_NETWORK_SEED`.
+/// failing schedule can be replayed with `INOUTBOX_NETWORK_SEED`.
 struct Rng(u64);
 
 impl Rng {
     fn seeded(scenario: &str) -> Self {
-        let seed = std::env::var("TXBOX_NETWORK_SEED")
+        let seed = std::env::var("INOUTBOX_NETWORK_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or_else(|| Uuid::new_v4().as_u64_pair().0 | 1);
-        println!("{scenario}: seed {seed} (replay with TXBOX_NETWORK_SEED={seed})");
+        println!("{scenario}: seed {seed} (replay with INOUTBOX_NETWORK_SEED={seed})");
         Self(seed)
     }
 
@@ -82,8 +82,9 @@ impl Workload {
     }
 }
 
-const RESOLVED: &str = "SELECT (SELECT count(*) FROM txbox_inbox WHERE processed_at IS NOT NULL) \
-                        + (SELECT count(*) FROM txbox_dead_letters)";
+const RESOLVED: &str =
+    "SELECT (SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL) \
+                        + (SELECT count(*) FROM inoutbox_dead_letters)";
 
 /// One message of a workload.
 struct Record {
@@ -205,7 +206,7 @@ const DISTINCT_ORDERS: &str = "SELECT count(DISTINCT order_id) FROM invoices";
 async fn check_counts(db: &TestDb, w: &Workload, distinct: &str) -> String {
     let invoices = db.invoices().await;
     let distinct = db.count(distinct).await;
-    let dead = db.count("SELECT count(*) FROM txbox_dead_letters").await;
+    let dead = db.count("SELECT count(*) FROM inoutbox_dead_letters").await;
     let summary = format!(
         "{} valid events (+{} duplicate copies) and {} bad messages: invoices {invoices} \
          (distinct orders {distinct}), dead letters {dead}",
@@ -332,7 +333,7 @@ async fn db_clock(db: &TestDb) -> f64 {
 async fn resumed_after(db: &TestDb, since: f64) -> Vec<(i32, f64)> {
     sqlx::query_as(
         "SELECT \"partition\", extract(epoch FROM min(processed_at))::float8 - $1 \
-         FROM txbox_inbox WHERE processed_at > to_timestamp($1) GROUP BY 1 ORDER BY 1",
+         FROM inoutbox_inbox WHERE processed_at > to_timestamp($1) GROUP BY 1 ORDER BY 1",
     )
     .bind(since)
     .fetch_all(&db.pool)
@@ -353,7 +354,7 @@ async fn longest_stall(db: &TestDb) -> (i32, f64) {
         "SELECT \"partition\", extract(epoch FROM max(gap))::float8 FROM ( \
            SELECT \"partition\", processed_at - lag(processed_at) \
              OVER (PARTITION BY \"partition\" ORDER BY processed_at) AS gap \
-           FROM txbox_inbox WHERE processed_at IS NOT NULL) g \
+           FROM inoutbox_inbox WHERE processed_at IS NOT NULL) g \
          WHERE gap IS NOT NULL GROUP BY 1 ORDER BY 2 DESC LIMIT 1",
     )
     .fetch_one(&db.pool)
@@ -367,7 +368,7 @@ async fn longest_pause(db: &TestDb) -> f64 {
     sqlx::query_scalar(
         "SELECT coalesce(extract(epoch FROM max(gap))::float8, 0) FROM ( \
            SELECT processed_at - lag(processed_at) OVER (ORDER BY processed_at) AS gap \
-           FROM txbox_inbox WHERE processed_at IS NOT NULL) g",
+           FROM inoutbox_inbox WHERE processed_at IS NOT NULL) g",
     )
     .fetch_one(&db.pool)
     .await
@@ -410,7 +411,7 @@ fn owned_now(lines: &[String]) -> std::collections::BTreeSet<i32> {
 /// rebalance: no member, old or new, was assigned anything again for minutes, with every
 /// member polling (a short `max.poll.interval.ms`, the rebalance timeout, did not help).
 /// Kafka drops a dead member after its session timeout. Such a run tests that broker's group
-/// coordinator, not txbox.
+/// coordinator, not inoutbox.
 async fn settled(members: &[ChildProcess], partitions: i32, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
@@ -599,7 +600,7 @@ struct CutOff {
 async fn cut_off(
     old: &ChildProcess,
     new: &ChildProcess,
-    link: &txbox_chaos::Link,
+    link: &inoutbox_chaos::Link,
     partitions: usize,
     cut_for: Duration,
 ) -> CutOff {
@@ -684,7 +685,7 @@ async fn consumer_cut_off_from_the_broker_past_its_session_commits_nothing_it_lo
 
     // The old member, on a link of its own (its connections are told apart by process), with
     // the transport's debug lines; then a second member.
-    let debug = [("RUST_LOG", "info,box_runtime::kafka=debug")];
+    let debug = [("RUST_LOG", "info,inoutbox_runtime::kafka=debug")];
     let mut old = ChildProcess::start_with("billing", &url, broker.brokers(), &args, &debug);
     let link = broker
         .proxy
@@ -780,7 +781,7 @@ async fn write_orders(
     for i in 0..events {
         let k = i % keys.len();
         let mut tx = pool.begin().await.expect("begin");
-        let id = txbox::outbox::enqueue(
+        let id = inoutbox::outbox::enqueue(
             &mut tx,
             &OrderCreated {
                 order_id: keys[k],
@@ -885,8 +886,8 @@ fn check_per_key_order(messages: &mut [(i32, i64, String, Uuid, i64)]) -> usize 
 fn start_relays(
     db: &TestDb,
     broker: &ProxiedBroker,
-) -> (Vec<txbox_chaos::Proxy>, Vec<String>, Vec<ChildProcess>) {
-    let proxies: Vec<txbox_chaos::Proxy> = (0..3)
+) -> (Vec<inoutbox_chaos::Proxy>, Vec<String>, Vec<ChildProcess>) {
+    let proxies: Vec<inoutbox_chaos::Proxy> = (0..3)
         .map(|_| {
             let p = postgres_proxy();
             p.set_latency(Duration::from_millis(5), Duration::from_millis(2));
@@ -945,7 +946,7 @@ async fn sessions(db: &TestDb, app: &str) -> Vec<i32> {
 /// Returns when it was cut, the last outbox `seq` then, the locks it held, its sessions.
 async fn cut_while_holding_key_locks(
     db: &TestDb,
-    proxy: &txbox_chaos::Proxy,
+    proxy: &inoutbox_chaos::Proxy,
     name: &str,
     rng: &mut Rng,
 ) -> (Instant, i64, i64, Vec<i32>) {
@@ -962,7 +963,7 @@ async fn cut_while_holding_key_locks(
     }
     proxy.blackhole();
     let cut = Instant::now();
-    let seq: i64 = sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM txbox_outbox")
+    let seq: i64 = sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM inoutbox_outbox")
         .fetch_one(&db.pool)
         .await
         .expect("seq");
@@ -1057,7 +1058,7 @@ async fn relays_with_latency_lose_nothing_when_one_is_blackholed_holding_key_loc
     let (proxies, names, mut relays) = start_relays(&db, &broker);
     // Four writers, about 500 events a second for about 12 s.
     let writers = start_writers(&db, 4, 1_500, Duration::from_millis(7));
-    let published = "SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL";
+    let published = "SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NOT NULL";
     wait_until(&db, published, 1_000, Duration::from_secs(60)).await;
 
     let (cut, cut_seq, held, old_sessions) =
@@ -1069,7 +1070,7 @@ async fn relays_with_latency_lose_nothing_when_one_is_blackholed_holding_key_loc
     );
     let released = until_none(&db, &relay0_locks, cut, Duration::from_secs(60)).await;
     let pending_at_cut = format!(
-        "SELECT count(*) FROM txbox_outbox WHERE seq <= {cut_seq} AND published_at IS NULL"
+        "SELECT count(*) FROM inoutbox_outbox WHERE seq <= {cut_seq} AND published_at IS NULL"
     );
     let taken_over = until_none(&db, &pending_at_cut, cut, Duration::from_secs(60)).await;
     let mut ids = std::collections::HashSet::new();
@@ -1077,7 +1078,7 @@ async fn relays_with_latency_lose_nothing_when_one_is_blackholed_holding_key_loc
         ids.extend(w.await.expect("writer"));
     }
     let first_wave = ids.len() as i64;
-    let unpublished = "SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL";
+    let unpublished = "SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL";
     let all_while_cut = until_none(&db, unpublished, cut, Duration::from_secs(60)).await;
     assert!(proxies[0].toxics().blackhole, "relay 0 is still cut off");
 
@@ -1141,7 +1142,7 @@ async fn pg_store_connect_asks_for_session_timeouts_and_keepalives_nobody_else_s
     let db = TestDb::new("net_defaults").await;
     // The URL sets one of them: the URL's value stays.
     let url = format!("{}&options=-c%20idle_session_timeout%3D5s", db.url());
-    let store = txbox::PgStore::connect(&url, 2).await.expect("connect");
+    let store = inoutbox::PgStore::connect(&url, 2).await.expect("connect");
     let pool = store.pool();
     assert_eq!(
         setting(pool, "idle_session_timeout").await,
@@ -1161,17 +1162,17 @@ async fn pg_store_connect_asks_for_session_timeouts_and_keepalives_nobody_else_s
 
     // A role whose configuration sets one: the role's value stays.
     sqlx::raw_sql(
-        "DO $$ BEGIN CREATE ROLE txbox_net_defaults LOGIN; \
+        "DO $$ BEGIN CREATE ROLE inoutbox_net_defaults LOGIN; \
          EXCEPTION WHEN duplicate_object THEN NULL; END $$; \
-         ALTER ROLE txbox_net_defaults SET idle_in_transaction_session_timeout = '7s'",
+         ALTER ROLE inoutbox_net_defaults SET idle_in_transaction_session_timeout = '7s'",
     )
     .execute(&db.pool)
     .await
     .expect("role");
     let (scheme, rest) = url.split_once("://").expect("scheme");
     let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let as_role = format!("{scheme}://txbox_net_defaults@{host}");
-    let store = txbox::PgStore::connect(&as_role, 1)
+    let as_role = format!("{scheme}://inoutbox_net_defaults@{host}");
+    let store = inoutbox::PgStore::connect(&as_role, 1)
         .await
         .expect("connect as the role");
     let pool = store.pool();
@@ -1224,7 +1225,7 @@ async fn a_partition_stuck_on_the_database_does_not_hold_up_the_others() {
     // Hold the first message's inbox row: its claim waits for this transaction.
     let mut holder = db.pool.begin().await.expect("begin");
     sqlx::query(
-        "INSERT INTO txbox_inbox (consumer_group, source, event_id, event_type) \
+        "INSERT INTO inoutbox_inbox (consumer_group, source, event_id, event_type) \
          VALUES ('billing', '', $1, 'OrderCreated')",
     )
     .bind(&stuck_id)
@@ -1243,12 +1244,12 @@ async fn a_partition_stuck_on_the_database_does_not_hold_up_the_others() {
     // Partition 0 is stuck on its first message; the others get messages only now.
     send_to(1, 1_000).await;
     send_to(2, 1_000).await;
-    let others = "SELECT count(*) FROM txbox_inbox WHERE \"partition\" IN (1, 2) \
+    let others = "SELECT count(*) FROM inoutbox_inbox WHERE \"partition\" IN (1, 2) \
                   AND processed_at IS NOT NULL";
     let done = wait_until(&db, others, 2_000, Duration::from_secs(30)).await;
     let first = db
         .count(
-            "SELECT count(*) FROM txbox_inbox WHERE \"partition\" = 0 AND processed_at IS NOT NULL",
+            "SELECT count(*) FROM inoutbox_inbox WHERE \"partition\" = 0 AND processed_at IS NOT NULL",
         )
         .await;
     println!("stuck partition: partitions 1 and 2: {done} processed, partition 0: {first}");
@@ -1334,10 +1335,10 @@ async fn inbox_throughput(latency: Duration, partitions: i32, events: usize) -> 
     let w = produce(broker.brokers(), &topic, events, 0, 0, &mut rng).await;
     let pg = postgres_proxy();
     pg.set_latency(latency, Duration::ZERO);
-    let store = txbox::PgStore::connect(&url_via(&db, &pg, &[]), 16)
+    let store = inoutbox::PgStore::connect(&url_via(&db, &pg, &[]), 16)
         .await
         .expect("connect through the proxy");
-    let running = support::Running::start(txbox::Consumer::builder(
+    let running = support::Running::start(inoutbox::Consumer::builder(
         "net_e",
         store,
         support::kafka(broker.brokers(), &topic),
@@ -1346,7 +1347,7 @@ async fn inbox_throughput(latency: Duration, partitions: i32, events: usize) -> 
     running.stop().await;
     assert_eq!(done, w.target());
     let span: f64 = sqlx::query_scalar(
-        "SELECT extract(epoch FROM max(processed_at) - min(processed_at))::float8 FROM txbox_inbox",
+        "SELECT extract(epoch FROM max(processed_at) - min(processed_at))::float8 FROM inoutbox_inbox",
     )
     .fetch_one(&db.pool)
     .await

@@ -13,15 +13,15 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use inoutbox::inbox::{Backoff, Delivery, Inbox, InboxConfig};
+use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::prelude::*;
+use inoutbox::relay::{Backlog, IntoRelayStore, RelayStore};
+use inoutbox::store::{DeadLetter, InboxStore};
+use inoutbox::telemetry::metric;
+use inoutbox::{Consumer, KafkaConfig, Outcome, Relay, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::TestDb;
-use txbox::inbox::{Backoff, Delivery, Inbox, InboxConfig};
-use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
-use txbox::prelude::*;
-use txbox::relay::{Backlog, IntoRelayStore, RelayStore};
-use txbox::store::{DeadLetter, InboxStore};
-use txbox::telemetry::metric;
-use txbox::{Consumer, KafkaConfig, Outcome, Relay, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -143,7 +143,7 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
             order_id: Uuid::new_v4(),
             total_cents,
         };
-        txbox::outbox::enqueue(&mut tx, &event).await.unwrap();
+        inoutbox::outbox::enqueue(&mut tx, &event).await.unwrap();
         tx.commit().await.unwrap();
     }
 
@@ -232,7 +232,7 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
 
     // A replay counts as replayed, and the dead-letter gauge goes back to 0.
     POISON.store(false, Ordering::SeqCst);
-    let id: i64 = sqlx::query_scalar("SELECT id FROM txbox_dead_letters")
+    let id: i64 = sqlx::query_scalar("SELECT id FROM inoutbox_dead_letters")
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -276,7 +276,7 @@ fn expect_in(scrape: &str, name: &str, labels: &[&str], want: f64) {
 async fn backlog_and_dead_letters_are_counted<S>(store: S, exec: impl AsyncFn(&str))
 where
     S: InboxStore + IntoRelayStore + Clone,
-    S::Tx: txbox::outbox::OutboxTx,
+    S::Tx: inoutbox::outbox::OutboxTx,
 {
     let relay = store.clone().into_relay_store();
     assert_eq!(relay.backlog().await.unwrap(), Backlog::new(0, None, 0));
@@ -286,12 +286,12 @@ where
             order_id: Uuid::new_v4(),
             total_cents: i,
         };
-        txbox::outbox::enqueue(&mut tx, &event).await.unwrap();
+        inoutbox::outbox::enqueue(&mut tx, &event).await.unwrap();
         store.commit(tx).await.unwrap();
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
-    exec("UPDATE txbox_outbox SET parked_at = published_at_now WHERE seq = (SELECT min(seq) FROM txbox_outbox)").await;
-    exec("UPDATE txbox_outbox SET published_at = published_at_now WHERE seq = (SELECT max(seq) FROM txbox_outbox)").await;
+    exec("UPDATE inoutbox_outbox SET parked_at = published_at_now WHERE seq = (SELECT min(seq) FROM inoutbox_outbox)").await;
+    exec("UPDATE inoutbox_outbox SET published_at = published_at_now WHERE seq = (SELECT max(seq) FROM inoutbox_outbox)").await;
     let backlog = relay.backlog().await.unwrap();
     assert_eq!((backlog.unpublished, backlog.parked), (1, 1), "{backlog:?}");
     let age = backlog
@@ -338,24 +338,30 @@ async fn outbox_backlog_and_dead_letters_are_counted_on_postgres() {
     let pool = db.pool.clone();
     backlog_and_dead_letters_are_counted(store, async |sql: &str| {
         let sql = sql.replace("published_at_now", "now()");
-        sqlx::query(&sql).execute(&pool).await.expect("update");
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .execute(&pool)
+            .await
+            .expect("update");
     })
     .await;
 }
 
 #[tokio::test]
 async fn outbox_backlog_and_dead_letters_are_counted_on_sqlite() {
-    let dir = std::env::temp_dir().join(format!("txbox-ops-{}", Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!("inoutbox-ops-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(dir.join("ops.db"))
         .create_if_missing(true);
     let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-    let store = txbox::SqliteStore::new(pool.clone());
+    let store = inoutbox::SqliteStore::new(pool.clone());
     store.migrate().await.unwrap();
     backlog_and_dead_letters_are_counted(store, async |sql: &str| {
         let sql = sql.replace("published_at_now", "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')");
-        sqlx::query(&sql).execute(&pool).await.expect("update");
+        sqlx::query(sqlx::AssertSqlSafe(sql.as_str()))
+            .execute(&pool)
+            .await
+            .expect("update");
     })
     .await;
     let _ = std::fs::remove_dir_all(&dir);

@@ -8,6 +8,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, KafkaConfig, Relay, SqliteStore};
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -15,9 +18,6 @@ use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::layer::SubscriberExt;
-use txbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
-use txbox::prelude::*;
-use txbox::{Consumer, KafkaConfig, Relay, SqliteStore};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -49,11 +49,11 @@ async fn the_handler_span_continues_the_producer_trace_through_outbox_and_relay(
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(exporter.clone())
         .build();
-    let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("txbox-tests"));
+    let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("inoutbox-tests"));
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(layer))
         .expect("the only subscriber of this test binary");
 
-    let dir = std::env::temp_dir().join(format!("txbox-otel-{}", Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!("inoutbox-otel-{}", Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
     let options = sqlx::sqlite::SqliteConnectOptions::new()
         .filename(dir.join("otel.db"))
@@ -77,7 +77,7 @@ async fn the_handler_span_continues_the_producer_trace_through_outbox_and_relay(
         let event = OrderPlaced {
             order_id: Uuid::new_v4(),
         };
-        txbox::outbox::enqueue(&mut tx, &event).await.unwrap();
+        inoutbox::outbox::enqueue(&mut tx, &event).await.unwrap();
         tx.commit().await.unwrap();
     }
     .instrument(request.clone())
@@ -88,7 +88,7 @@ async fn the_handler_span_continues_the_producer_trace_through_outbox_and_relay(
     let untraced = OrderPlaced {
         order_id: Uuid::new_v4(),
     };
-    txbox::outbox::enqueue(&mut tx, &untraced).await.unwrap();
+    inoutbox::outbox::enqueue(&mut tx, &untraced).await.unwrap();
     tx.commit().await.unwrap();
 
     let relay = Relay::builder(store.clone(), kafka.brokers())
@@ -124,7 +124,10 @@ async fn the_handler_span_continues_the_producer_trace_through_outbox_and_relay(
     let spans = exporter.get_finished_spans().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 
-    let messages: Vec<&SpanData> = spans.iter().filter(|s| s.name == "txbox.message").collect();
+    let messages: Vec<&SpanData> = spans
+        .iter()
+        .filter(|s| s.name == "inoutbox.message")
+        .collect();
     assert_eq!(messages.len(), 2, "one span per message: {messages:#?}");
     let (continued, fresh): (Vec<&SpanData>, Vec<&SpanData>) = messages
         .into_iter()
@@ -163,7 +166,7 @@ async fn the_handler_span_continues_the_producer_trace_through_outbox_and_relay(
             .find(|s| s.span_context.span_id() == control.parent_span_id);
         assert_eq!(
             parent.map(|p| &*p.name),
-            Some("txbox.batch"),
+            Some("inoutbox.batch"),
             "{control:#?}"
         );
     }

@@ -9,14 +9,14 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use inoutbox::inbox::{Backoff, UnknownEvent};
+use inoutbox::outbox::{self, Retention};
+use inoutbox::prelude::*;
+use inoutbox::relay::RelayReport;
+use inoutbox::{Consumer, Outcome, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::child::ChildProcess;
 use support::{read_topic, relay_builder, Broker, Running, RunningRelay, TestDb};
-use txbox::inbox::{Backoff, UnknownEvent};
-use txbox::outbox::{self, Retention};
-use txbox::prelude::*;
-use txbox::relay::RelayReport;
-use txbox::{Consumer, Outcome, RetryPolicy};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -65,7 +65,7 @@ async fn enqueue_commits_and_rolls_back_with_the_business_transaction() {
     .await
     .expect("enqueue");
     tx.rollback().await.expect("rollback");
-    assert_eq!(db.count("SELECT count(*) FROM txbox_outbox").await, 0);
+    assert_eq!(db.count("SELECT count(*) FROM inoutbox_outbox").await, 0);
     assert_eq!(db.count("SELECT count(*) FROM orders").await, 0);
 
     let order_id = Uuid::new_v4();
@@ -115,7 +115,7 @@ async fn enqueue_commits_and_rolls_back_with_the_business_transaction() {
     );
     let row: Row = sqlx::query_as(
         "SELECT type, topic, message_key, aggregateid, payload, headers \
-             FROM txbox_outbox WHERE id = $1",
+             FROM inoutbox_outbox WHERE id = $1",
     )
     .bind(id)
     .fetch_one(&db.pool)
@@ -127,11 +127,12 @@ async fn enqueue_commits_and_rolls_back_with_the_business_transaction() {
     assert_eq!(row.3.as_deref(), Some(order_id.to_string().as_str()));
     assert_eq!(row.4["total_cents"], 1200);
     assert_eq!(row.5["traceparent"], TRACEPARENT);
-    let order: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NULL ORDER BY seq")
-            .fetch_all(&db.pool)
-            .await
-            .expect("order");
+    let order: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM inoutbox_outbox WHERE published_at IS NULL ORDER BY seq",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .expect("order");
     assert_eq!(order, [vec![id], ids].concat(), "seq follows enqueue order");
 }
 
@@ -181,7 +182,7 @@ async fn same_key_enqueues_are_serialised_until_commit_other_keys_are_not() {
         .expect("the second enqueue proceeds after the commit")
         .expect("task");
     let order: Vec<Uuid> =
-        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE message_key = $1 ORDER BY seq")
+        sqlx::query_scalar("SELECT id FROM inoutbox_outbox WHERE message_key = $1 ORDER BY seq")
             .bind(k.to_string())
             .fetch_all(&db.pool)
             .await
@@ -205,7 +206,7 @@ async fn enqueue_order(db: &TestDb, order_id: Uuid, total_cents: i64) -> Uuid {
 }
 
 async fn unpublished(db: &TestDb) -> i64 {
-    db.count("SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL")
+    db.count("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
         .await
 }
 
@@ -244,7 +245,7 @@ async fn relay_publishes_cloudevents_envelope_keyed_by_the_event_key() {
     assert_eq!(msg.key.as_deref(), Some(order_id.to_string().as_str()));
     assert_eq!(msg.header("ce_id"), Some(id.to_string().as_str()));
     assert_eq!(msg.header("ce_type"), Some("OrderCreated"));
-    assert_eq!(msg.header("ce_source"), Some("txbox-tests"));
+    assert_eq!(msg.header("ce_source"), Some("inoutbox-tests"));
     assert_eq!(msg.header("ce_specversion"), Some("1.0"));
     assert_eq!(msg.header("content-type"), Some("application/json"));
     assert_eq!(msg.header("traceparent"), Some(TRACEPARENT));
@@ -512,7 +513,7 @@ async fn relay_wakes_on_notify_and_polls_when_no_notification_comes() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let silent = Uuid::now_v7();
     sqlx::query(
-        "INSERT INTO txbox_outbox (id, type, topic, message_key, payload) \
+        "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload) \
          VALUES ($1, 'OrderCreated', 'orders', 'k', '{\"order_id\": \"00000000-0000-0000-0000-000000000000\", \"total_cents\": 0}')",
     )
     .bind(silent)
@@ -587,7 +588,7 @@ async fn too_large_message_is_parked_and_other_rows_flow() {
     assert_eq!(published.iter().filter(|id| **id == ids[2]).count(), 1);
     assert!(published.contains(&ids[1]) && published.contains(&ids[3]));
     let (attempts, error, parked): (i32, Option<String>, bool) = sqlx::query_as(
-        "SELECT attempts, last_error, parked_at IS NOT NULL FROM txbox_outbox WHERE id = $1",
+        "SELECT attempts, last_error, parked_at IS NOT NULL FROM inoutbox_outbox WHERE id = $1",
     )
     .bind(ids[0])
     .fetch_one(&db.pool)
@@ -675,12 +676,12 @@ async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one
     );
     assert_eq!(CHAIN_RUNS.load(Ordering::SeqCst), 2);
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_outbox").await,
+        db.count("SELECT count(*) FROM inoutbox_outbox").await,
         1,
         "the failed run's row rolled back with its transaction"
     );
     let (event_type, key): (String, Option<String>) =
-        sqlx::query_as("SELECT type, message_key FROM txbox_outbox")
+        sqlx::query_as("SELECT type, message_key FROM inoutbox_outbox")
             .fetch_one(&db.pool)
             .await
             .expect("row");
@@ -727,7 +728,7 @@ async fn relay_killed_between_publish_and_mark_publishes_again_and_inbox_applies
         Some("relay_after_publish:1"),
     );
     child.wait_for(
-        "txbox failpoint relay_after_publish reached",
+        "inoutbox failpoint relay_after_publish reached",
         Duration::from_secs(60),
     );
     let status = child.kill9();
@@ -790,10 +791,10 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_the_rest() {
     }
     // 20 published 10 days ago, 3 published just now, 5 unpublished.
     sqlx::raw_sql(
-        "UPDATE txbox_outbox SET published_at = now() - interval '10 days' \
-           WHERE id IN (SELECT id FROM txbox_outbox ORDER BY seq LIMIT 20); \
-         UPDATE txbox_outbox SET published_at = now() \
-           WHERE id IN (SELECT id FROM txbox_outbox WHERE published_at IS NULL ORDER BY seq LIMIT 3)",
+        "UPDATE inoutbox_outbox SET published_at = now() - interval '10 days' \
+           WHERE id IN (SELECT id FROM inoutbox_outbox ORDER BY seq LIMIT 20); \
+         UPDATE inoutbox_outbox SET published_at = now() \
+           WHERE id IN (SELECT id FROM inoutbox_outbox WHERE published_at IS NULL ORDER BY seq LIMIT 3)",
     )
     .execute(&db.pool)
     .await
@@ -816,8 +817,8 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_the_rest() {
         .batch_size(7);
     let deleted = tokio::time::timeout(
         Duration::from_secs(10),
-        txbox::relay::RelayStore::purge(
-            &txbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone()),
+        inoutbox::relay::RelayStore::purge(
+            &inoutbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone()),
             &retention,
         ),
     )
@@ -828,12 +829,12 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_the_rest() {
 
     assert_eq!(deleted, 20);
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL")
+        db.count("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
             .await,
         6
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL")
+        db.count("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NOT NULL")
             .await,
         3
     );

@@ -8,12 +8,12 @@ mod support;
 
 use std::time::Duration;
 
+use inoutbox::inbox::{Delivery, Inbox, InboxConfig};
+use inoutbox::prelude::*;
+use inoutbox::store::{DailyPartitions, InboxKey, InboxStore};
+use inoutbox::Outcome;
 use serde::{Deserialize, Serialize};
 use support::TestDb;
-use txbox::inbox::{Delivery, Inbox, InboxConfig};
-use txbox::prelude::*;
-use txbox::store::{DailyPartitions, InboxKey, InboxStore};
-use txbox::Outcome;
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -55,7 +55,7 @@ fn payment(offset: i64, event_id: &str, operation_id: &str) -> Delivery {
 }
 
 /// A migrated store with the partitioned inbox (today and 2 days ahead).
-async fn partitioned(db: &TestDb) -> txbox::PgStore {
+async fn partitioned(db: &TestDb) -> inoutbox::PgStore {
     let store = db
         .store()
         .partitioned_by_day(DailyPartitions::new().ahead(2));
@@ -67,7 +67,7 @@ async fn partitioned(db: &TestDb) -> txbox::PgStore {
 async fn partitions(db: &TestDb) -> Vec<String> {
     sqlx::query_scalar(
         "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
-         WHERE i.inhparent = 'txbox_inbox'::regclass ORDER BY 1",
+         WHERE i.inhparent = 'inoutbox_inbox'::regclass ORDER BY 1",
     )
     .fetch_all(&db.pool)
     .await
@@ -77,16 +77,16 @@ async fn partitions(db: &TestDb) -> Vec<String> {
 /// Creates the partition of the day `days` from today (UTC), named as the store names them.
 async fn create_day(db: &TestDb, days: i32) -> String {
     let name: String = sqlx::query_scalar(
-        "SELECT 'txbox_inbox_p' || to_char((now() AT TIME ZONE 'UTC')::date + $1, 'YYYYMMDD')",
+        "SELECT 'inoutbox_inbox_p' || to_char((now() AT TIME ZONE 'UTC')::date + $1, 'YYYYMMDD')",
     )
     .bind(days)
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE \"{name}\" PARTITION OF txbox_inbox FOR VALUES \
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE \"{name}\" PARTITION OF inoutbox_inbox FOR VALUES \
          FROM ((now() AT TIME ZONE 'UTC')::date + {days}) TO ((now() AT TIME ZONE 'UTC')::date + {days} + 1)"
-    ))
+    )))
     .execute(&db.pool)
     .await
     .expect("create a partition");
@@ -96,7 +96,7 @@ async fn create_day(db: &TestDb, days: i32) -> String {
 /// Moves the inbox rows of `event_id` to the day `days` from today, as if received then.
 async fn receive_on(db: &TestDb, event_id: &str, days: i32) {
     let moved = sqlx::query(
-        "UPDATE txbox_inbox SET received_day = (now() AT TIME ZONE 'UTC')::date + $2, \
+        "UPDATE inoutbox_inbox SET received_day = (now() AT TIME ZONE 'UTC')::date + $2, \
          received_at = now() + make_interval(days => $2), processed_at = now() + make_interval(days => $2) \
          WHERE event_id = $1",
     )
@@ -109,7 +109,7 @@ async fn receive_on(db: &TestDb, event_id: &str, days: i32) {
 }
 
 async fn day_of(db: &TestDb, event_id: &str) -> String {
-    sqlx::query_scalar("SELECT tableoid::regclass::text FROM txbox_inbox WHERE event_id = $1")
+    sqlx::query_scalar("SELECT tableoid::regclass::text FROM inoutbox_inbox WHERE event_id = $1")
         .bind(event_id)
         .fetch_one(&db.pool)
         .await
@@ -145,7 +145,7 @@ async fn an_event_received_before_midnight_and_redelivered_after_it_is_a_duplica
     let old = payment(2, "evt-default", "op-default");
     inbox.process(&old, &shutdown).await;
     receive_on(&db, "evt-default", -3).await;
-    assert_eq!(day_of(&db, "evt-default").await, "txbox_inbox_default");
+    assert_eq!(day_of(&db, "evt-default").await, "inoutbox_inbox_default");
     assert_eq!(
         inbox
             .process(&payment(3, "evt-default", "op-x"), &shutdown)
@@ -175,11 +175,11 @@ async fn two_claims_of_one_event_on_two_days_wait_for_each_other_and_apply_it_on
     let mut a = store.begin().await.unwrap();
     let claim = store.claim(&mut a, &key, "Payment", &d).await.unwrap();
     assert!(
-        matches!(claim, txbox::store::Claim::New { .. }),
+        matches!(claim, inoutbox::store::Claim::New { .. }),
         "{claim:?}"
     );
     sqlx::query(
-        "UPDATE txbox_inbox SET received_day = received_day - 1 WHERE event_id = 'evt-race'",
+        "UPDATE inoutbox_inbox SET received_day = received_day - 1 WHERE event_id = 'evt-race'",
     )
     .execute(&mut *a)
     .await
@@ -206,7 +206,7 @@ async fn two_claims_of_one_event_on_two_days_wait_for_each_other_and_apply_it_on
     assert_eq!(b, Outcome::Duplicate);
     assert_eq!(db.invoices().await, 1, "the event applied once");
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_inbox").await,
+        db.count("SELECT count(*) FROM inoutbox_inbox").await,
         1,
         "one inbox row"
     );
@@ -233,7 +233,7 @@ async fn retention_drops_expired_partitions_and_an_event_whose_partition_was_dro
         receive_on(&db, id, days).await;
     }
     // A received row never processed (as a two-phase inbox leaves them) keeps its partition.
-    sqlx::query("UPDATE txbox_inbox SET processed_at = NULL WHERE event_id = 'evt-9'")
+    sqlx::query("UPDATE inoutbox_inbox SET processed_at = NULL WHERE event_id = 'evt-9'")
         .execute(&db.pool)
         .await
         .unwrap();
@@ -303,7 +303,7 @@ async fn rows_of_a_day_without_a_partition_wait_in_the_default_one_and_move_when
         .await;
     // As if the store had not been maintained for a week: its day had no partition.
     receive_on(&db, "evt-late", 5).await;
-    assert_eq!(day_of(&db, "evt-late").await, "txbox_inbox_default");
+    assert_eq!(day_of(&db, "evt-late").await, "inoutbox_inbox_default");
     let wider = db
         .store()
         .partitioned_by_day(DailyPartitions::new().ahead(6));
@@ -315,7 +315,7 @@ async fn rows_of_a_day_without_a_partition_wait_in_the_default_one_and_move_when
         "the row moved to its day's partition {day}: {changes:?}"
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM ONLY txbox_inbox_default")
+        db.count("SELECT count(*) FROM ONLY inoutbox_inbox_default")
             .await,
         0
     );
@@ -336,15 +336,15 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
     }
     let store = partitioned(&db).await;
     let kind: String = sqlx::query_scalar(
-        "SELECT relkind::text FROM pg_class WHERE oid = 'txbox_inbox'::regclass",
+        "SELECT relkind::text FROM pg_class WHERE oid = 'inoutbox_inbox'::regclass",
     )
     .fetch_one(&db.pool)
     .await
     .unwrap();
     assert_eq!(kind, "p", "the inbox is partitioned");
-    assert_eq!(db.count("SELECT count(*) FROM txbox_inbox").await, 3);
+    assert_eq!(db.count("SELECT count(*) FROM inoutbox_inbox").await, 3);
     let indexes: Vec<String> = sqlx::query_scalar(
-        "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'txbox_inbox'::regclass ORDER BY 1",
+        "SELECT indexrelid::regclass::text FROM pg_index WHERE indrelid = 'inoutbox_inbox'::regclass ORDER BY 1",
     )
     .fetch_all(&db.pool)
     .await
@@ -352,12 +352,12 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
     assert_eq!(
         indexes,
         [
-            "txbox_inbox_business_key_idx",
-            "txbox_inbox_pkey",
-            "txbox_inbox_processed_idx",
-            "txbox_inbox_received_idx",
-            "txbox_inbox_received_key_idx",
-            "txbox_inbox_unprocessed_idx"
+            "inoutbox_inbox_business_key_idx",
+            "inoutbox_inbox_pkey",
+            "inoutbox_inbox_processed_idx",
+            "inoutbox_inbox_received_idx",
+            "inoutbox_inbox_received_key_idx",
+            "inoutbox_inbox_unprocessed_idx"
         ]
     );
     let inbox = Inbox::new(store.clone(), "partitioned", InboxConfig::default()).unwrap();

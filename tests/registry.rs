@@ -1,11 +1,11 @@
 //! `#[inbox_handler]` registers each handler through inventory, with its location, and the
 //! dispatch table of a group refuses two handlers for one event type, naming both.
 //!
-//! The registry is reached through `txbox::__private` until the facade re-exports it.
+//! The registry is reached through `inoutbox::__private` until the facade re-exports it.
 
+use inoutbox::__private::{registrations, DispatchTable, HandlerRegistration, RegistryError};
+use inoutbox::prelude::*;
 use serde::{Deserialize, Serialize};
-use txbox::__private::{registrations, DispatchTable, HandlerRegistration, RegistryError};
-use txbox::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -135,7 +135,11 @@ async fn the_registered_wrapper_rejects_a_payload_that_does_not_decode_as_a_bad_
     let error = (reg.invoke)(b"not json", &mut (), &meta)
         .await
         .expect_err("bad payload");
-    assert_eq!(error.kind(), txbox::inbox::ErrorKind::BadMessage, "{error}");
+    assert_eq!(
+        error.kind(),
+        inoutbox::inbox::ErrorKind::BadMessage,
+        "{error}"
+    );
     assert!(error.to_string().contains("OrderCreated"), "{error}");
 }
 
@@ -146,7 +150,11 @@ async fn the_registered_wrapper_refuses_a_transaction_of_another_type() {
     let error = (reg.invoke)(br#"{"order_id":7}"#, &mut (), &meta)
         .await
         .expect_err("not a PgTx");
-    assert_eq!(error.kind(), txbox::inbox::ErrorKind::Permanent, "{error}");
+    assert_eq!(
+        error.kind(),
+        inoutbox::inbox::ErrorKind::Permanent,
+        "{error}"
+    );
     assert!(
         error.to_string().contains("not the transaction type"),
         "{error}"

@@ -13,13 +13,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inoutbox::outbox;
+use inoutbox::prelude::*;
+use inoutbox::relay::{RelayReport, RelaySession, RelayStore};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use support::child::ChildProcess;
 use support::{read_topic_until_quiet, relay_builder, Broker, Received, RunningRelay, TestDb};
-use txbox::outbox;
-use txbox::prelude::*;
-use txbox::relay::{RelayReport, RelaySession, RelayStore};
 use uuid::Uuid;
 
 /// An event whose payload carries its key and a number.
@@ -38,7 +38,7 @@ fn random_below(n: u64) -> u64 {
 }
 
 async fn count(db: &TestDb, filter: &str) -> i64 {
-    db.count(&format!("SELECT count(*) FROM txbox_outbox {filter}"))
+    db.count(&format!("SELECT count(*) FROM inoutbox_outbox {filter}"))
         .await
 }
 
@@ -77,7 +77,7 @@ struct Commit {
 
 /// Transactions of one event each, on a few keys, that overlap on purpose: a random wait after
 /// `begin` (an earlier transaction may enqueue later) and after the enqueue (and commit later
-/// still). The writer takes no lock of its own: only txbox orders same-key transactions.
+/// still). The writer takes no lock of its own: only inoutbox orders same-key transactions.
 async fn unlocked_writer(pool: PgPool, next: Arc<AtomicUsize>) -> Vec<(Uuid, Commit)> {
     let mut out = Vec::new();
     loop {
@@ -209,7 +209,7 @@ async fn per_key_commit_order_holds_across_three_relays_with_writers_that_take_n
 /// 1, 2, 3, ... in commit order.
 async fn backlog(db: &TestDb, rows: usize, keys: usize) {
     sqlx::query(
-        "INSERT INTO txbox_outbox (id, aggregateid, type, topic, message_key, payload) \
+        "INSERT INTO inoutbox_outbox (id, aggregateid, type, topic, message_key, payload) \
          SELECT gen_random_uuid(), k, 'Sequenced', $3, k, jsonb_build_object('key', k, 'seq', n) \
          FROM (SELECT format('key-%s', i % $2) AS k, i / $2 + 1 AS n, i \
                FROM generate_series(0, $1 - 1) AS i) AS r ORDER BY i",
@@ -285,7 +285,7 @@ async fn sigterm_under_a_backlog(name: &str, idle_first: bool) {
     );
 
     let marked: HashSet<Uuid> =
-        sqlx::query_scalar("SELECT id FROM txbox_outbox WHERE published_at IS NOT NULL")
+        sqlx::query_scalar("SELECT id FROM inoutbox_outbox WHERE published_at IS NOT NULL")
             .fetch_all(&db.pool)
             .await
             .expect("marked")
@@ -346,7 +346,7 @@ async fn sigkill_of_a_relay_mid_pipeline_loses_nothing_and_first_copies_stay_in_
         Some("relay_after_publish:5"),
     );
     child.wait_for(
-        "txbox failpoint relay_after_publish reached",
+        "inoutbox failpoint relay_after_publish reached",
         Duration::from_secs(60),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -381,7 +381,7 @@ async fn a_relay_whose_connections_are_killed_mid_backlog_reconnects_and_loses_n
         relay_builder(&db, &broker.brokers)
             .workers(3)
             .batch_size(200)
-            .backoff(txbox::inbox::Backoff::new(
+            .backoff(inoutbox::inbox::Backoff::new(
                 Duration::from_millis(50),
                 Duration::from_millis(500),
             )),
@@ -422,7 +422,7 @@ async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_ke
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
-    sqlx::raw_sql("UPDATE txbox_outbox SET parked_at = now(), attempts = 10")
+    sqlx::raw_sql("UPDATE inoutbox_outbox SET parked_at = now(), attempts = 10")
         .execute(&db.pool)
         .await
         .expect("park");
@@ -481,15 +481,15 @@ async fn a_row_inserted_by_hand_gets_the_slot_enqueue_gives_its_key() {
     tx.commit().await.expect("commit");
     // The same keys, inserted by hand (another service writing the table with plain SQL).
     sqlx::raw_sql(
-        "INSERT INTO txbox_outbox (id, type, topic, message_key, payload) \
-         SELECT gen_random_uuid(), 'Sequenced', 'sequenced', message_key, payload FROM txbox_outbox",
+        "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload) \
+         SELECT gen_random_uuid(), 'Sequenced', 'sequenced', message_key, payload FROM inoutbox_outbox",
     )
     .execute(&db.pool)
     .await
     .expect("insert by hand");
     let per_key = db
         .count(
-            "SELECT count(*) FROM (SELECT message_key FROM txbox_outbox \
+            "SELECT count(*) FROM (SELECT message_key FROM inoutbox_outbox \
              GROUP BY message_key HAVING count(DISTINCT slot) = 1 AND count(*) = 2 \
              AND min(slot) BETWEEN 0 AND 63) AS k",
         )
@@ -499,7 +499,7 @@ async fn a_row_inserted_by_hand_gets_the_slot_enqueue_gives_its_key() {
         "each key has one slot, however its rows were written"
     );
     let slots = db
-        .count("SELECT count(DISTINCT slot) FROM txbox_outbox")
+        .count("SELECT count(DISTINCT slot) FROM inoutbox_outbox")
         .await;
     assert!(
         slots > 20,
@@ -514,7 +514,7 @@ async fn a_row_inserted_by_hand_gets_the_slot_enqueue_gives_its_key() {
 async fn a_session_that_does_not_hold_its_slots_is_refused() {
     let db = TestDb::new("session").await;
     db.migrated_store().await;
-    let store = txbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone());
+    let store = inoutbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone());
     let mut first = store.open().await.expect("open");
     let mut second = store.open().await.expect("open");
     assert_eq!(first.members().await.expect("members").count, 2);

@@ -1,14 +1,14 @@
-//! Handlers written once for both stores (`stores(postgres, sqlite)`, `txbox::sql`), and
+//! Handlers written once for both stores (`stores(postgres, sqlite)`, `inoutbox::sql`), and
 //! savepoints inside a handler, through the real inbox path on PostgreSQL and SQLite.
 
 mod support;
 
+use inoutbox::inbox::{Delivery, Inbox, InboxConfig};
+use inoutbox::kafka::{HEADER_ID, HEADER_TYPE};
+use inoutbox::prelude::*;
+use inoutbox::{sql, Outcome};
 use serde::{Deserialize, Serialize};
 use support::kit::{Kit, PgKit, SqliteKit};
-use txbox::inbox::{Delivery, Inbox, InboxConfig};
-use txbox::kafka::{HEADER_ID, HEADER_TYPE};
-use txbox::prelude::*;
-use txbox::{sql, Outcome};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -147,7 +147,7 @@ async fn sqlite_sqlx_nested_transaction_in_a_handler() {
     savepoint_rolled_back_inside_a_handler_keeps_the_outer_write_once::<SqliteKit>("nested").await;
 }
 
-/// `txbox::sql` binds and reads the same types on both stores, on a transaction and on a
+/// `inoutbox::sql` binds and reads the same types on both stores, on a transaction and on a
 /// pooled connection.
 async fn sql_binds_and_reads_alike<D: Db>(pool: &sqlx::Pool<D>) {
     let name = D::STORE;

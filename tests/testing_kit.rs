@@ -1,5 +1,5 @@
-//! `txbox::testing`: the real inbox path without a broker, the in-memory SQLite store, the
-//! relay's drain and `wait_idle`; and the `txbox::...` log targets a `txbox` filter catches.
+//! `inoutbox::testing`: the real inbox path without a broker, the in-memory SQLite store, the
+//! relay's drain and `wait_idle`; and the `inoutbox::...` log targets a `inoutbox` filter catches.
 //!
 //! Everything here runs in process (SQLite in memory, librdkafka's in-process Kafka): no
 //! service is needed.
@@ -10,14 +10,14 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use inoutbox::inbox::{Backoff, InboxConfig};
+use inoutbox::kafka::InProcessKafka;
+use inoutbox::prelude::*;
+use inoutbox::relay::RelayReport;
+use inoutbox::testing::{delivery, sqlite_memory, wait_idle, NotIdle, TestInbox};
+use inoutbox::{Outcome, Relay, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::read_topic;
-use txbox::inbox::{Backoff, InboxConfig};
-use txbox::kafka::InProcessKafka;
-use txbox::prelude::*;
-use txbox::relay::RelayReport;
-use txbox::testing::{delivery, sqlite_memory, wait_idle, NotIdle, TestInbox};
-use txbox::{Outcome, Relay, RetryPolicy};
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "KitOrder", topic = "kit-orders", key = order_id)]
@@ -43,7 +43,7 @@ async fn kit_invoice(event: KitOrder, tx: &mut SqliteTx<'_>) -> Result<(), Handl
     Ok(())
 }
 
-async fn store_with_invoices() -> txbox::SqliteStore {
+async fn store_with_invoices() -> inoutbox::SqliteStore {
     let store = sqlite_memory().await.expect("in-memory store");
     sqlx::query("CREATE TABLE invoices (order_id TEXT NOT NULL, total_cents INTEGER NOT NULL)")
         .execute(store.pool())
@@ -52,7 +52,7 @@ async fn store_with_invoices() -> txbox::SqliteStore {
     store
 }
 
-async fn invoices(store: &txbox::SqliteStore) -> i64 {
+async fn invoices(store: &inoutbox::SqliteStore) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM invoices")
         .fetch_one(store.pool())
         .await
@@ -82,7 +82,7 @@ async fn a_delivered_event_runs_the_handler_once_and_its_redelivery_is_a_duplica
         Outcome::Processed { attempt: 1 }
     );
     assert_eq!(invoices(&store).await, 2);
-    let inbox_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM txbox_inbox")
+    let inbox_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inoutbox_inbox")
         .fetch_one(store.pool())
         .await
         .expect("inbox rows");
@@ -121,7 +121,7 @@ async fn failures_roll_back_retry_and_dead_letter_as_the_consumer_does() {
         "{outcome:?}"
     );
     let letters: Vec<(String, i64)> =
-        sqlx::query_as("SELECT error, attempts FROM txbox_dead_letters ORDER BY id")
+        sqlx::query_as("SELECT error, attempts FROM inoutbox_dead_letters ORDER BY id")
             .fetch_all(store.pool())
             .await
             .expect("letters");
@@ -151,7 +151,7 @@ async fn the_in_memory_store_is_one_database_for_every_connection_of_its_pool() 
     drop((first, second));
     // idle connections are not retired with the database
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let migrated: i64 = sqlx::query_scalar("SELECT count(*) FROM txbox_migrations")
+    let migrated: i64 = sqlx::query_scalar("SELECT count(*) FROM inoutbox_migrations")
         .fetch_one(store.pool())
         .await
         .expect("migrations table");
@@ -164,10 +164,10 @@ async fn the_in_memory_store_is_one_database_for_every_connection_of_its_pool() 
         .is_err());
 }
 
-async fn enqueue_orders(store: &txbox::SqliteStore, n: usize) {
+async fn enqueue_orders(store: &inoutbox::SqliteStore, n: usize) {
     let mut tx = store.pool().begin().await.expect("begin");
     for i in 0..n {
-        txbox::outbox::enqueue(&mut tx, &order(&format!("o-{i}"), i as i64 + 1))
+        inoutbox::outbox::enqueue(&mut tx, &order(&format!("o-{i}"), i as i64 + 1))
             .await
             .expect("enqueue");
     }
@@ -191,7 +191,7 @@ async fn drain_publishes_every_row_and_returns_once_the_outbox_is_empty() {
         .expect("drain");
     // when drain returns, every row is marked published and the broker acknowledged it
     let unpublished: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NULL")
+        sqlx::query_scalar("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
             .fetch_one(store.pool())
             .await
             .expect("count");
@@ -234,7 +234,7 @@ async fn wait_idle_returns_when_a_running_relay_has_published_everything() {
         .await
         .expect("the relay publishes everything");
     let published: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM txbox_outbox WHERE published_at IS NOT NULL")
+        sqlx::query_scalar("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NOT NULL")
             .fetch_one(store.pool())
             .await
             .expect("count");
@@ -264,7 +264,7 @@ async fn the_sqlite_relay_publishes_exactly_the_serialised_bytes() {
         mmm: serde_json::value::RawValue::from_string(raw.into()).expect("raw"),
     };
     let mut tx = store.pool().begin().await.expect("begin");
-    txbox::outbox::enqueue(&mut tx, &event)
+    inoutbox::outbox::enqueue(&mut tx, &event)
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
@@ -294,10 +294,10 @@ impl Write for Captured {
     }
 }
 
-/// Everything logged in this test binary under the filter `txbox=debug`, through a global
+/// Everything logged in this test binary under the filter `inoutbox=debug`, through a global
 /// subscriber (a scoped one, `set_default`, can miss events: a callsite registered on another
 /// test's thread at the same moment may keep the interest it had without it).
-fn captured_txbox_logs() -> Captured {
+fn captured_inoutbox_logs() -> Captured {
     use tracing_subscriber::layer::SubscriberExt;
     static CAPTURED: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
     CAPTURED
@@ -305,7 +305,7 @@ fn captured_txbox_logs() -> Captured {
             let captured = Captured::default();
             let writer = captured.clone();
             let filter: tracing_subscriber::filter::Targets =
-                "txbox=debug".parse().expect("filter");
+                "inoutbox=debug".parse().expect("filter");
             let subscriber = tracing_subscriber::registry()
                 .with(
                     tracing_subscriber::fmt::layer()
@@ -319,11 +319,11 @@ fn captured_txbox_logs() -> Captured {
         .clone()
 }
 
-/// `RUST_LOG=txbox=debug` shows the engine's logs: every event is under a `txbox::...`
+/// `RUST_LOG=inoutbox=debug` shows the engine's logs: every event is under a `inoutbox::...`
 /// target (the filter here is the same directive, parsed by tracing-subscriber).
 #[tokio::test]
-async fn a_txbox_filter_catches_the_engine_logs() {
-    let captured = captured_txbox_logs();
+async fn a_inoutbox_filter_catches_the_engine_logs() {
+    let captured = captured_inoutbox_logs();
     let store = store_with_invoices().await;
     let kit = TestInbox::new(store.clone(), "kit").expect("inbox");
     let message = delivery(&order("o-log", 5));
@@ -335,7 +335,7 @@ async fn a_txbox_filter_catches_the_engine_logs() {
         .lines()
         .find(|l| l.contains(&id) && l.contains(" processed"));
     assert!(
-        line.is_some_and(|l| l.contains("txbox::engine")),
-        "the engine's `processed` line for {id} under a txbox::engine target: {line:?}"
+        line.is_some_and(|l| l.contains("inoutbox::engine")),
+        "the engine's `processed` line for {id} under a inoutbox::engine target: {line:?}"
     );
 }

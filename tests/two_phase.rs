@@ -31,7 +31,7 @@ async fn wait_count(db: &TestDb, sql: &str, target: i64, within: Duration, what:
     }
 }
 
-/// A broker, a schema with txbox's tables, a topic with `partitions`, and `n` orders sent.
+/// A broker, a schema with inoutbox's tables, a topic with `partitions`, and `n` orders sent.
 async fn setup(name: &str, partitions: i32, n: usize) -> (Broker, TestDb, String, Vec<Uuid>) {
     let broker = Broker::start();
     let db = TestDb::new(name).await;
@@ -145,7 +145,7 @@ async fn the_offset_is_committed_before_processing_and_a_crash_after_it_loses_no
         "the offset is committed after the receive step"
     );
     let received = db
-        .count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL")
+        .count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NULL")
         .await;
     assert_eq!(received, 10, "every message is stored as received");
     assert_eq!(
@@ -172,7 +172,7 @@ async fn the_offset_is_committed_before_processing_and_a_crash_after_it_loses_no
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_each_once(&receipts_per_order(&db).await, &orders);
-    let redelivered = db.count("SELECT count(*) FROM txbox_inbox").await;
+    let redelivered = db.count("SELECT count(*) FROM inoutbox_inbox").await;
     assert_eq!(redelivered, 10, "one inbox row per event");
 }
 
@@ -222,14 +222,14 @@ async fn sigkill_of_a_worker_mid_handler_the_row_is_reclaimed_and_applied_exactl
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_each_once(&receipts_per_order(&db).await, &orders);
     let reclaimed = db
-        .count("SELECT count(*) FROM txbox_inbox WHERE claims >= 2")
+        .count("SELECT count(*) FROM inoutbox_inbox WHERE claims >= 2")
         .await;
     assert!(
         reclaimed >= killed,
         "the killed worker's rows were claimed again"
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_inbox WHERE processed_at IS NULL")
+        db.count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NULL")
             .await,
         0
     );
@@ -339,7 +339,7 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
     .await;
     wait_count(
         &db,
-        "SELECT count(*) FROM txbox_effects",
+        "SELECT count(*) FROM inoutbox_effects",
         20,
         Duration::from_secs(10),
         "one effect row per committed handler",
@@ -352,7 +352,7 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
         "nothing sent while the service fails"
     );
     let pending = db
-        .count("SELECT count(*) FROM txbox_effects WHERE done_at IS NULL")
+        .count("SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL")
         .await;
     assert_eq!(
         pending, 20,
@@ -364,20 +364,20 @@ async fn effects_after_commit_survive_sigkill_and_reach_the_receiver_with_one_ke
     let _second = mailer(&db, &broker, &topic, &args);
     wait_count(
         &db,
-        "SELECT count(*) FROM txbox_effects WHERE done_at IS NOT NULL",
+        "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL",
         20,
         Duration::from_secs(90),
         "effects left by the killed process sent after a restart",
     )
     .await;
     let sent: HashSet<String> = keys.lock().unwrap().iter().cloned().collect();
-    let event_ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM txbox_inbox")
+    let event_ids: Vec<String> = sqlx::query_scalar("SELECT event_id FROM inoutbox_inbox")
         .fetch_all(&db.pool)
         .await
         .expect("event ids");
     let expected: HashSet<String> = event_ids
         .iter()
-        .map(|id| txbox::effects::idempotency_key("mailing", "", id, "send_receipt"))
+        .map(|id| inoutbox::effects::idempotency_key("mailing", "", id, "send_receipt"))
         .collect();
     assert_eq!(expected.len(), orders.len());
     assert_eq!(
@@ -443,7 +443,7 @@ async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once()
 // `ordered = true`: per message key, one event at a time, in offset order, whatever the
 // number of workers.
 
-#[derive(Debug, serde::Serialize, serde::Deserialize, txbox::OutboxEvent)]
+#[derive(Debug, serde::Serialize, serde::Deserialize, inoutbox::OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
 struct OrderCreated {
     order_id: Uuid,
@@ -455,7 +455,7 @@ static ORDERED_CALLS: Mutex<Vec<(String, i64)>> = Mutex::new(Vec::new());
 /// The keys whose handler is running now (a key twice: two runs of one key at once).
 static ORDERED_RUNNING: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
-#[txbox::inbox_handler(
+#[inoutbox::inbox_handler(
     event = "OrderCreated",
     group = "tp-ordered",
     mode = "two_phase",
@@ -463,9 +463,9 @@ static ORDERED_RUNNING: Mutex<Vec<String>> = Mutex::new(Vec::new());
 )]
 async fn ordered_receipt(
     event: OrderCreated,
-    tx: &mut txbox::PgTx<'_>,
-    meta: &txbox::MessageMeta,
-) -> Result<(), txbox::HandlerError> {
+    tx: &mut inoutbox::PgTx<'_>,
+    meta: &inoutbox::MessageMeta,
+) -> Result<(), inoutbox::HandlerError> {
     let key = String::from_utf8_lossy(meta.key.as_deref().unwrap_or_default()).into_owned();
     ORDERED_RUNNING.lock().unwrap().push(key.clone());
     ORDERED_CALLS
@@ -517,7 +517,7 @@ async fn ordered_two_phase_runs_one_event_per_key_at_a_time_in_offset_order() {
         })
     };
     let consumer = support::Running::start(
-        txbox::Consumer::builder(
+        inoutbox::Consumer::builder(
             "tp-ordered",
             db.store(),
             support::kafka(&broker.brokers, &topic),

@@ -1,4 +1,4 @@
-//! Compile-time checks of `#[inbox_handler]`, `#[derive(OutboxEvent)]` and `txbox::sql`
+//! Compile-time checks of `#[inbox_handler]`, `#[derive(OutboxEvent)]` and `inoutbox::sql`
 //! (trybuild).
 //!
 //! Regenerate the `.stderr` files with `TRYBUILD=overwrite cargo test --test ui` and read the diff.

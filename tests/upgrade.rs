@@ -1,8 +1,12 @@
-//! Upgrading txbox's own tables: a database created by the first release's schema (the
-//! version 1 migrations only, as that release's migrator left it, with data in every table)
-//! is upgraded by the current migrator, and everything keeps working on the old data:
-//! processed events stay duplicates, an old dead letter replays, an old unpublished outbox row
-//! is published, and new events flow.
+//! Upgrading the project's own tables: a database created by the first release's schema (the
+//! version 1 migrations only, as that release's migrator left it, with data in every table,
+//! under the project's former default names `txbox_*`) is upgraded by the current migrator:
+//! the tables are renamed to today's defaults (`inoutbox_*`) with their indexes, and everything
+//! keeps working on the old data: processed events stay duplicates, an old dead letter
+//! replays, an old unpublished outbox row is published, and new events flow. A database
+//! migrated by the last release under the former name (every migration, the partitioned
+//! inbox) upgrades the same way; a table named explicitly keeps its name; and when a table
+//! exists under both names the migrator refuses, renaming nothing.
 //!
 //! PostgreSQL in a schema of its own (DATABASE_URL), SQLite in a temporary file; Kafka in
 //! process.
@@ -11,13 +15,14 @@ mod support;
 
 use std::time::Duration;
 
+use inoutbox::kafka::InProcessKafka;
+use inoutbox::prelude::*;
+use inoutbox::store::{DailyPartitions, Tables};
+use inoutbox::testing::{delivery, TestInbox};
+use inoutbox::{Outcome, PgStore, Relay};
 use serde::{Deserialize, Serialize};
 use support::kit::TempDir;
 use support::{read_topic, TestDb};
-use txbox::kafka::InProcessKafka;
-use txbox::prelude::*;
-use txbox::testing::{delivery, TestInbox};
-use txbox::{Outcome, Relay};
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "UpgradeOrder", topic = "upgrade", key = order_id)]
@@ -126,7 +131,10 @@ async fn first_release_postgres(db: &TestDb) {
         ),
     ]);
     for sql in statements {
-        sqlx::raw_sql(&sql).execute(&db.pool).await.expect(&sql);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*sql))
+            .execute(&db.pool)
+            .await
+            .expect(&sql);
     }
 }
 
@@ -170,7 +178,10 @@ async fn first_release_sqlite(pool: &sqlx::SqlitePool) {
         ),
     ]);
     for sql in statements {
-        sqlx::raw_sql(&sql).execute(pool).await.expect(&sql);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*sql))
+            .execute(pool)
+            .await
+            .expect(&sql);
     }
 }
 
@@ -179,7 +190,7 @@ async fn first_release_sqlite(pool: &sqlx::SqlitePool) {
 /// each with its payload's bytes (the published row of the first release is not sent again).
 async fn works_on_the_old_data<S>(store: S, group: &str, dead_letter: i64, new_row: &str)
 where
-    S: txbox::store::InboxStore + txbox::relay::IntoRelayStore + Clone,
+    S: inoutbox::store::InboxStore + inoutbox::relay::IntoRelayStore + Clone,
 {
     let kit = TestInbox::new(store.clone(), group).expect("inbox");
     let mut old = delivery(&UpgradeOrder {
@@ -250,13 +261,19 @@ fn recorded(rows: &[(String, i32)], component: &str, version: i32) -> bool {
 async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
     let db = TestDb::new("upgrade").await;
     first_release_postgres(&db).await;
+    let before = pg_objects(&db).await;
     let store = db.store();
     store
         .migrate()
         .await
         .expect("the current migrator upgrades the first release's tables");
+    each_renamed(
+        &before,
+        &pg_objects(&db).await,
+        &["txbox_outbox_pending_idx", "txbox_outbox_pending_key_idx"],
+    );
     let rows: Vec<(String, i32)> =
-        sqlx::query_as("SELECT component, version FROM txbox_migrations")
+        sqlx::query_as("SELECT component, version FROM inoutbox_migrations")
             .fetch_all(&db.pool)
             .await
             .expect("migrations");
@@ -265,16 +282,16 @@ async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
         "{rows:?}"
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM txbox_outbox").await,
+        db.count("SELECT count(*) FROM inoutbox_outbox").await,
         2,
         "rows kept"
     );
-    let dead_letter: i64 = sqlx::query_scalar("SELECT id FROM txbox_dead_letters")
+    let dead_letter: i64 = sqlx::query_scalar("SELECT id FROM inoutbox_dead_letters")
         .fetch_one(&db.pool)
         .await
         .expect("the old dead letter is kept");
     let mut tx = db.pool.begin().await.expect("begin");
-    txbox::outbox::enqueue(
+    inoutbox::outbox::enqueue(
         &mut tx,
         &UpgradeOrder {
             order_id: "o-after-upgrade".into(),
@@ -294,25 +311,27 @@ async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_database_of_the_first_release_upgrades_and_keeps_working() {
     let dir = TempDir::new("upgrade");
-    let url = format!("sqlite:{}", dir.0.join("txbox.db").display());
-    let store = txbox::SqliteStore::connect(&url).await.expect("open");
+    let url = format!("sqlite:{}", dir.0.join("upgrade.db").display());
+    let store = inoutbox::SqliteStore::connect(&url).await.expect("open");
     first_release_sqlite(store.pool()).await;
+    let before = sqlite_objects(store.pool()).await;
     store
         .migrate()
         .await
         .expect("the current migrator upgrades the first release's tables");
+    each_renamed(&before, &sqlite_objects(store.pool()).await, &[]);
     let rows: Vec<(String, i32)> =
-        sqlx::query_as("SELECT component, version FROM txbox_migrations")
+        sqlx::query_as("SELECT component, version FROM inoutbox_migrations")
             .fetch_all(store.pool())
             .await
             .expect("migrations");
     assert!(recorded(&rows, "inbox", 2), "{rows:?}");
-    let dead_letter: i64 = sqlx::query_scalar("SELECT id FROM txbox_dead_letters")
+    let dead_letter: i64 = sqlx::query_scalar("SELECT id FROM inoutbox_dead_letters")
         .fetch_one(store.pool())
         .await
         .expect("the old dead letter is kept");
     let mut tx = store.pool().begin().await.expect("begin");
-    txbox::outbox::enqueue(
+    inoutbox::outbox::enqueue(
         &mut tx,
         &UpgradeOrder {
             order_id: "o-after-upgrade".into(),
@@ -327,4 +346,243 @@ async fn a_sqlite_database_of_the_first_release_upgrades_and_keeps_working() {
         .await
         .expect("handled");
     assert_eq!(handled, 2, "o-new and o-dead");
+}
+
+/// Every table, index, sequence, trigger and function in the test's schema, by name.
+async fn pg_objects(db: &TestDb) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT name FROM ( \
+           SELECT c.relname::text AS name FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 \
+           UNION ALL SELECT t.tgname::text FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = $1 AND NOT t.tgisinternal \
+           UNION ALL SELECT p.proname::text FROM pg_proc p \
+             JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1) o ORDER BY 1",
+    )
+    .bind(&db.schema)
+    .fetch_all(&db.pool)
+    .await
+    .expect("catalog")
+}
+
+/// Every table and index of a SQLite database (but SQLite's own), by name.
+async fn sqlite_objects(pool: &sqlx::SqlitePool) -> Vec<String> {
+    sqlx::query_scalar("SELECT name FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY 1")
+        .fetch_all(pool)
+        .await
+        .expect("catalog")
+}
+
+/// Every object named after a former default table is found again under today's name (but
+/// those a later migration drops), and nothing of the former name is left. A name too long for
+/// PostgreSQL's 63 bytes keeps its start and its last `_suffix`.
+fn each_renamed(before: &[String], after: &[String], dropped_since: &[&str]) {
+    let old: Vec<&String> = before.iter().filter(|n| n.starts_with("txbox_")).collect();
+    assert!(
+        !old.is_empty(),
+        "the old schema had no former names: {before:?}"
+    );
+    eprintln!("before the upgrade: {before:?}\nafter the upgrade:  {after:?}");
+    for name in old
+        .into_iter()
+        .filter(|n| !dropped_since.contains(&n.as_str()))
+    {
+        let new = format!("inoutbox_{}", &name["txbox_".len()..]);
+        let found = match new.len() {
+            0..=63 => after.contains(&new),
+            _ => {
+                let suffix = &new[new.rfind('_').expect("a suffix")..];
+                after
+                    .iter()
+                    .any(|n| n.len() == 63 && n.ends_with(suffix) && new.starts_with(&n[..50]))
+            }
+        };
+        assert!(found, "`{name}` was not renamed to `{new}`: {after:?}");
+    }
+    let left: Vec<&String> = after.iter().filter(|n| n.contains("txbox")).collect();
+    assert!(
+        left.is_empty(),
+        "former names left after the upgrade: {left:?}"
+    );
+}
+
+/// The default tables of `schema` under the project's former names, as the last release
+/// before the rename named them.
+fn former_names(schema: &str) -> Tables {
+    Tables::with_schema(schema)
+        .and_then(|t| t.inbox("txbox_inbox"))
+        .and_then(|t| t.attempts("txbox_inbox_attempts"))
+        .and_then(|t| t.dead_letters("txbox_dead_letters"))
+        .and_then(|t| t.outbox("txbox_outbox"))
+        .and_then(|t| t.migrations("txbox_migrations"))
+        .and_then(|t| t.effects("txbox_effects"))
+        .expect("valid names")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_postgres_database_of_the_last_release_upgrades_with_every_object() {
+    let db = TestDb::new("upgrade_last").await;
+    sqlx::raw_sql("CREATE TABLE handled (order_id text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .expect("create");
+    let layout = DailyPartitions::new().ahead(2);
+    let last = PgStore::with_tables(db.pool.clone(), former_names(&db.schema))
+        .partitioned_by_day(layout.clone());
+    last.migrate()
+        .await
+        .expect("every migration under the former names");
+    let kit = TestInbox::new(last, "upgrade-pg").expect("inbox");
+    let before_rename = delivery(&UpgradeOrder {
+        order_id: "o-before".into(),
+    });
+    assert_eq!(
+        kit.deliver_raw(before_rename.clone()).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    let mut tx = db.pool.begin().await.expect("begin");
+    inoutbox::outbox::PgOutbox::new(&former_names(&db.schema))
+        .enqueue(
+            &mut tx,
+            &UpgradeOrder {
+                order_id: "o-unpublished".into(),
+            },
+        )
+        .await
+        .expect("enqueue under the former name");
+    tx.commit().await.expect("commit");
+    let before = pg_objects(&db).await;
+    assert!(
+        before.iter().any(|n| n.starts_with("txbox_inbox_p"))
+            && before.contains(&"txbox_outbox_slot".to_owned()),
+        "the last release's schema has daily partitions and the slot trigger: {before:?}"
+    );
+
+    let store = db.store().partitioned_by_day(layout);
+    store.migrate().await.expect("the rename");
+    let after = pg_objects(&db).await;
+    each_renamed(&before, &after, &[]);
+    let partitions = |names: &[String], prefix: &str| {
+        names
+            .iter()
+            .filter(|n| n.starts_with(prefix) && !n.ends_with("_pkey"))
+            .count()
+    };
+    assert_eq!(
+        partitions(&after, "inoutbox_inbox_p"),
+        partitions(&before, "txbox_inbox_p"),
+        "maintenance after the rename found the renamed daily partitions (created none again)"
+    );
+    store
+        .migrate()
+        .await
+        .expect("migrating again changes nothing");
+
+    let kit = TestInbox::new(store.clone(), "upgrade-pg").expect("inbox");
+    assert_eq!(
+        kit.deliver_raw(before_rename).await,
+        Outcome::Duplicate,
+        "processed before the rename"
+    );
+    let mut tx = db.pool.begin().await.expect("begin");
+    inoutbox::outbox::enqueue(
+        &mut tx,
+        &UpgradeOrder {
+            order_id: "o-after".into(),
+        },
+    )
+    .await
+    .expect("enqueue after the rename (the slot trigger's table)");
+    tx.commit().await.expect("commit");
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_outbox WHERE slot IS NOT NULL")
+            .await,
+        2,
+        "both rows, each with its slot"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_named_explicitly_keeps_its_name_and_the_others_are_renamed() {
+    let db = TestDb::new("upgrade_named").await;
+    first_release_postgres(&db).await;
+    let tables = Tables::with_schema(&db.schema)
+        .and_then(|t| t.inbox("txbox_inbox"))
+        .expect("valid");
+    let store = PgStore::with_tables(db.pool.clone(), tables);
+    store.migrate().await.expect("upgrade");
+    let after = pg_objects(&db).await;
+    for kept in [
+        "txbox_inbox",
+        "txbox_inbox_pkey",
+        "txbox_inbox_processed_idx",
+    ] {
+        assert!(after.contains(&kept.to_owned()), "`{kept}` kept: {after:?}");
+    }
+    for renamed in [
+        "inoutbox_outbox",
+        "inoutbox_dead_letters",
+        "inoutbox_migrations",
+    ] {
+        assert!(
+            after.contains(&renamed.to_owned()),
+            "`{renamed}`: {after:?}"
+        );
+    }
+    assert!(!after.contains(&"inoutbox_inbox".to_owned()), "{after:?}");
+    let kit = TestInbox::new(store, "upgrade-pg").expect("inbox");
+    let mut old = delivery(&UpgradeOrder {
+        order_id: "o-processed".into(),
+    });
+    old.headers[0].1 = Some(b"e-processed".to_vec());
+    assert_eq!(kit.deliver_raw(old).await, Outcome::Duplicate);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_under_both_names_is_refused_and_nothing_is_renamed() {
+    let db = TestDb::new("upgrade_both").await;
+    first_release_postgres(&db).await;
+    sqlx::raw_sql("CREATE TABLE inoutbox_outbox (id uuid)")
+        .execute(&db.pool)
+        .await
+        .expect("create");
+    let before = pg_objects(&db).await;
+    let err = db
+        .store()
+        .migrate()
+        .await
+        .expect_err("two outbox tables")
+        .to_string();
+    assert!(
+        err.contains("txbox_outbox")
+            && err.contains("inoutbox_outbox")
+            && err.contains("Tables::outbox"),
+        "{err}"
+    );
+    assert_eq!(
+        pg_objects(&db).await,
+        before,
+        "the transaction renamed nothing"
+    );
+
+    let dir = TempDir::new("upgrade-both");
+    let url = format!("sqlite:{}", dir.0.join("both.db").display());
+    let store = inoutbox::SqliteStore::connect(&url).await.expect("open");
+    first_release_sqlite(store.pool()).await;
+    sqlx::raw_sql("CREATE TABLE inoutbox_dead_letters (id integer)")
+        .execute(store.pool())
+        .await
+        .expect("create");
+    let before = sqlite_objects(store.pool()).await;
+    let err = store
+        .migrate()
+        .await
+        .expect_err("two dead-letter tables")
+        .to_string();
+    assert!(err.contains("txbox_dead_letters"), "{err}");
+    assert_eq!(
+        sqlite_objects(store.pool()).await,
+        before,
+        "renamed nothing"
+    );
 }

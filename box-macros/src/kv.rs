@@ -275,19 +275,19 @@ pub(crate) fn unknown_key(
     meant
 }
 
-/// `crate = "path"`: the path generated code names the txbox facade by, when it is not
-/// `::txbox` (the crate renamed, or re-exported by another crate). A string that is not a path
+/// `crate = "path"`: the path generated code names the inoutbox facade by, when it is not
+/// `::inoutbox` (the crate renamed, or re-exported by another crate). A string that is not a path
 /// is an error on the string.
 pub(crate) fn crate_path(cx: &Ctxt, kv: &KeyValue) -> Option<syn::Path> {
-    let lit = lit_str(cx, kv, "\"my_txbox\"")?;
+    let lit = lit_str(cx, kv, "\"my_inoutbox\"")?;
     match lit.parse::<syn::Path>() {
         Ok(path) if path.segments.iter().all(|s| s.arguments.is_none()) => Some(path),
         _ => {
             cx.error_spanned_by(
                 &lit,
                 format!(
-                    "`crate` must be the path the txbox crate is reachable by, not `{}`: \
-                     write e.g. `crate = \"my_txbox\"` or `crate = \"::reexport::txbox\"`",
+                    "`crate` must be the path the inoutbox crate is reachable by, not `{}`: \
+                     write e.g. `crate = \"my_inoutbox\"` or `crate = \"::reexport::inoutbox\"`",
                     lit.value()
                 ),
             );

@@ -1,7 +1,7 @@
-//! Procedural macros of txbox: `#[inbox_handler]` and `#[derive(OutboxEvent)]`.
+//! Procedural macros of inoutbox: `#[inbox_handler]` and `#[derive(OutboxEvent)]`.
 //!
-//! Use them through the `txbox` crate (`use txbox::prelude::*;`), which documents them with
-//! examples that compile; generated code names only `::txbox::__private`.
+//! Use them through the `inoutbox` crate (`use inoutbox::prelude::*;`), which documents them with
+//! examples that compile; generated code names only `::inoutbox::__private`.
 //!
 //! Each macro is a module working on `proc_macro2` (parse -> check -> expand) so that it can be
 //! unit-tested; this file only holds the entry points and their documentation.
@@ -26,11 +26,11 @@ use proc_macro::TokenStream;
 /// | `event` | the event type handled; must equal the parameter type's `OutboxEvent::EVENT_TYPE` |
 /// | `group` | the consumer group the handler belongs to                                     |
 /// | `batch` | optional flag, no value: a batch handler, which takes `events: Vec<E>` (see below) |
-/// | `crate` | optional: the path txbox is reachable by, e.g. `crate = "my_txbox"` (default `::txbox`) |
+/// | `crate` | optional: the path inoutbox is reachable by, e.g. `crate = "my_inoutbox"` (default `::inoutbox`) |
 ///
 /// `event` and `group` are required string literals of ASCII letters, digits, `.`, `_` and `-`
-/// (at most 249 bytes). `crate` is for a renamed dependency (`extern crate txbox as my_txbox;`)
-/// or a crate that re-exports txbox: generated code then names `my_txbox::__private`. An
+/// (at most 249 bytes). `crate` is for a renamed dependency (`extern crate inoutbox as my_inoutbox;`)
+/// or a crate that re-exports inoutbox: generated code then names `my_inoutbox::__private`. An
 /// unknown key is one error, with a "did you mean" for a misspelling (`evnt`) or a name from
 /// elsewhere (`event_type`, `consumer_group`). `batch` is a flag: `batch = true` is an error that
 /// says to write `batch`.
@@ -47,7 +47,7 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// - `E` implements `OutboxEvent` (`#[derive(OutboxEvent)]`), taken by value;
-/// - the transaction is the one txbox opens for the message, which also holds the inbox row:
+/// - the transaction is the one inoutbox opens for the message, which also holds the inbox row:
 ///   the handler's writes commit or roll back with it;
 /// - `Er` converts into `HandlerError`: `HandlerError` itself, `anyhow::Error`, any
 ///   `std::error::Error + Send + Sync + 'static`, `Box<dyn Error + Send + Sync>`, `String`;
@@ -75,7 +75,7 @@ use proc_macro::TokenStream;
 /// # What is generated
 ///
 /// The function is emitted unchanged, so it stays callable (tests call handlers directly).
-/// Next to it, in `const __txbox_register_<name>: () = { .. };`, the type checks, an erased
+/// Next to it, in `const __inoutbox_register_<name>: () = { .. };`, the type checks, an erased
 /// wrapper that decodes the payload, downcasts the transaction and calls the function, and one
 /// `inventory::submit!` of a `HandlerRegistration` naming the function (`module::path::name`),
 /// its file and the line of its name. For a batch handler, the wrapper decodes a run of
@@ -92,10 +92,10 @@ use proc_macro::TokenStream;
 /// once, with the function kept as written (so no follow-on errors). Type requirements are
 /// reported by rustc on the type you wrote, each once, with a note that says the fix: an event
 /// type that is not an `OutboxEvent` (for a batch handler, the `E` of `Vec<E>`), a transaction
-/// type txbox does not hand out, an error type that does not convert (a boxed error needs
+/// type inoutbox does not hand out, an error type that does not convert (a boxed error needs
 /// `+ Send + Sync`), a future that is not `Send`, and an `event = "..."` that disagrees with the
 /// type's declared event type (a const-evaluation error naming both strings). The checks are
-/// trait-qualified paths on those types, so no note points into txbox.
+/// trait-qualified paths on those types, so no note points into inoutbox.
 #[proc_macro_attribute]
 pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
     inbox_handler::expand(args.into(), item.into()).into()
@@ -112,7 +112,7 @@ pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 /// | `key`            | a field; its `Display` text is the message key (same key, same order) | no |
 /// | `aggregate_type` | e.g. `"Order"`                                                 | no       |
 /// | `aggregate_id`   | a field; its `Display` text is the aggregate id (default: the key) | no   |
-/// | `crate`          | the path txbox is reachable by, e.g. `"my_txbox"` (default `::txbox`) | no |
+/// | `crate`          | the path inoutbox is reachable by, e.g. `"my_inoutbox"` (default `::inoutbox`) | no |
 ///
 /// String values use ASCII letters, digits, `.`, `_` and `-` (at most 249 bytes); a topic
 /// cannot be `.` or `..` (Kafka rejects those). Fields are named bare (`key = order_id`, or
@@ -136,7 +136,7 @@ pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// # What is generated
 ///
-/// `impl txbox::OutboxEvent for T` in `const _: () = { .. };`. After an error, a placeholder
+/// `impl inoutbox::OutboxEvent for T` in `const _: () = { .. };`. After an error, a placeholder
 /// impl with an empty event type is emitted next to the error, so handlers and producers
 /// naming the type add no follow-on errors.
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]

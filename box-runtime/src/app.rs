@@ -23,7 +23,7 @@ use crate::{Consumer, PgStore};
 /// workers and its listener), each consumer partition in flight one.
 pub const PG_POOL_CONNECTIONS: u32 = 16;
 
-/// The store of an [`App`]: PostgreSQL or SQLite, with txbox's tables migrated.
+/// The store of an [`App`]: PostgreSQL or SQLite, with inoutbox's tables migrated.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Store {
@@ -44,7 +44,7 @@ impl Store {
         }
     }
 
-    /// Applies txbox's migrations (idempotent).
+    /// Applies inoutbox's migrations (idempotent).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match self {
             Store::Postgres(store) => store.migrate().await,
@@ -177,7 +177,7 @@ impl ConsumerSpec {
         self
     }
 
-    /// A librdkafka consumer setting (applied after txbox's own).
+    /// A librdkafka consumer setting (applied after inoutbox's own).
     pub fn set(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.push((key.into(), value.into()));
         self
@@ -268,20 +268,20 @@ impl Drop for TempDir {
 /// stopping the others.
 ///
 /// ```no_run
-/// use txbox::prelude::*;
+/// use inoutbox::prelude::*;
 ///
 /// # #[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
 /// # #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
 /// # pub struct OrderCreated { pub order_id: uuid::Uuid }
 /// #[inbox_handler(event = "OrderCreated", group = "billing", stores(postgres, sqlite))]
-/// async fn invoice<D: txbox::Db>(event: OrderCreated, tx: &mut txbox::Tx<'_, D>) -> Result<(), HandlerError> {
-///     txbox::sql("INSERT INTO invoices (order_id) VALUES ($1)").bind(event.order_id).execute(tx).await?;
+/// async fn invoice<D: inoutbox::Db>(event: OrderCreated, tx: &mut inoutbox::Tx<'_, D>) -> Result<(), HandlerError> {
+///     inoutbox::sql("INSERT INTO invoices (order_id) VALUES ($1)").bind(event.order_id).execute(tx).await?;
 ///     Ok(())
 /// }
 ///
 /// #[tokio::main]
-/// async fn main() -> Result<(), txbox::AppError> {
-///     let mut app = txbox::App::from_env().await?;  // DATABASE_URL, KAFKA_BROKERS, or zero setup
+/// async fn main() -> Result<(), inoutbox::AppError> {
+///     let mut app = inoutbox::App::from_env().await?;  // DATABASE_URL, KAFKA_BROKERS, or zero setup
 ///     app.create_topic("orders", 3).await?;
 ///     app.consumer("billing", ["orders"]).relay().run().await  // until SIGINT/SIGTERM
 /// }
@@ -303,7 +303,7 @@ type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
 
 impl App {
     /// The store and broker the environment names (`DATABASE_URL`, `KAFKA_BROKERS`; empty is
-    /// unset), or the zero-setup ones; txbox's tables are migrated.
+    /// unset), or the zero-setup ones; inoutbox's tables are migrated.
     pub async fn from_env() -> Result<Self, AppError> {
         let var = |name| std::env::var(name).ok().filter(|v: &String| !v.is_empty());
         Self::connect(
@@ -450,7 +450,7 @@ impl App {
         }
         while let Some(joined) = parts.join_next().await {
             if let Ok(Err(error)) = joined {
-                tracing::error!(target: "txbox::app", %error, "a part of the app failed; stopping the others");
+                tracing::error!(target: "inoutbox::app", %error, "a part of the app failed; stopping the others");
                 first.get_or_insert(error);
                 self.token.cancel();
             }
@@ -595,7 +595,8 @@ async fn open_store(
         }
         #[cfg(feature = "sqlite")]
         None => {
-            let dir = std::env::temp_dir().join(format!("txbox-{}", uuid::Uuid::new_v4().simple()));
+            let dir =
+                std::env::temp_dir().join(format!("inoutbox-{}", uuid::Uuid::new_v4().simple()));
             std::fs::create_dir_all(&dir).map_err(|source| AppError::TempDir {
                 path: dir.clone(),
                 source,

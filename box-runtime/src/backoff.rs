@@ -1,4 +1,4 @@
-//! The one backoff of txbox: exponential, bounded, optionally jittered. Handler retries, store
+//! The one backoff of inoutbox: exponential, bounded, optionally jittered. Handler retries, store
 //! outages, relay failures, offset commits and dead-letter publishing all wait by it.
 
 use std::time::Duration;
@@ -8,7 +8,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// use txbox::inbox::Backoff;
+/// use inoutbox::inbox::Backoff;
 ///
 /// let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
 /// assert_eq!(b.delay(1), Duration::from_millis(100));

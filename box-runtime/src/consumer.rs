@@ -20,7 +20,7 @@ use crate::telemetry::Health;
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// use txbox::{Consumer, KafkaConfig, PgStore};
+/// use inoutbox::{Consumer, KafkaConfig, PgStore};
 ///
 /// let store = PgStore::new(pool);
 /// store.migrate().await?;
@@ -310,10 +310,10 @@ async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, mut stop: watch::Receive
         {
             Ok(0) => {}
             Ok(n) => {
-                tracing::info!(target: "txbox::consumer", group, deleted = n, "inbox retention purge")
+                tracing::info!(target: "inoutbox::consumer", group, deleted = n, "inbox retention purge")
             }
             Err(e) => {
-                tracing::warn!(target: "txbox::consumer", group, error = %e, "inbox retention purge failed")
+                tracing::warn!(target: "inoutbox::consumer", group, error = %e, "inbox retention purge failed")
             }
         }
         tokio::select! {
@@ -343,5 +343,5 @@ pub async fn shutdown_signal() {
         () = ctrl_c => {},
         () = term => {},
     }
-    tracing::info!(target: "txbox::consumer", "shutdown signal received");
+    tracing::info!(target: "inoutbox::consumer", "shutdown signal received");
 }

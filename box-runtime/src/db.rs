@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use sqlx::{Column as _, Row as _, TypeInfo as _, ValueRef as _};
+use sqlx::{Column as _, Row as _, SqlSafeStr, SqlStr, TypeInfo as _, ValueRef as _};
 use uuid::Uuid;
 
 use crate::outbox::{EnqueueError, NewRow, OutboxTx};
@@ -24,15 +24,15 @@ mod sealed {
     impl Sealed for sqlx::Sqlite {}
 }
 
-/// A database txbox runs on: `sqlx::Postgres`, or `sqlx::Sqlite` with the `sqlite` feature.
+/// A database inoutbox runs on: `sqlx::Postgres`, or `sqlx::Sqlite` with the `sqlite` feature.
 ///
 /// A handler generic over it is written once and registered for each store listed in
 /// `#[inbox_handler(.., stores(postgres, sqlite))]`. Its body writes through [`sql`] and
-/// enqueues with [`txbox::outbox::enqueue`](crate::outbox::enqueue), which work on a
+/// enqueues with [`inoutbox::outbox::enqueue`](crate::outbox::enqueue), which work on a
 /// `&mut Tx<'_, D>` for every `D: Db` without further bounds.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a database txbox runs on",
-    note = "txbox runs on `sqlx::Postgres` and `sqlx::Sqlite`: write `D: txbox::Db` and let \
+    message = "`{Self}` is not a database inoutbox runs on",
+    note = "inoutbox runs on `sqlx::Postgres` and `sqlx::Sqlite`: write `D: inoutbox::Db` and let \
             `stores(postgres, sqlite)` pick them"
 )]
 pub trait Db: sqlx::Database + sealed::Sealed {
@@ -43,7 +43,7 @@ pub trait Db: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn run<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a str,
+        sql: SqlStr,
         args: Vec<Value>,
     ) -> BoxFuture<'a, Result<u64, sqlx::Error>>;
 
@@ -51,7 +51,7 @@ pub trait Db: sqlx::Database + sealed::Sealed {
     #[doc(hidden)]
     fn fetch<'a>(
         conn: &'a mut Self::Connection,
-        sql: &'a str,
+        sql: SqlStr,
         args: Vec<Value>,
     ) -> BoxFuture<'a, Result<Vec<Row>, sqlx::Error>>;
 
@@ -313,35 +313,38 @@ impl Executes for sqlx::SqliteConnection {
 /// A statement for any store; see [`sql`].
 #[must_use = "a statement does nothing until `execute` or a `fetch_*` is awaited"]
 #[derive(Debug, Clone)]
-pub struct Sql<'q> {
-    sql: &'q str,
+pub struct Sql {
+    sql: SqlStr,
     args: Vec<Value>,
 }
 
-/// A statement with `$1`, `$2`, ... placeholders, run the same way on PostgreSQL and SQLite:
+/// A statement with `$1`, `$2`, ... placeholders, run the same way on PostgreSQL and SQLite.
+///
+/// Like sqlx 0.9's `query`, it takes a `&'static str`, or a string built at run time wrapped in
+/// `sqlx::AssertSqlSafe` (bind values, never format them into the text):
 ///
 /// ```no_run
-/// # async fn reserve<D: txbox::Db>(tx: &mut txbox::Tx<'_, D>) -> Result<(), sqlx::Error> {
-/// let reserved = txbox::sql("UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $1")
+/// # async fn reserve<D: inoutbox::Db>(tx: &mut inoutbox::Tx<'_, D>) -> Result<(), sqlx::Error> {
+/// let reserved = inoutbox::sql("UPDATE stock SET available = available - $1 WHERE sku = $2 AND available >= $1")
 ///     .bind(2_i64)
 ///     .bind("apple")
 ///     .execute(tx)
 ///     .await?;
-/// let left: i64 = txbox::sql("SELECT available FROM stock WHERE sku = $1")
+/// let left: i64 = inoutbox::sql("SELECT available FROM stock WHERE sku = $1")
 ///     .bind("apple")
 ///     .fetch_one(tx)
 ///     .await?
 ///     .get(0)?;
 /// # Ok(()) }
 /// ```
-pub fn sql(sql: &str) -> Sql<'_> {
+pub fn sql(sql: impl SqlSafeStr) -> Sql {
     Sql {
-        sql,
+        sql: sql.into_sql_str(),
         args: Vec::new(),
     }
 }
 
-impl Sql<'_> {
+impl Sql {
     /// Binds the next placeholder.
     pub fn bind(mut self, value: impl Into<Value>) -> Self {
         self.args.push(value.into());
@@ -399,7 +402,7 @@ macro_rules! bind_all {
 fn unsupported(index: usize, type_name: &str) -> sqlx::Error {
     sqlx::Error::ColumnDecode {
         index: index.to_string(),
-        source: format!("txbox::sql reads no column of type {type_name}; cast it in SQL").into(),
+        source: format!("inoutbox::sql reads no column of type {type_name}; cast it in SQL").into(),
     }
 }
 
@@ -411,7 +414,7 @@ macro_rules! impl_db {
 
             fn run<'a>(
                 conn: &'a mut $conn,
-                sql: &'a str,
+                sql: SqlStr,
                 args: Vec<Value>,
             ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
                 Box::pin(async move {
@@ -422,7 +425,7 @@ macro_rules! impl_db {
 
             fn fetch<'a>(
                 conn: &'a mut $conn,
-                sql: &'a str,
+                sql: SqlStr,
                 args: Vec<Value>,
             ) -> BoxFuture<'a, Result<Vec<Row>, sqlx::Error>> {
                 Box::pin(async move {

@@ -11,7 +11,7 @@
 //!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
-//! use txbox::prelude::*;
+//! use inoutbox::prelude::*;
 //!
 //! #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 //! #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -24,13 +24,13 @@
 //! async fn send_receipt(event: OrderCreated, tx: &mut PgTx<'_>, meta: &MessageMeta) -> Result<(), HandlerError> {
 //!     // ... database writes through `tx` ...
 //!     let receipt = Receipt { to: event.email, order_id: event.order_id };
-//!     txbox::effects::after_commit(tx, meta, "send_receipt", &receipt).await?;
+//!     inoutbox::effects::after_commit(tx, meta, "send_receipt", &receipt).await?;
 //!     Ok(())
 //! }
 //!
-//! # async fn demo(store: txbox::PgStore, kafka: txbox::KafkaConfig) -> Result<(), Box<dyn std::error::Error>> {
-//! let consumer = txbox::Consumer::builder("mailing", store, kafka)
-//!     .effect("send_receipt", |effect: txbox::effects::Effect| async move {
+//! # async fn demo(store: inoutbox::PgStore, kafka: inoutbox::KafkaConfig) -> Result<(), Box<dyn std::error::Error>> {
+//! let consumer = inoutbox::Consumer::builder("mailing", store, kafka)
+//!     .effect("send_receipt", |effect: inoutbox::effects::Effect| async move {
 //!         let receipt: Receipt = effect.payload_as()?;
 //!         // Call the mail service with `effect.idempotency_key` (e.g. an `Idempotency-Key`
 //!         // header): a retried effect must not send a second e-mail.
@@ -72,7 +72,7 @@ pub async fn after_commit<T: Serialize + ?Sized>(
         Some(table) => table.to_string(),
         None => crate::store::Tables::default().effects.to_string(),
     };
-    sqlx::query(&crate::postgres::schedule_sql(&table))
+    sqlx::query(crate::postgres::schedule_sql(&table))
         .bind(&meta.group)
         .bind(source)
         .bind(text::inbox_id(&meta.event_id))
@@ -85,7 +85,7 @@ pub async fn after_commit<T: Serialize + ?Sized>(
 }
 
 /// The idempotency key of an effect: the same for every run of the same (group, source, event
-/// id, kind), whatever the delivery, retry or process: `txbox-` and the SHA-256 of the four,
+/// id, kind), whatever the delivery, retry or process: `inoutbox-` and the SHA-256 of the four,
 /// in hex.
 pub fn idempotency_key(group: &str, source: &str, event_id: &str, kind: &str) -> String {
     let mut material = Vec::new();
@@ -93,7 +93,7 @@ pub fn idempotency_key(group: &str, source: &str, event_id: &str, kind: &str) ->
         material.extend_from_slice(&(part.len() as u64).to_be_bytes());
         material.extend_from_slice(part.as_bytes());
     }
-    format!("txbox-{}", text::sha256_hex(&material))
+    format!("inoutbox-{}", text::sha256_hex(&material))
 }
 
 /// One effect, as its executor receives it.
@@ -169,7 +169,7 @@ pub(crate) async fn drain<S: InboxStore>(
         {
             Ok(claimed) => claimed,
             Err(e) => {
-                tracing::warn!(target: "txbox::effects", error = e.to_string().as_str(), "claiming effects failed");
+                tracing::warn!(target: "inoutbox::effects", error = e.to_string().as_str(), "claiming effects failed");
                 Vec::new()
             }
         };
@@ -207,7 +207,7 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
         }
     };
     if let Err(error) = &result {
-        tracing::warn!(target: "txbox::effects",
+        tracing::warn!(target: "inoutbox::effects",
             effect = id,
             attempt = attempts + 1,
             error = error.as_str(),
@@ -220,7 +220,7 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
         .await
     {
         // Its lease expires and it runs again: at least once, not lost.
-        tracing::warn!(target: "txbox::effects",
+        tracing::warn!(target: "inoutbox::effects",
             effect = id,
             error = e.to_string().as_str(),
             "marking an effect failed"

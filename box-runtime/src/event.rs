@@ -3,7 +3,7 @@
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-/// An event type that txbox can publish through the outbox and hand to inbox handlers.
+/// An event type that inoutbox can publish through the outbox and hand to inbox handlers.
 ///
 /// Implement it with `#[derive(OutboxEvent)]` and an `#[outbox(...)]` attribute rather than by
 /// hand. For
@@ -11,7 +11,7 @@ use serde::Serialize;
 /// generates what this example writes out:
 ///
 /// ```
-/// use txbox::OutboxEvent;
+/// use inoutbox::OutboxEvent;
 /// use serde::{Deserialize, Serialize};
 ///
 /// #[derive(Serialize, Deserialize)]

@@ -1,7 +1,7 @@
 //! Failpoints for crash tests, compiled in only with the `failpoints` feature.
 //!
-//! `TXBOX_FAILPOINT=<name>:<n>` makes the process stop at the `n`-th time it reaches the named
-//! point: it prints `txbox failpoint <name> reached` to stderr and waits forever, so that a test
+//! `INOUTBOX_FAILPOINT=<name>:<n>` makes the process stop at the `n`-th time it reaches the named
+//! point: it prints `inoutbox failpoint <name> reached` to stderr and waits forever, so that a test
 //! can kill it with SIGKILL exactly there. Names: `after_inbox_insert`, `after_handler`,
 //! `after_db_commit` (before the offset commit) in the inbox engine; `relay_after_publish`
 //! (after the broker acknowledged a batch, before its rows are marked) in the relay.
@@ -29,7 +29,7 @@ pub(crate) async fn hit(name: &'static str) {
         return;
     }
     if HITS.fetch_add(1, Ordering::SeqCst) + 1 == *n {
-        eprintln!("txbox failpoint {name} reached");
+        eprintln!("inoutbox failpoint {name} reached");
         std::future::pending::<()>().await;
     }
 }

@@ -19,7 +19,7 @@ use crate::event::OutboxEvent;
 pub struct HandlerError {
     kind: ErrorKind,
     /// Whether the handler chose the kind (`transient`, `permanent`), rather than `?` on an
-    /// error: only then does txbox's classification of database errors leave it alone.
+    /// error: only then does inoutbox's classification of database errors leave it alone.
     explicit: bool,
     source: Box<dyn StdError + Send + Sync + 'static>,
 }
@@ -155,7 +155,7 @@ impl<E: StdError + Send + Sync + 'static> From<E> for HandlerError {
 /// `Box<dyn Error + Send + Sync>`, `String` and `&str`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as the error type of an inbox handler",
-    label = "this error type does not convert into `txbox::HandlerError`",
+    label = "this error type does not convert into `inoutbox::HandlerError`",
     note = "return `Result<(), HandlerError>`, `anyhow::Result<()>`, or an error type that \
             implements `std::error::Error + Send + Sync + 'static`; a boxed error must be \
             `Send + Sync` too: add `+ Send + Sync`, as in `Box<dyn std::error::Error + Send + Sync>`"
@@ -276,11 +276,13 @@ pub type InvokeFn =
 /// `tx: &mut SqliteTx<'_>` with the `sqlite` feature). It also says which store the handler
 /// runs on.
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not a transaction type txbox can hand to a handler",
+    message = "`{Self}` is not a transaction type inoutbox can hand to a handler",
     label = "expected `&mut PgTx<'_>` (or `&mut SqliteTx<'_>`) here",
-    note = "the second parameter of an inbox handler is the transaction txbox opens for the \
-            message: write `tx: &mut txbox::PgTx<'_>` for PostgreSQL or \
-            `tx: &mut txbox::SqliteTx<'_>` for SQLite"
+    note = "the second parameter of an inbox handler is the transaction inoutbox opens for the \
+            message: write `tx: &mut inoutbox::PgTx<'_>` for PostgreSQL or \
+            `tx: &mut inoutbox::SqliteTx<'_>` for SQLite",
+    note = "inoutbox builds on sqlx 0.9: a transaction of another sqlx major is another type. \
+            Depend on `sqlx = \"0.9\"` (`cargo tree -i sqlx` lists every sqlx in the build)"
 )]
 pub trait HandlerTx: Send {
     /// The same type with its lifetime made `'static`: what the store hands out.
@@ -698,7 +700,7 @@ impl<E: IntoHandlerError> HandlerOutput for Result<(), E> {
     message = "`{Self}` is not the message metadata",
     label = "expected `MessageMeta` here",
     note = "the optional third parameter of an inbox handler is the message metadata: write \
-            `meta: &txbox::MessageMeta`"
+            `meta: &inoutbox::MessageMeta`"
 )]
 pub trait MetaParam {
     /// The metadata, as this type.
@@ -813,7 +815,7 @@ pub trait ProbeFallback {
     /// Never succeeds.
     fn downcast_tx(_tx: &mut (dyn Any + Send)) -> Result<&mut Self::Target, HandlerError> {
         Err(HandlerError::permanent(
-            "not a transaction type txbox can hand to a handler",
+            "not a transaction type inoutbox can hand to a handler",
         ))
     }
 

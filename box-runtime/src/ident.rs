@@ -100,9 +100,9 @@ mod tests {
     fn accepts_plain_identifiers_and_quotes_them() {
         let t = TableName::new(
             Some(Ident::new("app").unwrap()),
-            Ident::new("txbox_inbox").unwrap(),
+            Ident::new("inoutbox_inbox").unwrap(),
         );
-        assert_eq!(t.to_string(), "\"app\".\"txbox_inbox\"");
+        assert_eq!(t.to_string(), "\"app\".\"inoutbox_inbox\"");
     }
 
     #[test]

@@ -1,7 +1,7 @@
-//! The runtime of txbox: the handler registry, the inbox engine, the outbox and its relay, the
+//! The runtime of inoutbox: the handler registry, the inbox engine, the outbox and its relay, the
 //! PostgreSQL and SQLite backends and the Kafka transport.
 //!
-//! Users depend on the `txbox` facade crate, which re-exports what is public here; see its
+//! Users depend on the `inoutbox` facade crate, which re-exports what is public here; see its
 //! documentation for the tour and `ARCHITECTURE.md` for the map.
 
 #![deny(missing_docs)]
@@ -97,10 +97,10 @@ mod source_rules {
             .collect()
     }
 
-    /// Every log event and span names a `txbox::...` target, so `RUST_LOG=txbox=debug` (a
+    /// Every log event and span names a `inoutbox::...` target, so `RUST_LOG=inoutbox=debug` (a
     /// filter on the target) shows them all; the default target would be this crate's module path.
     #[test]
-    fn every_log_event_has_a_txbox_target() {
+    fn every_log_event_has_a_inoutbox_target() {
         let macros = [
             "trace",
             "debug",
@@ -137,13 +137,13 @@ mod source_rules {
                             .1
                             .trim_start()
                             .to_owned();
-                        if !rest.starts_with(concat!("target: \"txbox", "::")) {
+                        if !rest.starts_with(concat!("target: \"inoutbox", "::")) {
                             missing.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
                         }
                     }
                 }
                 if line.contains(concat!("#[", "instrument"))
-                    && !line.contains("target = \"txbox::")
+                    && !line.contains("target = \"inoutbox::")
                 {
                     missing.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
                 }
@@ -151,14 +151,14 @@ mod source_rules {
         }
         assert!(
             missing.is_empty(),
-            "log events without a `txbox::` target:\n{}",
+            "log events without a `inoutbox::` target:\n{}",
             missing.join("\n")
         );
     }
 
-    /// Doc examples compile as a user's code: they name `txbox::`, never this crate.
+    /// Doc examples compile as a user's code: they name `inoutbox::`, never this crate.
     #[test]
-    fn doc_comments_name_txbox_paths_only() {
+    fn doc_comments_name_inoutbox_paths_only() {
         let mut found = Vec::new();
         for dir in ["src", "../box-macros/src"] {
             for (file, text) in sources(dir) {
@@ -166,8 +166,8 @@ mod source_rules {
                     let t = line.trim_start();
                     let doc = t.starts_with("///") || t.starts_with("//!");
                     if doc
-                        && (t.contains(concat!("box_runtime", "::"))
-                            || t.contains(concat!("box_macros", "::")))
+                        && (t.contains(concat!("inoutbox_runtime", "::"))
+                            || t.contains(concat!("inoutbox_macros", "::")))
                     {
                         found.push(format!("{}:{}: {}", file.display(), n + 1, t));
                     }

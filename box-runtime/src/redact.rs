@@ -27,7 +27,7 @@ const SECRET_FRAGMENTS: &[&str] = &[
 /// be printed.
 ///
 /// ```
-/// use txbox::kafka::is_secret_setting;
+/// use inoutbox::kafka::is_secret_setting;
 /// assert!(is_secret_setting("sasl.password"));
 /// assert!(is_secret_setting("SSL.Key.Password"));
 /// assert!(is_secret_setting("sasl.oauthbearer.client.secret"));

@@ -1,6 +1,6 @@
 //! A kit for testing handlers and producers without a broker (crate feature `testing`).
 //!
-//! The facade re-exports it as `txbox::testing`; its documentation has the worked example.
+//! The facade re-exports it as `inoutbox::testing`; its documentation has the worked example.
 //! Nothing here is a mock: [`TestInbox`] runs a message through the consumer group's real
 //! inbox path ([`Inbox::process`]: the claim, the handler in the same transaction, retries,
 //! dead letters), only the broker is left out; [`sqlite_memory`] is an ordinary migrated
@@ -80,7 +80,7 @@ impl<S: InboxStore> TestInbox<S> {
 }
 
 /// The message the relay would publish for `event`: topic and key of the event, partition 0,
-/// the CloudEvents headers (`ce_id` a new UUID v7, `ce_type`, `ce_source` `"txbox"`,
+/// the CloudEvents headers (`ce_id` a new UUID v7, `ce_type`, `ce_source` `"inoutbox"`,
 /// `ce_specversion`, `content-type`) and the event's JSON as the payload. The offset is -1:
 /// [`TestInbox::deliver_raw`] numbers it. Change any field to test other envelopes.
 ///

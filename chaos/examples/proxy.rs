@@ -1,7 +1,7 @@
 //! The proxy as a process, for trying a service against a bad network by hand:
 //!
 //! ```text
-//! cargo run -p txbox-chaos --example proxy -- 127.0.0.1:5432 [--latency-ms 1] [--jitter-ms 0] [--bandwidth 1000000]
+//! cargo run -p inoutbox-chaos --example proxy -- 127.0.0.1:5432 [--latency-ms 1] [--jitter-ms 0] [--bandwidth 1000000]
 //! ```
 //!
 //! It prints the address to connect to and runs until killed.
@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             None => Ok(None),
         }
     };
-    let proxy = txbox_chaos::Proxy::start(upstream.as_str())?;
+    let proxy = inoutbox_chaos::Proxy::start(upstream.as_str())?;
     proxy.set_latency(
         Duration::from_millis(flag("--latency-ms")?.unwrap_or(0)),
         Duration::from_millis(flag("--jitter-ms")?.unwrap_or(0)),

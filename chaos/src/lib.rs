@@ -1,4 +1,4 @@
-//! A fault-injecting TCP proxy for txbox's tests and benchmarks, in the manner of Toxiproxy's
+//! A fault-injecting TCP proxy for inoutbox's tests and benchmarks, in the manner of Toxiproxy's
 //! toxics: it sits between a service and PostgreSQL or a broker, on 127.0.0.1, and the test
 //! changes what the network does while it runs.
 //!
@@ -18,7 +18,7 @@
 //! ```
 //! use std::io::{Read, Write};
 //! use std::time::{Duration, Instant};
-//! use txbox_chaos::Proxy;
+//! use inoutbox_chaos::Proxy;
 //!
 //! // An echo server stands in for PostgreSQL or the broker.
 //! let server = std::net::TcpListener::bind("127.0.0.1:0")?;
@@ -126,7 +126,7 @@ impl Proxy {
             listening: listening_tx,
         };
         let thread = std::thread::Builder::new()
-            .name(format!("txbox-chaos {addr}"))
+            .name(format!("inoutbox-chaos {addr}"))
             .spawn(move || runtime.block_on(accept.run(listener, stopped)))?;
         Ok(Proxy {
             addr,

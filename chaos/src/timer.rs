@@ -48,7 +48,7 @@ fn timer() -> &'static Timer {
     TIMER.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<&'static Timer>();
         let handle = std::thread::Builder::new()
-            .name("txbox-chaos timer".to_owned())
+            .name("inoutbox-chaos timer".to_owned())
             .spawn(move || {
                 let timer = rx.recv().expect("the timer is handed over");
                 run(timer);

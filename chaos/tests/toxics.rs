@@ -7,7 +7,7 @@ use std::sync::{mpsc, Arc};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use txbox_chaos::Proxy;
+use inoutbox_chaos::Proxy;
 
 /// What the upstream saw on its connections.
 #[derive(Debug, PartialEq)]

@@ -6,13 +6,13 @@
 
 use std::time::Duration;
 
+use inoutbox::kafka as names;
+use inoutbox::prelude::*;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Header, OwnedHeaders};
 use serde::{Deserialize, Serialize};
-use txbox::kafka as names;
-use txbox::prelude::*;
 use uuid::Uuid;
 
 /// The error of the examples' helpers and async code.

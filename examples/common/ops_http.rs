@@ -6,13 +6,13 @@
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
+use inoutbox::telemetry::{metric, Health};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use txbox::telemetry::{metric, Health};
 
 /// Installs the Prometheus recorder, serving `/metrics` on `addr`, with histogram buckets for
-/// txbox's durations and batch sizes; then describes every txbox metric. Call it before
+/// inoutbox's durations and batch sizes; then describes every inoutbox metric. Call it before
 /// building consumers and relays (they take their metric handles when built).
 pub fn install_prometheus(
     addr: SocketAddr,

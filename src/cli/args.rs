@@ -4,18 +4,18 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-/// Operate txbox's inbox and outbox: status, dead letters, parked rows, purges.
+/// Operate inoutbox's inbox and outbox: status, dead letters, parked rows, purges.
 ///
 /// Exit codes: 0 done; 1 error (database, Kafka, a replay that failed again); 2 usage (bad
 /// arguments, `discard` without `--yes`); 3 nothing found or nothing to do; 4 replay needs the
 /// application's binary (its handlers).
 #[derive(Debug, Parser)]
-#[command(name = "txbox", version)]
+#[command(name = "inoutbox", version)]
 pub(super) struct CommandLine {
     /// The database: `postgres://user:password@host/db` or `sqlite:path`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(super) database_url: Option<String>,
-    /// The PostgreSQL schema of txbox's tables (as `txbox::Tables::with_schema`).
+    /// The PostgreSQL schema of inoutbox's tables (as `inoutbox::Tables::with_schema`).
     #[arg(long, global = true)]
     pub(super) schema: Option<String>,
     /// Print JSON for scripts instead of tables.
@@ -27,7 +27,7 @@ pub(super) struct CommandLine {
 
 #[derive(Debug, Subcommand)]
 pub(super) enum Command {
-    /// Apply txbox's migrations (inbox and outbox tables).
+    /// Apply inoutbox's migrations (inbox and outbox tables).
     Migrate,
     /// Per group: inbox rows, processed in the last minute, dead letters; stuck inbox rows;
     /// the outbox: unpublished rows, the oldest one's age, parked rows and their last errors.
@@ -66,7 +66,7 @@ pub(super) enum DeadLetters {
         id: i64,
     },
     /// Run dead letters through their handler again, in the inbox transaction. Needs the
-    /// application's binary (`txbox::cli::run()`): the standalone `txbox` has no handlers.
+    /// application's binary (`inoutbox::cli::run()`): the standalone `inoutbox` has no handlers.
     Replay {
         /// Their ids.
         #[arg(required = true)]

@@ -406,7 +406,7 @@ async fn discard(
     if !yes {
         return Err(Failure::new(
             exit::USAGE,
-            "discard deletes dead letters for good: add --yes (list them first with `txbox dead-letters list`)",
+            "discard deletes dead letters for good: add --yes (list them first with `inoutbox dead-letters list`)",
         ));
     }
     let ids = if ids.is_empty() {

@@ -1,7 +1,7 @@
-//! The `txbox` command, and the way to run it from an application's own binary.
+//! The `inoutbox` command, and the way to run it from an application's own binary.
 //!
-//! The standalone binary (`cargo install txbox --features cli`, or `cargo run --features cli
-//! --bin txbox`) does everything but replay: replaying a dead letter runs its handler, and
+//! The standalone binary (`cargo install inoutbox --features cli`, or `cargo run --features cli
+//! --bin inoutbox`) does everything but replay: replaying a dead letter runs its handler, and
 //! only the application's binary has its `#[inbox_handler]`s linked in. So the application
 //! gives its binary the same command line:
 //!
@@ -9,9 +9,9 @@
 //! use std::process::ExitCode;
 //!
 //! fn main() -> ExitCode {
-//!     // `myservice txbox dead-letters replay 42` runs the command with this binary's handlers.
-//!     if std::env::args().nth(1).as_deref() == Some("txbox") {
-//!         return txbox::cli::run_from(std::env::args().skip(1));
+//!     // `myservice inoutbox dead-letters replay 42` runs the command with this binary's handlers.
+//!     if std::env::args().nth(1).as_deref() == Some("inoutbox") {
+//!         return inoutbox::cli::run_from(std::env::args().skip(1));
 //!     }
 //!     // ... the service itself ...
 //!     ExitCode::SUCCESS
@@ -37,7 +37,7 @@ mod render;
 
 use args::CommandLine;
 
-/// The exit codes of the `txbox` command; scripts may rely on them.
+/// The exit codes of the `inoutbox` command; scripts may rely on them.
 pub mod exit {
     /// Done.
     pub const OK: u8 = 0;
@@ -48,7 +48,7 @@ pub mod exit {
     /// Nothing found or nothing to do: no such dead letter, none matched, no parked row,
     /// already replayed.
     pub const NOT_FOUND: u8 = 3;
-    /// Replay needs the handlers: run it from the application's binary (`txbox::cli::run()`).
+    /// Replay needs the handlers: run it from the application's binary (`inoutbox::cli::run()`).
     pub const NEEDS_HANDLERS: u8 = 4;
 }
 

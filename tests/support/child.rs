@@ -97,8 +97,8 @@ impl ChildProcess {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         match failpoint {
-            Some(fp) => cmd.env("TXBOX_FAILPOINT", fp),
-            None => cmd.env_remove("TXBOX_FAILPOINT"),
+            Some(fp) => cmd.env("INOUTBOX_FAILPOINT", fp),
+            None => cmd.env_remove("INOUTBOX_FAILPOINT"),
         };
         let child = cmd.spawn().expect("spawn child consumer");
         Self::collect(child)
@@ -231,7 +231,7 @@ impl ChildProcess {
             .env("DATABASE_URL", database_url)
             .env("KAFKA_BROKERS", brokers)
             .env("NO_COLOR", "1")
-            .env_remove("TXBOX_FAILPOINT")
+            .env_remove("INOUTBOX_FAILPOINT")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

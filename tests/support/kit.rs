@@ -3,10 +3,10 @@
 
 use std::future::Future;
 
+use inoutbox::outbox::OutboxTx;
+use inoutbox::relay::{RelayConfig, RelayStore};
+use inoutbox::store::InboxStore;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use txbox::outbox::OutboxTx;
-use txbox::relay::{RelayConfig, RelayStore};
-use txbox::store::InboxStore;
 
 use super::TestDb;
 
@@ -27,8 +27,8 @@ pub trait Kit: Sized + Send + Sync + 'static {
     fn new(name: &str) -> impl Future<Output = Self>;
     /// The store.
     fn store(&self) -> Self::Store;
-    /// txbox's table names.
-    fn tables(&self) -> &txbox::Tables;
+    /// inoutbox's table names.
+    fn tables(&self) -> &inoutbox::Tables;
     /// `SELECT count(*) ...` or any query returning one integer.
     fn count(&self, sql: &str) -> impl Future<Output = i64>;
     /// Runs a statement.
@@ -49,7 +49,7 @@ pub trait Kit: Sized + Send + Sync + 'static {
     /// Relay settings for tests: no idempotence (Tansu), quick polls, no purge.
     fn relay_config(brokers: &str) -> RelayConfig {
         let mut config = RelayConfig::new(brokers);
-        config.source = "txbox-tests".to_owned();
+        config.source = "inoutbox-tests".to_owned();
         config.idempotence = false;
         config.poll_interval = std::time::Duration::from_millis(100);
         config.retention = None;
@@ -105,13 +105,13 @@ macro_rules! same_sql_in_tx {
 /// PostgreSQL: a schema of its own.
 pub struct PgKit {
     pub db: TestDb,
-    store: txbox::PgStore,
+    store: inoutbox::PgStore,
 }
 
 impl Kit for PgKit {
-    type Store = txbox::PgStore;
+    type Store = inoutbox::PgStore;
     type Tx = sqlx::Transaction<'static, sqlx::Postgres>;
-    type RelayStore = txbox::relay::PgRelayStore;
+    type RelayStore = inoutbox::relay::PgRelayStore;
     const INDEX: usize = 0;
     const NAME: &'static str = "postgres";
 
@@ -125,11 +125,11 @@ impl Kit for PgKit {
         Self { db, store }
     }
 
-    fn store(&self) -> txbox::PgStore {
+    fn store(&self) -> inoutbox::PgStore {
         self.store.clone()
     }
 
-    fn tables(&self) -> &txbox::Tables {
+    fn tables(&self) -> &inoutbox::Tables {
         &self.db.tables
     }
 
@@ -138,7 +138,10 @@ impl Kit for PgKit {
     }
 
     async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql).execute(&self.db.pool).await.expect(sql);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.db.pool)
+            .await
+            .expect(sql);
     }
 
     fn days_ago(days: u32) -> String {
@@ -146,7 +149,7 @@ impl Kit for PgKit {
     }
 
     fn relay_store(&self) -> Self::RelayStore {
-        txbox::relay::PgRelayStore::new(self.db.pool.clone(), self.db.tables.clone())
+        inoutbox::relay::PgRelayStore::new(self.db.pool.clone(), self.db.tables.clone())
     }
 
     same_sql_in_tx!();
@@ -156,7 +159,7 @@ impl Kit for PgKit {
 pub struct SqliteKit {
     _dir: TempDir,
     pool: sqlx::SqlitePool,
-    store: txbox::SqliteStore,
+    store: inoutbox::SqliteStore,
 }
 
 /// A directory removed on drop.
@@ -165,7 +168,7 @@ pub struct TempDir(pub std::path::PathBuf);
 impl TempDir {
     pub fn new(name: &str) -> Self {
         let dir =
-            std::env::temp_dir().join(format!("txbox-{name}-{}", uuid::Uuid::new_v4().simple()));
+            std::env::temp_dir().join(format!("inoutbox-{name}-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         Self(dir)
     }
@@ -178,16 +181,16 @@ impl Drop for TempDir {
 }
 
 impl Kit for SqliteKit {
-    type Store = txbox::SqliteStore;
+    type Store = inoutbox::SqliteStore;
     type Tx = sqlx::Transaction<'static, sqlx::Sqlite>;
-    type RelayStore = txbox::relay::SqliteRelayStore;
+    type RelayStore = inoutbox::relay::SqliteRelayStore;
     const INDEX: usize = 1;
     const NAME: &'static str = "sqlite";
 
     async fn new(name: &str) -> Self {
         let dir = TempDir::new(name);
         let options = SqliteConnectOptions::new()
-            .filename(dir.0.join("txbox.db"))
+            .filename(dir.0.join("inoutbox.db"))
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .busy_timeout(std::time::Duration::from_secs(30));
@@ -207,7 +210,7 @@ impl Kit for SqliteKit {
             .execute(&pool)
             .await
             .expect("create seq_counters");
-        let store = txbox::SqliteStore::new(pool.clone());
+        let store = inoutbox::SqliteStore::new(pool.clone());
         store.migrate().await.expect("migrate SQLite");
         Self {
             _dir: dir,
@@ -216,23 +219,26 @@ impl Kit for SqliteKit {
         }
     }
 
-    fn store(&self) -> txbox::SqliteStore {
+    fn store(&self) -> inoutbox::SqliteStore {
         self.store.clone()
     }
 
-    fn tables(&self) -> &txbox::Tables {
+    fn tables(&self) -> &inoutbox::Tables {
         self.store.tables()
     }
 
     async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar::<_, i64>(sql)
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
             .await
             .expect(sql)
     }
 
     async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sql).execute(&self.pool).await.expect(sql);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .expect(sql);
     }
 
     fn days_ago(days: u32) -> String {
@@ -240,7 +246,7 @@ impl Kit for SqliteKit {
     }
 
     fn relay_store(&self) -> Self::RelayStore {
-        txbox::relay::SqliteRelayStore::new(self.pool.clone(), self.store.tables())
+        inoutbox::relay::SqliteRelayStore::new(self.pool.clone(), self.store.tables())
     }
 
     same_sql_in_tx!();
@@ -276,7 +282,7 @@ macro_rules! contract_tests {
 macro_rules! handlers {
     ($group:tt, |$event:ident, $tx:ident, $meta:ident, $store:ident| $body:block) => {
         const _: () = {
-            use txbox::prelude::*;
+            use inoutbox::prelude::*;
 
             #[inbox_handler(event = "OrderCreated", group = $group)]
             async fn on_postgres(
@@ -292,7 +298,7 @@ macro_rules! handlers {
             #[inbox_handler(event = "OrderCreated", group = $group)]
             async fn on_sqlite(
                 $event: OrderCreated,
-                $tx: &mut txbox::SqliteTx<'_>,
+                $tx: &mut inoutbox::SqliteTx<'_>,
                 $meta: &MessageMeta,
             ) -> Result<(), HandlerError> {
                 let $store: usize = 1;
@@ -313,6 +319,6 @@ macro_rules! insert_invoice {
             .execute(&mut **$tx)
             .await
             .map(|_| ())
-            .map_err(txbox::HandlerError::from)
+            .map_err(inoutbox::HandlerError::from)
     };
 }

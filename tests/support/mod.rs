@@ -14,6 +14,8 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use inoutbox::inbox::Report;
+use inoutbox::KafkaConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -23,8 +25,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::mpsc;
-use txbox::inbox::Report;
-use txbox::KafkaConfig;
 
 pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
 
@@ -32,11 +32,11 @@ pub fn database_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.to_owned())
 }
 
-/// A schema of its own for one test: every table (txbox's and the test's) lives in it.
+/// A schema of its own for one test: every table (inoutbox's and the test's) lives in it.
 pub struct TestDb {
     pub pool: PgPool,
     pub schema: String,
-    pub tables: txbox::Tables,
+    pub tables: inoutbox::Tables,
 }
 
 impl TestDb {
@@ -54,7 +54,7 @@ impl TestDb {
             name,
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
             .execute(&admin)
             .await
             .expect("create schema");
@@ -69,7 +69,7 @@ impl TestDb {
             )
             .await
             .expect("connect to PostgreSQL");
-        let tables = txbox::Tables::with_schema(&schema).expect("valid schema name");
+        let tables = inoutbox::Tables::with_schema(&schema).expect("valid schema name");
         sqlx::raw_sql(
             "CREATE TABLE invoices (id bigserial PRIMARY KEY, order_id uuid NOT NULL, \
              total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())",
@@ -120,22 +120,22 @@ impl TestDb {
         Self {
             pool,
             schema: schema.to_owned(),
-            tables: txbox::Tables::with_schema(schema).expect("valid schema name"),
+            tables: inoutbox::Tables::with_schema(schema).expect("valid schema name"),
         }
     }
 
-    pub fn store(&self) -> txbox::PgStore {
-        txbox::PgStore::with_tables(self.pool.clone(), self.tables.clone())
+    pub fn store(&self) -> inoutbox::PgStore {
+        inoutbox::PgStore::with_tables(self.pool.clone(), self.tables.clone())
     }
 
-    pub async fn migrated_store(&self) -> txbox::PgStore {
+    pub async fn migrated_store(&self) -> inoutbox::PgStore {
         let store = self.store();
         store.migrate().await.expect("migrate");
         store
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar::<_, i64>(sql)
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)
             .await
             .expect(sql)
@@ -375,18 +375,20 @@ pub struct Running {
     handle: tokio::task::JoinHandle<()>,
 }
 
-/// `TXBOX_TEST_LOG=1` shows txbox's logs in the test output.
+/// `INOUTBOX_TEST_LOG=1` shows inoutbox's logs in the test output.
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if std::env::var_os("TXBOX_TEST_LOG").is_some() {
+        if std::env::var_os("INOUTBOX_TEST_LOG").is_some() {
             let _ = tracing_subscriber::fmt().with_test_writer().try_init();
         }
     });
 }
 
 impl Running {
-    pub fn start<S: txbox::store::InboxStore>(builder: txbox::inbox::ConsumerBuilder<S>) -> Self {
+    pub fn start<S: inoutbox::store::InboxStore>(
+        builder: inoutbox::inbox::ConsumerBuilder<S>,
+    ) -> Self {
         init_logging();
         let (tx, reports) = mpsc::unbounded_channel();
         let consumer = builder.reports(tx).build().expect("build consumer");
@@ -475,28 +477,30 @@ pub fn unique(prefix: &str) -> String {
 pub fn relay_builder(
     db: &TestDb,
     brokers: &str,
-) -> txbox::relay::RelayBuilder<txbox::relay::PgRelayStore> {
-    let store = txbox::PgStore::with_tables(db.pool.clone(), db.tables.clone());
-    txbox::Relay::builder(store, brokers)
-        .source("txbox-tests")
+) -> inoutbox::relay::RelayBuilder<inoutbox::relay::PgRelayStore> {
+    let store = inoutbox::PgStore::with_tables(db.pool.clone(), db.tables.clone());
+    inoutbox::Relay::builder(store, brokers)
+        .source("inoutbox-tests")
         .idempotence(false)
         .retention(None)
 }
 
 /// A relay running in a task, with its reports and a graceful stop.
 pub struct RunningRelay {
-    pub reports: mpsc::UnboundedReceiver<txbox::relay::RelayReport>,
+    pub reports: mpsc::UnboundedReceiver<inoutbox::relay::RelayReport>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: tokio::task::JoinHandle<()>,
 }
 
 impl RunningRelay {
-    pub fn start<S: txbox::relay::RelayStore>(builder: txbox::relay::RelayBuilder<S>) -> Self {
+    pub fn start<S: inoutbox::relay::RelayStore>(
+        builder: inoutbox::relay::RelayBuilder<S>,
+    ) -> Self {
         Self::spawn(builder.build().expect("build relay"))
     }
 
     /// Runs a relay on any store in a task.
-    pub fn spawn<S: txbox::relay::RelayStore>(relay: txbox::relay::Relay<S>) -> Self {
+    pub fn spawn<S: inoutbox::relay::RelayStore>(relay: inoutbox::relay::Relay<S>) -> Self {
         let (tx, reports) = mpsc::unbounded_channel();
         let relay = relay.reports(tx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -521,7 +525,7 @@ impl RunningRelay {
         let mut ids = Vec::with_capacity(n);
         while ids.len() < n {
             match tokio::time::timeout_at(deadline, self.reports.recv()).await {
-                Ok(Some(txbox::relay::RelayReport::Published { id, .. })) => ids.push(id),
+                Ok(Some(inoutbox::relay::RelayReport::Published { id, .. })) => ids.push(id),
                 Ok(Some(_)) => {}
                 _ => panic!(
                     "expected {n} rows published within {within:?}, got {}",

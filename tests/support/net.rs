@@ -1,12 +1,12 @@
 //! A bad network for the integration tests: PostgreSQL and a Tansu broker behind
-//! fault-injecting proxies (`txbox-chaos`), and a way to fault only one child process's
+//! fault-injecting proxies (`inoutbox-chaos`), and a way to fault only one child process's
 //! connections.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use txbox_chaos::Proxy;
+use inoutbox_chaos::Proxy;
 
 use super::{database_url, free_port, Broker, TestDb};
 

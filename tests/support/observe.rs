@@ -7,11 +7,11 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
-use txbox::inbox::Delivery;
-use txbox::store::{
+use inoutbox::inbox::Delivery;
+use inoutbox::store::{
     Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
 };
+use tokio::sync::watch;
 
 /// One call of `claim`: the event, when it started and ended, and what it found.
 #[derive(Clone, Debug)]

@@ -96,7 +96,10 @@ impl Handler {
 
 /// `E` of `Vec<E>` (also written `std::vec::Vec<E>`, ..).
 pub(crate) fn vec_elem(ty: &Type) -> Option<&Type> {
-    let Type::Path(TypePath { qself: None, path }) = ty else {
+    let Type::Path(TypePath {
+        qself: None, path, ..
+    }) = ty
+    else {
         return None;
     };
     let last = path.segments.last()?;

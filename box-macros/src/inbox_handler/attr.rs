@@ -20,10 +20,10 @@ pub(crate) const BATCH: &str = "batch";
 /// `dedup_by = field`: a field of the event whose `Display` text is the business key; the
 /// inbox then also refuses a second event with the same key in the group.
 pub(crate) const DEDUP_BY: &str = "dedup_by";
-/// `stores(postgres, sqlite)`: the handler is generic over its store (`D: txbox::Db`) and is
+/// `stores(postgres, sqlite)`: the handler is generic over its store (`D: inoutbox::Db`) and is
 /// registered once per store listed.
 pub(crate) const STORES: &str = "stores";
-/// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
+/// `crate = "my_inoutbox"`: the path generated code names inoutbox by; optional, `::inoutbox` by default.
 pub(crate) const CRATE: &str = "crate";
 /// `mode = "two_phase"`: store the message and acknowledge it, then run the handler in a
 /// worker (for handlers that take seconds); `"one_phase"` (the default) runs it on receipt.
@@ -75,7 +75,7 @@ const PLACE: &str = "`#[inbox_handler(...)]`";
 pub(crate) struct HandlerAttr {
     pub(crate) event: Option<LitStr>,
     pub(crate) group: Option<LitStr>,
-    /// `crate = "..."`, parsed; `None` for the default `::txbox`.
+    /// `crate = "..."`, parsed; `None` for the default `::inoutbox`.
     pub(crate) krate: Option<syn::Path>,
     /// The `batch` flag as written (also when it was wrongly given a value, which is reported:
     /// the signature is then checked as the batch handler's it was meant to be).
@@ -178,7 +178,7 @@ impl HandlerAttr {
             MODE => return self.take_mode(cx, pair),
             ORDERED => return self.take_ordered(cx, pair),
             STORES => return self.take_stores(cx, pair),
-            _ => "my_txbox",
+            _ => "my_inoutbox",
         };
         if pair.bare {
             let example = format!("{key} = \"{example}\"");

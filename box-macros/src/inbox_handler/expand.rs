@@ -1,20 +1,20 @@
 //! The generated registration. The user's function is emitted as written; next to it, inside
-//! `const __txbox_register_<name>: () = { .. };`, the type checks, an erased wrapper and one
+//! `const __inoutbox_register_<name>: () = { .. };`, the type checks, an erased wrapper and one
 //! `inventory::submit!`.
 //!
 //! The type checks are trait-qualified paths on the user's types (`<Event as OutboxEvent>::key`,
-//! `<Tx as __txbox_Transaction>::CHECK`, ..): rustc reports an unmet trait on the type the user
+//! `<Tx as __inoutbox_Transaction>::CHECK`, ..): rustc reports an unmet trait on the type the user
 //! wrote, with the `#[diagnostic::on_unimplemented]` text of the trait, and, unlike a bound on a
-//! function, without a "required by a bound in" note that would point into txbox. The traits
+//! function, without a "required by a bound in" note that would point into inoutbox. The traits
 //! for the transaction, the metadata and the return type are generated here (with their texts)
 //! so that the note names nothing internal. Everything else the wrapper needs from those types
 //! goes through `Probe`, whose fallback for types that failed their check keeps the expansion
 //! free of follow-on errors; the future's `Send` is required by coercing it to
 //! `dyn Future + Send` on the function's name.
 //!
-//! A batch handler (`#[inbox_handler(.., batch)]`) gets `__txbox_invoke_batch`, which decodes a
+//! A batch handler (`#[inbox_handler(.., batch)]`) gets `__inoutbox_invoke_batch`, which decodes a
 //! run of payloads and calls the function once with all the events (and their metadata), and a
-//! `__txbox_invoke` that runs it on one message: the function is called in one place only, so
+//! `__inoutbox_invoke` that runs it on one message: the function is called in one place only, so
 //! each type error and the `Send` requirement are reported once.
 //!
 //! The registration is a *named* const rather than `const _`: a named const is also valid in an
@@ -44,7 +44,7 @@ struct Parts<'a> {
     /// The metadata type; for a batch handler, the `M` of `&[M]`.
     meta_ty: Option<&'a Type>,
     output: &'a Type,
-    /// `::txbox` or the `crate = "..."` path.
+    /// `::inoutbox` or the `crate = "..."` path.
     krate: TokenStream,
     /// `dedup_by = field`.
     dedup_by: Option<&'a Ident>,
@@ -68,7 +68,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
     };
     let krate = match &attr.krate {
         Some(path) => path.to_token_stream(),
-        None => quote!(::txbox),
+        None => quote!(::inoutbox),
     };
     // One registration per store listed (the function called with that store's type), or one
     // for the store the transaction names.
@@ -99,7 +99,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             dedup_by: attr.dedup_by.as_ref(),
             two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
         };
-        let register = format_ident!("__txbox_register_{}{}", parts.name.unraw(), suffix);
+        let register = format_ident!("__inoutbox_register_{}{}", parts.name.unraw(), suffix);
         parts.registration(&register)
     });
     quote! {
@@ -120,7 +120,7 @@ fn store_type(store: &Ident, krate: &TokenStream) -> TokenStream {
 }
 
 impl Parts<'_> {
-    /// `const __txbox_register_<name>: () = { .. };`: checks, wrappers and the registration.
+    /// `const __inoutbox_register_<name>: () = { .. };`: checks, wrappers and the registration.
     fn registration(&self, register: &Ident) -> TokenStream {
         let private = self.private();
         let checks = self.checks();
@@ -156,7 +156,7 @@ impl Parts<'_> {
         respan(self.private(), span)
     }
 
-    /// The crate as messages name it: `txbox`, or the `crate = "..."` path.
+    /// The crate as messages name it: `inoutbox`, or the `crate = "..."` path.
     fn krate_name(&self) -> String {
         compact(&self.krate).trim_start_matches("::").to_owned()
     }
@@ -167,20 +167,20 @@ impl Parts<'_> {
         let (event_ty, tx_ty, output) = (self.event_ty, self.tx_ty, self.output);
         let traits = self.check_traits();
         let meta_check = self.meta_ty.map(|meta_ty| {
-            quote! { let () = <#meta_ty as __txbox_Metadata>::CHECK; }
+            quote! { let () = <#meta_ty as __inoutbox_Metadata>::CHECK; }
         });
         // rustc reports the error type's check on the whole projection: its first and last
         // tokens take the return type's first and last spans, so that it underlines that type.
         let (first, last) = first_last_span(output);
         let open = quote_spanned!(first=> <);
-        let close = quote_spanned!(last=> as __txbox_Return>::Error);
+        let close = quote_spanned!(last=> as __inoutbox_Return>::Error);
         let error_ty = quote!(#open #output #close);
         quote! {
             #traits
 
-            fn __txbox_check() {
+            fn __inoutbox_check() {
                 let _ = <#event_ty as #private::OutboxEvent>::key;
-                let () = <#tx_ty as __txbox_Transaction>::CHECK;
+                let () = <#tx_ty as __inoutbox_Transaction>::CHECK;
                 #meta_check
                 let _ = <#error_ty as #private::IntoHandlerError>::into_handler_error;
             }
@@ -192,13 +192,16 @@ impl Parts<'_> {
         let private = self.private();
         let krate = self.krate_name();
         let tx = on_unimplemented(
-            "`{Self}` is not a transaction type txbox can hand to a handler",
+            "`{Self}` is not a transaction type inoutbox can hand to a handler",
             "expected `PgTx<'_>` (or `SqliteTx<'_>`) here",
-            &format!(
-                "the second parameter of an inbox handler is the transaction txbox opens for the \
-                 message: write `tx: &mut {krate}::PgTx<'_>` for PostgreSQL or \
-                 `tx: &mut {krate}::SqliteTx<'_>` for SQLite"
-            ),
+            &[
+                &format!(
+                    "the second parameter of an inbox handler is the transaction inoutbox opens \
+                     for the message: write `tx: &mut {krate}::PgTx<'_>` for PostgreSQL or \
+                     `tx: &mut {krate}::SqliteTx<'_>` for SQLite"
+                ),
+                SQLX_NOTE,
+            ],
         );
         let meta_note = match self.form {
             Form::Single => format!(
@@ -213,38 +216,40 @@ impl Parts<'_> {
         let meta = on_unimplemented(
             "`{Self}` is not the message metadata",
             "expected `MessageMeta` here",
-            &meta_note,
+            &[&meta_note],
         );
         let ret = on_unimplemented(
             "`{Self}` is not a return type an inbox handler can have",
             "expected `Result<(), E>` here",
-            "an inbox handler returns `Result<(), HandlerError>`, `anyhow::Result<()>`, or \
-             `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static`",
+            &[
+                "an inbox handler returns `Result<(), HandlerError>`, `anyhow::Result<()>`, or \
+               `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static`",
+            ],
         );
         quote! {
             #tx
             #[allow(non_camel_case_types)]
-            trait __txbox_Transaction {
+            trait __inoutbox_Transaction {
                 const CHECK: () = ();
             }
             #[diagnostic::do_not_recommend]
-            impl<T: ?::core::marker::Sized + #private::HandlerTx> __txbox_Transaction for T {}
+            impl<T: ?::core::marker::Sized + #private::HandlerTx> __inoutbox_Transaction for T {}
 
             #meta
             #[allow(non_camel_case_types)]
-            trait __txbox_Metadata {
+            trait __inoutbox_Metadata {
                 const CHECK: () = ();
             }
             #[diagnostic::do_not_recommend]
-            impl<T: ?::core::marker::Sized + #private::MetaParam> __txbox_Metadata for T {}
+            impl<T: ?::core::marker::Sized + #private::MetaParam> __inoutbox_Metadata for T {}
 
             #ret
             #[allow(non_camel_case_types)]
-            trait __txbox_Return {
+            trait __inoutbox_Return {
                 type Error;
             }
             #[diagnostic::do_not_recommend]
-            impl<E> __txbox_Return for ::core::result::Result<(), E> {
+            impl<E> __inoutbox_Return for ::core::result::Result<(), E> {
                 type Error = E;
             }
         }
@@ -261,37 +266,37 @@ impl Parts<'_> {
         quote! {
             #wrappers
 
-            fn __txbox_tx_type() -> ::core::any::TypeId {
+            fn __inoutbox_tx_type() -> ::core::any::TypeId {
                 #private::Probe::<#tx_ty>::tx_type_id()
             }
         }
     }
 
-    /// `__txbox_invoke`: decodes the payload, downcasts the transaction and calls the function.
+    /// `__inoutbox_invoke`: decodes the payload, downcasts the transaction and calls the function.
     fn invoke_single(&self) -> TokenStream {
         let private = self.private();
         let event_ty = self.event_ty;
         let (meta_let, meta_arg) = match self.meta_ty {
             Some(meta_ty) => (
                 quote! {
-                    let __txbox_meta = match #private::Probe::<#meta_ty>::meta(__txbox_meta) {
+                    let __inoutbox_meta = match #private::Probe::<#meta_ty>::meta(__inoutbox_meta) {
                         ::core::result::Result::Ok(meta) => meta,
                         ::core::result::Result::Err(error) => return #private::fail(error),
                     };
                 },
-                quote!(, __txbox_meta),
+                quote!(, __inoutbox_meta),
             ),
-            None => (quote! { let _ = __txbox_meta; }, TokenStream::new()),
+            None => (quote! { let _ = __inoutbox_meta; }, TokenStream::new()),
         };
         let downcast = self.downcast_tx();
-        let call = self.call(quote!(__txbox_event), meta_arg);
+        let call = self.call(quote!(__inoutbox_event), meta_arg);
         quote! {
-            fn __txbox_invoke<'__txbox>(
-                __txbox_payload: &'__txbox [u8],
-                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
-                __txbox_meta: &'__txbox #private::MessageMeta,
-            ) -> #private::HandlerFuture<'__txbox> {
-                let __txbox_event = match #private::Probe::<#event_ty>::decode(__txbox_payload) {
+            fn __inoutbox_invoke<'__inoutbox>(
+                __inoutbox_payload: &'__inoutbox [u8],
+                __inoutbox_tx: &'__inoutbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __inoutbox_meta: &'__inoutbox #private::MessageMeta,
+            ) -> #private::HandlerFuture<'__inoutbox> {
+                let __inoutbox_event = match #private::Probe::<#event_ty>::decode(__inoutbox_payload) {
                     ::core::result::Result::Ok(event) => event,
                     ::core::result::Result::Err(error) => return #private::fail(error),
                 };
@@ -302,35 +307,35 @@ impl Parts<'_> {
         }
     }
 
-    /// `__txbox_invoke_batch`: decodes every payload, downcasts the transaction and calls the
-    /// function once with all the events; `__txbox_invoke` runs it on one message. The payloads
+    /// `__inoutbox_invoke_batch`: decodes every payload, downcasts the transaction and calls the
+    /// function once with all the events; `__inoutbox_invoke` runs it on one message. The payloads
     /// have a lifetime of their own: they are decoded before the future is made, so
-    /// `__txbox_invoke` can pass a slice of its one payload that lives only for the call.
+    /// `__inoutbox_invoke` can pass a slice of its one payload that lives only for the call.
     fn invoke_batch(&self) -> TokenStream {
         let private = self.private();
         let event_ty = self.event_ty;
         let (metas_let, metas_arg) = match self.meta_ty {
             Some(meta_ty) => (
                 quote! {
-                    let __txbox_metas = match #private::Probe::<#meta_ty>::metas(__txbox_metas) {
+                    let __inoutbox_metas = match #private::Probe::<#meta_ty>::metas(__inoutbox_metas) {
                         ::core::result::Result::Ok(metas) => metas,
                         ::core::result::Result::Err(error) => return #private::fail(error),
                     };
                 },
-                quote!(, __txbox_metas),
+                quote!(, __inoutbox_metas),
             ),
-            None => (quote! { let _ = __txbox_metas; }, TokenStream::new()),
+            None => (quote! { let _ = __inoutbox_metas; }, TokenStream::new()),
         };
         let downcast = self.downcast_tx();
-        let call = self.call(quote!(__txbox_events), metas_arg);
+        let call = self.call(quote!(__inoutbox_events), metas_arg);
         quote! {
-            fn __txbox_invoke_batch<'__txbox_payloads, '__txbox>(
-                __txbox_payloads: &'__txbox_payloads [&'__txbox_payloads [u8]],
-                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
-                __txbox_metas: &'__txbox [#private::MessageMeta],
-            ) -> #private::HandlerFuture<'__txbox> {
-                let __txbox_events =
-                    match #private::Probe::<#event_ty>::decode_all(__txbox_payloads) {
+            fn __inoutbox_invoke_batch<'__inoutbox_payloads, '__inoutbox>(
+                __inoutbox_payloads: &'__inoutbox_payloads [&'__inoutbox_payloads [u8]],
+                __inoutbox_tx: &'__inoutbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __inoutbox_metas: &'__inoutbox [#private::MessageMeta],
+            ) -> #private::HandlerFuture<'__inoutbox> {
+                let __inoutbox_events =
+                    match #private::Probe::<#event_ty>::decode_all(__inoutbox_payloads) {
                         ::core::result::Result::Ok(events) => events,
                         ::core::result::Result::Err(error) => return #private::fail(error),
                     };
@@ -339,26 +344,26 @@ impl Parts<'_> {
                 #call
             }
 
-            fn __txbox_invoke<'__txbox>(
-                __txbox_payload: &'__txbox [u8],
-                __txbox_tx: &'__txbox mut (dyn ::core::any::Any + ::core::marker::Send),
-                __txbox_meta: &'__txbox #private::MessageMeta,
-            ) -> #private::HandlerFuture<'__txbox> {
-                __txbox_invoke_batch(
-                    ::core::slice::from_ref(&__txbox_payload),
-                    __txbox_tx,
-                    ::core::slice::from_ref(__txbox_meta),
+            fn __inoutbox_invoke<'__inoutbox>(
+                __inoutbox_payload: &'__inoutbox [u8],
+                __inoutbox_tx: &'__inoutbox mut (dyn ::core::any::Any + ::core::marker::Send),
+                __inoutbox_meta: &'__inoutbox #private::MessageMeta,
+            ) -> #private::HandlerFuture<'__inoutbox> {
+                __inoutbox_invoke_batch(
+                    ::core::slice::from_ref(&__inoutbox_payload),
+                    __inoutbox_tx,
+                    ::core::slice::from_ref(__inoutbox_meta),
                 )
             }
         }
     }
 
-    /// `let __txbox_tx = ..;`: the store's transaction as the one the function takes.
+    /// `let __inoutbox_tx = ..;`: the store's transaction as the one the function takes.
     fn downcast_tx(&self) -> TokenStream {
         let private = self.private();
         let tx_ty = self.tx_ty;
         quote! {
-            let __txbox_tx = match #private::Probe::<#tx_ty>::downcast_tx(__txbox_tx) {
+            let __inoutbox_tx = match #private::Probe::<#tx_ty>::downcast_tx(__inoutbox_tx) {
                 ::core::result::Result::Ok(tx) => tx,
                 ::core::result::Result::Err(error) => return #private::fail(error),
             };
@@ -371,20 +376,20 @@ impl Parts<'_> {
         let private = self.private();
         let (name, output, turbofish) = (self.name, self.output, &self.turbofish);
         let boxed = quote_spanned! {name.span()=>
-            ::std::boxed::Box::pin(#name #turbofish (#events, __txbox_tx #meta_arg))
+            ::std::boxed::Box::pin(#name #turbofish (#events, __inoutbox_tx #meta_arg))
         };
         quote! {
-            let __txbox_future: ::core::pin::Pin<::std::boxed::Box<
+            let __inoutbox_future: ::core::pin::Pin<::std::boxed::Box<
                 dyn ::core::future::Future<Output = #output>
                     + ::core::marker::Send
-                    + '__txbox,
+                    + '__inoutbox,
             >> = #boxed;
-            #private::Probe::<#output>::into_future(__txbox_future)
+            #private::Probe::<#output>::into_future(__inoutbox_future)
         }
     }
 
     /// Fails the build when `event = "..."` is not the parameter type's event type. The panic is
-    /// written here, on the `event` string, so that rustc shows no frame inside txbox.
+    /// written here, on the `event` string, so that rustc shows no frame inside inoutbox.
     fn event_type_check(&self) -> TokenStream {
         let (event, event_ty) = (self.event, self.event_ty);
         let private = self.private_at(event.span());
@@ -403,8 +408,8 @@ impl Parts<'_> {
     }
 
     /// The one `inventory::submit!`, with the function's path, file and line (and, for a batch
-    /// handler, `.batch(__txbox_invoke_batch)`; for a handler without metadata, `.no_meta()`).
-    /// With `dedup_by = field`: `__txbox_business_key`, which decodes the payload and reads the
+    /// handler, `.batch(__inoutbox_invoke_batch)`; for a handler without metadata, `.no_meta()`).
+    /// With `dedup_by = field`: `__inoutbox_business_key`, which decodes the payload and reads the
     /// field. The field access and its `BusinessKey` check carry the field name's span, so that
     /// a field the event does not have, or one without `Display`, is reported on it.
     fn business_key(&self) -> TokenStream {
@@ -417,7 +422,7 @@ impl Parts<'_> {
             #private_at::BusinessKey::business_key_text(&event.#field)
         };
         quote! {
-            fn __txbox_business_key(
+            fn __inoutbox_business_key(
                 payload: &[u8],
             ) -> ::core::result::Result<
                 ::core::option::Option<::std::string::String>,
@@ -441,7 +446,7 @@ impl Parts<'_> {
         };
         let batch = match self.form {
             Form::Single => TokenStream::new(),
-            Form::Batch => quote!(.batch(__txbox_invoke_batch)),
+            Form::Batch => quote!(.batch(__inoutbox_invoke_batch)),
         };
         // A handler without the metadata parameter spares the runtime building it.
         let no_meta = match self.meta_ty {
@@ -451,7 +456,7 @@ impl Parts<'_> {
         // The handler's `dedup_by`, else the event's `idempotency_key` (if any).
         let event_ty = self.event_ty;
         let business_key = match self.dedup_by {
-            Some(_) => quote!(::core::option::Option::Some(__txbox_business_key)),
+            Some(_) => quote!(::core::option::Option::Some(__inoutbox_business_key)),
             None => quote!(#private::Probe::<#event_ty>::BUSINESS_KEY),
         };
         let two_phase = match self.two_phase {
@@ -464,8 +469,8 @@ impl Parts<'_> {
                     #event,
                     #group,
                     #location
-                    __txbox_tx_type,
-                    __txbox_invoke,
+                    __inoutbox_tx_type,
+                    __inoutbox_invoke,
                 )
                 #batch
                 #no_meta
@@ -483,9 +488,15 @@ fn first_last_span(tokens: impl ToTokens) -> (Span, Span) {
     (first, spans.last().unwrap_or(first))
 }
 
+/// The note on a transaction type inoutbox does not take: a `sqlx::Transaction` of another sqlx
+/// major is another type, and rustc's own error would not say so.
+const SQLX_NOTE: &str = "inoutbox builds on sqlx 0.9: a transaction of another sqlx major is \
+                         another type. Depend on `sqlx = \"0.9\"` (`cargo tree -i sqlx` lists \
+                         every sqlx in the build)";
+
 /// `#[diagnostic::on_unimplemented(..)]` with these texts (`{Self}` is the type).
-fn on_unimplemented(message: &str, label: &str, note: &str) -> TokenStream {
+fn on_unimplemented(message: &str, label: &str, notes: &[&str]) -> TokenStream {
     quote! {
-        #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+        #[diagnostic::on_unimplemented(message = #message, label = #label, #(note = #notes),*)]
     }
 }

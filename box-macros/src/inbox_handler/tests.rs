@@ -260,15 +260,15 @@ fn expansion_registers_through_the_facade_only() {
         "the function is kept as written: {out}"
     );
     for expected in [
-        "const __txbox_register_create_invoice : () =",
-        ":: txbox :: __private :: inventory :: submit !",
-        ":: txbox :: __private :: HandlerRegistration :: new",
-        ":: txbox :: __private :: Probe :: < OrderCreated > :: decode",
-        "< OrderCreated as :: txbox :: __private :: OutboxEvent > :: key",
-        "< PgTx < '_ > as __txbox_Transaction > :: CHECK",
-        ":: txbox :: __private :: Probe :: < PgTx < '_ > > :: tx_type_id ()",
-        ":: txbox :: __private :: Probe :: < Result < () , HandlerError > > :: into_future",
-        ":: txbox :: __private :: event_type_mismatch",
+        "const __inoutbox_register_create_invoice : () =",
+        ":: inoutbox :: __private :: inventory :: submit !",
+        ":: inoutbox :: __private :: HandlerRegistration :: new",
+        ":: inoutbox :: __private :: Probe :: < OrderCreated > :: decode",
+        "< OrderCreated as :: inoutbox :: __private :: OutboxEvent > :: key",
+        "< PgTx < '_ > as __inoutbox_Transaction > :: CHECK",
+        ":: inoutbox :: __private :: Probe :: < PgTx < '_ > > :: tx_type_id ()",
+        ":: inoutbox :: __private :: Probe :: < Result < () , HandlerError > > :: into_future",
+        ":: inoutbox :: __private :: event_type_mismatch",
         ":: core :: line ! ()",
         "\"create_invoice\"",
     ] {
@@ -277,7 +277,7 @@ fn expansion_registers_through_the_facade_only() {
     // inventory is reached through the facade, and registers once.
     assert_eq!(out.matches("inventory").count(), 1, "{out}");
     assert_eq!(
-        out.matches(":: txbox :: __private :: inventory :: submit !")
+        out.matches(":: inoutbox :: __private :: inventory :: submit !")
             .count(),
         1,
         "{out}"
@@ -397,43 +397,43 @@ fn a_misspelling_next_to_the_right_key_is_not_a_duplicate() {
 }
 
 #[test]
-fn crate_path_replaces_txbox_in_the_expansion() {
+fn crate_path_replaces_inoutbox_in_the_expansion() {
     let args = quote!(
         event = "OrderCreated",
         group = "billing",
-        crate = "my_txbox"
+        crate = "my_inoutbox"
     );
     let out = super::expand(args, good_fn()).to_string();
     assert!(
-        out.contains("my_txbox :: __private :: inventory :: submit !"),
+        out.contains("my_inoutbox :: __private :: inventory :: submit !"),
         "{out}"
     );
     assert!(
-        !out.contains(":: txbox"),
-        "names `::txbox` despite `crate`: {out}"
+        !out.contains(":: inoutbox"),
+        "names `::inoutbox` despite `crate`: {out}"
     );
-    assert!(out.contains("`tx: &mut my_txbox::PgTx<'_>`"), "{out}");
+    assert!(out.contains("`tx: &mut my_inoutbox::PgTx<'_>`"), "{out}");
 }
 
 #[test]
 fn malformed_crate_path_is_an_error_on_the_string() {
     let message = single_error(
-        quote!(event = "A", group = "b", crate = "my txbox"),
+        quote!(event = "A", group = "b", crate = "my inoutbox"),
         good_fn(),
     );
     assert!(
         message.starts_with(
-            "`crate` must be the path the txbox crate is reachable by, not `my txbox`"
+            "`crate` must be the path the inoutbox crate is reachable by, not `my inoutbox`"
         ),
         "{message}"
     );
     let message = single_error(
-        quote!(event = "A", group = "b", crate = my_txbox),
+        quote!(event = "A", group = "b", crate = my_inoutbox),
         good_fn(),
     );
     assert_eq!(
         message,
-        "expected a string literal for `crate`, e.g. `crate = \"my_txbox\"`"
+        "expected a string literal for `crate`, e.g. `crate = \"my_inoutbox\"`"
     );
 }
 
@@ -616,20 +616,20 @@ fn batch_expansion_calls_the_function_once_from_both_wrappers() {
     let out = super::expand(batch_args(), item.clone()).to_string();
     assert!(out.starts_with(&item.to_string()), "{out}");
     for expected in [
-        ":: txbox :: __private :: Probe :: < OrderCreated > :: decode_all",
-        ":: txbox :: __private :: Probe :: < MessageMeta > :: metas",
-        "< OrderCreated as :: txbox :: __private :: OutboxEvent > :: key",
-        "< MessageMeta as __txbox_Metadata > :: CHECK",
-        ":: core :: slice :: from_ref (& __txbox_payload)",
-        ":: core :: slice :: from_ref (__txbox_meta)",
-        ". batch (__txbox_invoke_batch)",
-        "`metas: &[txbox::MessageMeta]`",
+        ":: inoutbox :: __private :: Probe :: < OrderCreated > :: decode_all",
+        ":: inoutbox :: __private :: Probe :: < MessageMeta > :: metas",
+        "< OrderCreated as :: inoutbox :: __private :: OutboxEvent > :: key",
+        "< MessageMeta as __inoutbox_Metadata > :: CHECK",
+        ":: core :: slice :: from_ref (& __inoutbox_payload)",
+        ":: core :: slice :: from_ref (__inoutbox_meta)",
+        ". batch (__inoutbox_invoke_batch)",
+        "`metas: &[inoutbox::MessageMeta]`",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in {out}");
     }
-    // The user's function is called once, by `__txbox_invoke_batch`; `__txbox_invoke` calls that.
+    // The user's function is called once, by `__inoutbox_invoke_batch`; `__inoutbox_invoke` calls that.
     assert_eq!(
-        out.matches("create_invoices (__txbox_events , __txbox_tx , __txbox_metas)")
+        out.matches("create_invoices (__inoutbox_events , __inoutbox_tx , __inoutbox_metas)")
             .count(),
         1,
         "{out}"
@@ -818,12 +818,12 @@ fn a_handler_generic_over_its_store_is_registered_once_per_store() {
     let expanded = super::expand(args, generic_fn()).to_string();
     for store in ["postgres", "sqlite"] {
         assert!(
-            expanded.contains(&format!("__txbox_register_create_invoice_{store}")),
+            expanded.contains(&format!("__inoutbox_register_create_invoice_{store}")),
             "{expanded}"
         );
     }
-    assert!(expanded.contains("create_invoice :: < :: txbox :: __private :: Postgres >"));
-    assert!(expanded.contains("create_invoice :: < :: txbox :: __private :: Sqlite >"));
+    assert!(expanded.contains("create_invoice :: < :: inoutbox :: __private :: Postgres >"));
+    assert!(expanded.contains("create_invoice :: < :: inoutbox :: __private :: Sqlite >"));
     assert_eq!(expanded.matches("inventory :: submit !").count(), 2);
 }
 
@@ -876,8 +876,8 @@ fn sqlx_on_the_transaction_says_to_write_its_connection() {
         async fn h(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
             sqlx::query("SELECT 1").bind(1).execute(&mut *tx).await?;
             sqlx::query("SELECT 1").execute(&mut **tx).await?;
-            txbox::sql("SELECT 1").execute(&mut *tx).await?;
-            txbox::outbox::enqueue(&mut *tx, &event).await?;
+            inoutbox::sql("SELECT 1").execute(&mut *tx).await?;
+            inoutbox::outbox::enqueue(&mut *tx, &event).await?;
             Ok(())
         }
     };

@@ -170,10 +170,10 @@ fn check_qualifiers(cx: &Ctxt, handler: &Handler, form: Form) {
             ),
         );
     }
-    if let Some(token) = &sig.unsafety {
+    if let syn::Safety::Unsafe(token) = &sig.safety {
         cx.error_spanned_by(
             token,
-            "an inbox handler cannot be `unsafe`: txbox calls it like any safe function; \
+            "an inbox handler cannot be `unsafe`: inoutbox calls it like any safe function; \
              remove `unsafe` and put any unsafe code in an `unsafe` block in the body",
         );
     }
@@ -196,7 +196,7 @@ fn check_generics(cx: &Ctxt, handler: &Handler, attr: &HandlerAttr) {
     if let Some(stores) = &attr.stores {
         return check_store_generic(cx, handler, stores);
     }
-    let message = "an inbox handler cannot be generic: txbox decodes each message into one \
+    let message = "an inbox handler cannot be generic: inoutbox decodes each message into one \
                    concrete event type; remove the parameters and name the types, e.g. \
                    `event: OrderCreated, tx: &mut PgTx<'_>` (a handler for several stores is \
                    generic over its store alone and lists them: `stores(postgres, sqlite)`)";
@@ -285,7 +285,7 @@ fn check_receiver(cx: &Ctxt, handler: &Handler) -> bool {
             cx.error_spanned_by(
                 receiver,
                 format!(
-                    "an inbox handler cannot take `self`: txbox calls it with the event and a \
+                    "an inbox handler cannot take `self`: inoutbox calls it with the event and a \
                      transaction only; remove `self` and move `{}` out of the `impl` block",
                     handler.func.sig.ident
                 ),
@@ -296,7 +296,7 @@ fn check_receiver(cx: &Ctxt, handler: &Handler) -> bool {
     true
 }
 
-/// Reports `Self` in the signature: the function is an associated function, which txbox cannot
+/// Reports `Self` in the signature: the function is an associated function, which inoutbox cannot
 /// name from the registration it generates. Returns whether there was none.
 fn check_no_self_type(cx: &Ctxt, handler: &Handler) -> bool {
     let sig = &handler.func.sig;

@@ -23,7 +23,7 @@ pub(crate) const AGGREGATE_ID: &str = "aggregate_id";
 /// the event also refuse a second event with the same key. On a field:
 /// `#[outbox(idempotency_key)]`.
 pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency_key";
-/// `crate = "my_txbox"`: the path generated code names txbox by; optional, `::txbox` by default.
+/// `crate = "my_inoutbox"`: the path generated code names inoutbox by; optional, `::inoutbox` by default.
 pub(crate) const CRATE: &str = "crate";
 
 /// Every key of the struct's attribute, in the order messages list them.
@@ -157,7 +157,7 @@ fn example_value(key: &str) -> &'static str {
         EVENT_TYPE => "\"OrderCreated\"",
         TOPIC => "\"orders\"",
         AGGREGATE_TYPE => "\"Order\"",
-        _ => "\"my_txbox\"",
+        _ => "\"my_inoutbox\"",
     }
 }
 
@@ -185,7 +185,7 @@ pub(crate) struct FieldFlags {
 
 impl FieldFlags {
     /// Reads every `#[outbox(...)]` of a field. Anything but `key` and `aggregate_id` is an
-    /// error: a field attribute txbox ignored would be a key that silently is none.
+    /// error: a field attribute inoutbox ignored would be a key that silently is none.
     pub(crate) fn from_attrs(cx: &Ctxt, attrs: &[Attribute]) -> Self {
         let mut out = FieldFlags::default();
         for attr in attrs.iter().filter(|a| a.path().is_ident(OUTBOX)) {

@@ -1,4 +1,4 @@
-//! The generated impl. It names only `<krate>::__private` (`::txbox::__private` unless
+//! The generated impl. It names only `<krate>::__private` (`::inoutbox::__private` unless
 //! `crate = "..."` says otherwise) and fully qualified std paths.
 
 use proc_macro2::TokenStream;
@@ -82,7 +82,7 @@ pub(crate) fn impl_outbox_event(input: &Input) -> TokenStream {
 fn private(input: &Input) -> TokenStream {
     match &input.attrs.krate {
         Some(path) => quote!(#path::__private),
-        None => quote!(::txbox::__private),
+        None => quote!(::inoutbox::__private),
     }
 }
 
@@ -118,7 +118,7 @@ fn key_check(key: &str, field: &KeyField) -> TokenStream {
 
 fn check_trait(key: &str) -> syn::Ident {
     format_ident!(
-        "__txbox_{}",
+        "__inoutbox_{}",
         match key {
             KEY => "Key",
             AGGREGATE_ID => "AggregateId",

@@ -156,11 +156,11 @@ fn expansion_implements_the_trait_through_the_facade() {
     .to_string();
     for expected in [
         "const _ : () =",
-        "impl :: txbox :: __private :: OutboxEvent for OrderCreated",
+        "impl :: inoutbox :: __private :: OutboxEvent for OrderCreated",
         "const EVENT_TYPE : & 'static str = \"OrderCreated\"",
         "const TOPIC : & 'static str = \"orders\"",
-        "< u64 as __txbox_Key > :: CHECK",
-        ":: txbox :: __private :: Probe :: < u64 > :: key_string (& self . order_id)",
+        "< u64 as __inoutbox_Key > :: CHECK",
+        ":: inoutbox :: __private :: Probe :: < u64 > :: key_string (& self . order_id)",
     ] {
         assert!(out.contains(expected), "missing `{expected}` in {out}");
     }
@@ -333,18 +333,18 @@ fn a_bare_key_on_the_struct_points_to_both_forms() {
 }
 
 #[test]
-fn crate_path_replaces_txbox_in_the_expansion() {
+fn crate_path_replaces_inoutbox_in_the_expansion() {
     let out = super::derive(quote! {
-        #[outbox(event_type = "A", topic = "t", key = x, crate = "my_txbox")]
+        #[outbox(event_type = "A", topic = "t", key = x, crate = "my_inoutbox")]
         struct A { x: u64 }
     })
     .to_string();
     assert!(
-        out.contains("impl my_txbox :: __private :: OutboxEvent for A"),
+        out.contains("impl my_inoutbox :: __private :: OutboxEvent for A"),
         "{out}"
     );
     assert!(
-        !out.contains(":: txbox"),
-        "names `::txbox` despite `crate`: {out}"
+        !out.contains(":: inoutbox"),
+        "names `::inoutbox` despite `crate`: {out}"
     );
 }

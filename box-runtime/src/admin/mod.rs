@@ -1,11 +1,11 @@
-//! Operating a txbox database: what the `txbox` command shows and does. The state of every
+//! Operating a inoutbox database: what the `inoutbox` command shows and does. The state of every
 //! consumer group's inbox and of the outbox, dead letters (list, show, replay, discard), parked
 //! outbox rows, purges, and Kafka consumer lag; on PostgreSQL or SQLite.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), txbox::admin::AdminError> {
+//! # async fn demo() -> Result<(), inoutbox::admin::AdminError> {
 //! use std::time::Duration;
-//! use txbox::admin::Admin;
+//! use inoutbox::admin::Admin;
 //!
 //! let admin = Admin::connect("postgres://app@db/app", None).await?;
 //! let status = admin.status(Duration::from_secs(300)).await?;
@@ -47,12 +47,12 @@ pub enum AdminError {
     /// The dead letter was replayed successfully before.
     #[error("dead letter {0} was already replayed")]
     AlreadyReplayed(i64),
-    /// This binary cannot run the handler of the letter's group (the standalone `txbox`
+    /// This binary cannot run the handler of the letter's group (the standalone `inoutbox`
     /// binary has no handlers).
     #[error(
         "cannot replay dead letter {id} of group `{group}` from this binary: {reason}. Replaying \
          runs the group's handler, so it must run in the application's own binary: call \
-         `txbox::cli::run()` from it (e.g. `myservice txbox dead-letters replay {id}`)"
+         `inoutbox::cli::run()` from it (e.g. `myservice inoutbox dead-letters replay {id}`)"
     )]
     NoHandlers {
         /// The letter.
@@ -228,7 +228,7 @@ macro_rules! on_backend {
     };
 }
 
-/// Operations on a txbox database (PostgreSQL or SQLite), for the `txbox` command and tools.
+/// Operations on a inoutbox database (PostgreSQL or SQLite), for the `inoutbox` command and tools.
 pub struct Admin {
     backend: Backend,
     sql: sql::AdminSql,
@@ -296,7 +296,7 @@ impl Admin {
         }
     }
 
-    /// Applies txbox's migrations.
+    /// Applies inoutbox's migrations.
     pub async fn migrate(&self) -> Result<(), AdminError> {
         Ok(on_backend!(self, s => s.migrate().await)?)
     }
@@ -306,12 +306,12 @@ impl Admin {
         let sql = &self.sql;
         let (groups, stuck, outbox, parked_keys) = on_backend!(self, s => {
             let groups: Vec<(String, i64, i64, i64, i64)> =
-                sqlx::query_as(&sql.groups).fetch_all(s.pool()).await.map_err(StoreError::from)?;
+                sqlx::query_as(sql.groups.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
             let stuck = s.count_stuck(stuck_after).await?;
             let outbox: (i64, Option<f64>, i64) =
-                sqlx::query_as(&sql.outbox).fetch_one(s.pool()).await.map_err(StoreError::from)?;
+                sqlx::query_as(sql.outbox.clone()).fetch_one(s.pool()).await.map_err(StoreError::from)?;
             let keys: Vec<ParkedKeyRow> =
-                sqlx::query_as(&sql.parked_keys).fetch_all(s.pool()).await.map_err(StoreError::from)?;
+                sqlx::query_as(sql.parked_keys.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
             (groups, stuck, outbox, keys)
         });
         Ok(Status {
@@ -353,7 +353,7 @@ impl Admin {
         let limit = if filter.limit == 0 { 50 } else { filter.limit };
         let since = filter.since.map(|d| d.as_secs_f64());
         let rows = on_backend!(self, s => {
-            let rows = sqlx::query(&self.sql.list)
+            let rows = sqlx::query(self.sql.list.clone())
                 .bind(filter.group.as_deref())
                 .bind(filter.event_type.as_deref())
                 .bind(since)
@@ -372,7 +372,7 @@ impl Admin {
         id: i64,
     ) -> Result<(DeadLetterRow, StoredDeadLetter), AdminError> {
         let row = on_backend!(self, s => {
-            let row = sqlx::query(&self.sql.by_id)
+            let row = sqlx::query(self.sql.by_id.clone())
                 .bind(id)
                 .fetch_optional(s.pool())
                 .await
@@ -388,7 +388,7 @@ impl Admin {
 
     /// Deletes the dead letter `id`; `false` if there was none.
     pub async fn discard(&self, id: i64) -> Result<bool, AdminError> {
-        let deleted = on_backend!(self, s => sqlx::query(&self.sql.discard)
+        let deleted = on_backend!(self, s => sqlx::query(self.sql.discard.clone())
             .bind(id)
             .execute(s.pool())
             .await
@@ -427,7 +427,7 @@ impl Admin {
     /// `key` (and `topic`, when given), or every parked row when `key` is `None`. Returns how
     /// many rows.
     pub async fn unpark(&self, key: Option<&str>, topic: Option<&str>) -> Result<u64, AdminError> {
-        let n = on_backend!(self, s => sqlx::query(&self.sql.unpark)
+        let n = on_backend!(self, s => sqlx::query(self.sql.unpark.clone())
             .bind(key)
             .bind(topic)
             .execute(s.pool())

@@ -1,12 +1,13 @@
 //! The statements of [`Admin`](super::Admin), rendered once from the table names for one
 //! backend.
 
+use crate::store::sql::{stmt, Stmt};
 use crate::store::Tables;
 
 /// How a backend writes times and ages.
 #[derive(Clone, Copy)]
 pub(super) struct Flavor {
-    /// The current time, as stored in txbox's timestamp columns.
+    /// The current time, as stored in inoutbox's timestamp columns.
     now: &'static str,
     /// A time `secs` (an SQL expression) seconds before now.
     ago: fn(&str) -> String,
@@ -36,13 +37,13 @@ pub(super) const PARKED_KEYS: u32 = 50;
 
 #[derive(Debug)]
 pub(super) struct AdminSql {
-    pub(super) groups: String,
-    pub(super) outbox: String,
-    pub(super) parked_keys: String,
-    pub(super) list: String,
-    pub(super) by_id: String,
-    pub(super) discard: String,
-    pub(super) unpark: String,
+    pub(super) groups: Stmt,
+    pub(super) outbox: Stmt,
+    pub(super) parked_keys: Stmt,
+    pub(super) list: Stmt,
+    pub(super) by_id: Stmt,
+    pub(super) discard: Stmt,
+    pub(super) unpark: Stmt,
 }
 
 impl AdminSql {
@@ -55,7 +56,7 @@ impl AdminSql {
         );
         Self {
             // Inbox rows and dead letters per group (a group may have either alone).
-            groups: format!(
+            groups: stmt(format!(
                 "SELECT g, CAST(sum(n) AS bigint), CAST(sum(recent) AS bigint), \
                    CAST(sum(dead) AS bigint), CAST(sum(pending) AS bigint) FROM (\
                    SELECT consumer_group AS g, count(*) AS n, \
@@ -68,16 +69,16 @@ impl AdminSql {
                 minute = (f.ago)("60"),
                 inbox = t.inbox,
                 dead = t.dead_letters,
-            ),
-            outbox: format!(
+            )),
+            outbox: stmt(format!(
                 "SELECT count(*) FILTER (WHERE parked_at IS NULL), \
                    {oldest}, count(*) FILTER (WHERE parked_at IS NOT NULL) \
                  FROM {outbox} WHERE published_at IS NULL",
                 oldest = (f.age)("min(created_at) FILTER (WHERE parked_at IS NULL)"),
                 outbox = t.outbox,
-            ),
+            )),
             // The error of each parked key's latest parked row.
-            parked_keys: format!(
+            parked_keys: stmt(format!(
                 "SELECT p.topic, p.message_key, p.n, o.last_error, {parked} FROM (\
                    SELECT topic, message_key, count(*) AS n, max(seq) AS last FROM {outbox} \
                    WHERE parked_at IS NOT NULL AND published_at IS NULL \
@@ -86,28 +87,28 @@ impl AdminSql {
                  ORDER BY p.n DESC, p.topic, p.message_key LIMIT {PARKED_KEYS}",
                 parked = (f.text)("o.parked_at"),
                 outbox = t.outbox,
-            ),
-            list: format!(
+            )),
+            list: stmt(format!(
                 "SELECT {letter_columns} FROM {dead} \
                  WHERE ($1 IS NULL OR consumer_group = $1) AND ($2 IS NULL OR event_type = $2) \
                    AND ($3 IS NULL OR dead_lettered_at >= {since}) \
                  ORDER BY id DESC LIMIT $4",
                 dead = t.dead_letters,
                 since = (f.ago)("$3"),
-            ),
-            by_id: format!(
+            )),
+            by_id: stmt(format!(
                 "SELECT {letter_columns} FROM {} WHERE id = $1",
                 t.dead_letters
-            ),
-            discard: format!("DELETE FROM {} WHERE id = $1", t.dead_letters),
+            )),
+            discard: stmt(format!("DELETE FROM {} WHERE id = $1", t.dead_letters)),
             // Back to the retry path, due now, with a fresh count of attempts.
-            unpark: format!(
+            unpark: stmt(format!(
                 "UPDATE {outbox} SET parked_at = NULL, attempts = 0, next_attempt_at = {now} \
                  WHERE parked_at IS NOT NULL AND published_at IS NULL \
                    AND ($1 IS NULL OR message_key = $1) AND ($2 IS NULL OR topic = $2)",
                 outbox = t.outbox,
                 now = f.now,
-            ),
+            )),
         }
     }
 }

@@ -121,7 +121,7 @@ impl<S: InboxStore> Inbox<S> {
                 }
                 BatchEnd::Outage(e) => {
                     // The one-message path waits out the outage, message by message.
-                    tracing::warn!(target: "txbox::engine",
+                    tracing::warn!(target: "inoutbox::engine",
                         group = self.group(),
                         error = e.to_string().as_str(),
                         "a batch failed on the database; taking its messages one by one"

@@ -115,7 +115,7 @@ impl Source {
 ///
 /// ```
 /// use std::time::Duration;
-/// use txbox::inbox::{Backoff, RetryPolicy};
+/// use inoutbox::inbox::{Backoff, RetryPolicy};
 ///
 /// let retry = RetryPolicy::default()
 ///     .max_attempts(3)
@@ -241,7 +241,7 @@ pub struct InboxConfig {
     pub transaction_timeout: Duration,
     /// How the consumer deletes processed inbox rows: by default those processed more than
     /// 7 days ago, 1000 rows per statement, every minute; `None` turns it off (then nothing
-    /// deletes them: purge them yourself, e.g. with `txbox purge`). A deleted row no longer
+    /// deletes them: purge them yourself, e.g. with `inoutbox purge`). A deleted row no longer
     /// protects against a redelivery of its event: keep the window longer than any
     /// redelivery can be late.
     pub retention: Option<Retention>,

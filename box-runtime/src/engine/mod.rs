@@ -266,33 +266,33 @@ impl<S: InboxStore> Inbox<S> {
         let (group, at) = (self.group(), d.coordinates());
         match outcome {
             Outcome::Processed { attempt } => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, attempt, "processed")
+                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, attempt, "processed")
             }
             Outcome::Duplicate => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "duplicate")
+                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, "duplicate")
             }
             Outcome::DuplicateBusinessKey { key } => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, business_key = key.as_str(), "duplicate business key")
+                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, business_key = key.as_str(), "duplicate business key")
             }
             // Text from the message (ids, types, reasons quoting them) is logged as a field with
             // Debug escaping, never in the message part: a newline in it cannot forge a line.
             Outcome::FailedAcknowledged { error } | Outcome::FailedUnacknowledged { error, .. } => {
-                tracing::warn!(target: "txbox::engine", group, %at, event_id = id, error = error.as_str(), outcome = outcome.label(), "failed")
+                tracing::warn!(target: "inoutbox::engine", group, %at, event_id = id, error = error.as_str(), outcome = outcome.label(), "failed")
             }
             Outcome::DeadLettered { reason, .. } => {
-                tracing::warn!(target: "txbox::engine", group, %at, event_id = id, reason = reason.as_str(), "dead-lettered")
+                tracing::warn!(target: "inoutbox::engine", group, %at, event_id = id, reason = reason.as_str(), "dead-lettered")
             }
             Outcome::Skipped { reason } => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, reason = reason.as_str(), "skipped")
+                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, reason = reason.as_str(), "skipped")
             }
             Outcome::Abandoned => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "abandoned (stopping, or the partition was revoked): left for the next owner")
+                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, "abandoned (stopping, or the partition was revoked): left for the next owner")
             }
             Outcome::Received => {
-                tracing::info!(target: "txbox::engine", group, %at, event_id = id, "received")
+                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, "received")
             }
             Outcome::LeaseLost => {
-                tracing::warn!(target: "txbox::engine", group, %at, event_id = id, "lease lost, rolled back")
+                tracing::warn!(target: "inoutbox::engine", group, %at, event_id = id, "lease lost, rolled back")
             }
         }
     }
@@ -329,7 +329,7 @@ impl<S: InboxStore> Inbox<S> {
             let error = match attempt {
                 Attempt::Done(outcome) => return outcome,
                 Attempt::Outage(e) if e.is_rejected() => {
-                    // The database refuses what txbox writes for this message: a few more tries
+                    // The database refuses what inoutbox writes for this message: a few more tries
                     // (a schema being changed), then the message is given up on, with the reason.
                     rejections += 1;
                     if rejections >= REJECTIONS_BEFORE_DEAD_LETTER {
@@ -354,7 +354,7 @@ impl<S: InboxStore> Inbox<S> {
                     // A lock or statement timeout, a serialization failure: the database is
                     // busy, the message is fine. Back off; no attempt is counted.
                     let wait = outage.next_delay();
-                    tracing::warn!(target: "txbox::engine", group = self.group(), at = %msg.d.coordinates(),
+                    tracing::warn!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(),
                         error = error.as_str(), retry_in = ?wait, "database busy under the handler, retrying");
                     if !sleep_unless_shutdown(wait, shutdown).await {
                         return Outcome::Abandoned;
@@ -565,7 +565,7 @@ impl<S: InboxStore> Inbox<S> {
         if transient && attempts < self.config.retry.max_attempts {
             self.telemetry.retried(msg.event_type);
             let wait = self.config.retry.delay(attempts);
-            tracing::info!(target: "txbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
+            tracing::info!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
                 error = chain.as_str(), retry_in = ?wait, "handler failed, retrying");
             if !sleep_unless_shutdown(wait, shutdown).await {
                 return Some(Outcome::Abandoned);
@@ -729,7 +729,7 @@ impl<S: InboxStore> Inbox<S> {
         match self.store.dead_letter(&stripped).await {
             Ok(id) => Outcome::DeadLettered { reason, id },
             Err(e) => {
-                tracing::error!(target: "txbox::engine", group = self.group(), at = %letter.delivery.coordinates(),
+                tracing::error!(target: "inoutbox::engine", group = self.group(), at = %letter.delivery.coordinates(),
                     reason = reason.as_str(), error = e.to_string().as_str(),
                     "a dead letter could not be stored; the message is skipped");
                 Outcome::Skipped {
@@ -789,14 +789,14 @@ async fn wait_outage(
     // A database message may quote the data: logged escaped, as a field.
     let text = error.to_string();
     if error.is_retryable() {
-        tracing::warn!(target: "txbox::engine", error = text.as_str(), retry_in = ?wait, "database unavailable, backing off");
+        tracing::warn!(target: "inoutbox::engine", error = text.as_str(), retry_in = ?wait, "database unavailable, backing off");
     } else {
-        tracing::error!(target: "txbox::engine", error = text.as_str(), retry_in = ?wait, "database error, retrying");
+        tracing::error!(target: "inoutbox::engine", error = text.as_str(), retry_in = ?wait, "database error, retrying");
     }
     sleep_unless_shutdown(wait, shutdown).await
 }
 
-/// How many times txbox's own statements for one message may be rejected by the database
+/// How many times inoutbox's own statements for one message may be rejected by the database
 /// (SQLSTATE class 22 or 23) before the message is dead-lettered.
 const REJECTIONS_BEFORE_DEAD_LETTER: u32 = 3;
 

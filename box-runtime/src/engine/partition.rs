@@ -261,7 +261,7 @@ const HELD_REMINDER: std::time::Duration = std::time::Duration::from_secs(60);
 /// restart or rebalance: say so periodically, so it is not silent.
 pub(super) fn warn_if_held<L: PartitionLink>(tracker: &OffsetTracker, link: &L) {
     if let Some(offset) = tracker.lowest_held() {
-        tracing::warn!(target: "txbox::engine", partition = %link.name(), offset,
+        tracing::warn!(target: "inoutbox::engine", partition = %link.name(), offset,
             "the committed offset is held at a message left unacknowledged \
              (OnExhausted::LeaveUncommitted); it is delivered again after a restart or rebalance");
     }
@@ -284,7 +284,7 @@ async fn commit_before<L: PartitionLink>(
             Ok(()) => return true,
             Err(error) if link.owned() && !*stop.borrow() => {
                 let wait = backoff.next_delay();
-                tracing::warn!(target: "txbox::engine", partition = %link.name(), %error, retry_in = ?wait,
+                tracing::warn!(target: "inoutbox::engine", partition = %link.name(), %error, retry_in = ?wait,
                     "commit before processing failed; retrying");
                 tokio::time::sleep(wait).await;
             }

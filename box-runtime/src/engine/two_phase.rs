@@ -163,7 +163,7 @@ impl<S: InboxStore> Inbox<S> {
                     .await
             });
         }
-        tracing::info!(target: "txbox::engine",
+        tracing::info!(target: "inoutbox::engine",
             group = self.group(),
             workers = tasks.len(),
             "two-phase workers started"
@@ -239,11 +239,11 @@ impl<S: InboxStore> Inbox<S> {
             match self.store.renew_lease(key, owner, self.config.lease).await {
                 Ok(true) => {}
                 Ok(false) => {
-                    tracing::warn!(target: "txbox::engine", group = self.group(), event_id = key.event_id.as_str(),
+                    tracing::warn!(target: "inoutbox::engine", group = self.group(), event_id = key.event_id.as_str(),
                     "the lease on a received row was lost; the handler's transaction will roll back")
                 }
                 Err(e) => {
-                    tracing::warn!(target: "txbox::engine", group = self.group(), event_id = key.event_id.as_str(),
+                    tracing::warn!(target: "inoutbox::engine", group = self.group(), event_id = key.event_id.as_str(),
                     error = e.to_string().as_str(), "renewing a lease failed")
                 }
             }
@@ -263,7 +263,7 @@ impl<S: InboxStore> Inbox<S> {
         };
         if let Err(e) = result {
             // The lease expires and the row is claimed again: resolved again, not lost.
-            tracing::warn!(target: "txbox::engine",
+            tracing::warn!(target: "inoutbox::engine",
                 group = self.group(),
                 event_id = key.event_id.as_str(),
                 error = e.to_string().as_str(),

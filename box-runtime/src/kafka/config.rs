@@ -26,7 +26,7 @@ pub(crate) const NETWORK_DEFAULTS: &[(&str, &str)] = &[
 /// see [`is_secret_setting`](crate::redact::is_secret_setting)) and URL passwords.
 ///
 /// ```
-/// let kafka = txbox::KafkaConfig::new("127.0.0.1:9092", ["orders"])
+/// let kafka = inoutbox::KafkaConfig::new("127.0.0.1:9092", ["orders"])
 ///     .set("session.timeout.ms", "6000")
 ///     .dead_letter_topic("orders.dlq");
 /// assert_eq!(kafka.topics, ["orders"]);
@@ -41,7 +41,7 @@ pub struct KafkaConfig {
     pub topics: Vec<String>,
     /// The Kafka consumer group id; defaults to the inbox group.
     pub group_id: Option<String>,
-    /// librdkafka settings, applied last: txbox's network defaults first
+    /// librdkafka settings, applied last: inoutbox's network defaults first
     /// (`socket.timeout.ms=10000`, `socket.connection.setup.timeout.ms=10000`,
     /// `socket.keepalive.enable=true`, `fetch.wait.max.ms=100`; see `docs/deployment.md`),
     /// then those given to
@@ -86,7 +86,7 @@ impl KafkaConfig {
     }
 
     /// Also publishes dead letters to `topic`: the original key, payload and headers, plus
-    /// `txbox_dlq_*` headers saying where the message came from and why it was given up.
+    /// `inoutbox_dlq_*` headers saying where the message came from and why it was given up.
     pub fn dead_letter_topic(mut self, topic: impl Into<String>) -> Self {
         self.dead_letter_topic = Some(topic.into());
         self

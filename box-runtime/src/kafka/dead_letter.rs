@@ -28,12 +28,12 @@ impl DeadLetterTopic {
         let offset = d.offset.to_string();
         let id = id.to_string();
         for (key, value) in [
-            ("txbox_dlq_reason", reason),
-            ("txbox_dlq_group", self.group.as_str()),
-            ("txbox_dlq_topic", &*d.topic),
-            ("txbox_dlq_partition", partition.as_str()),
-            ("txbox_dlq_offset", offset.as_str()),
-            ("txbox_dlq_id", id.as_str()),
+            ("inoutbox_dlq_reason", reason),
+            ("inoutbox_dlq_group", self.group.as_str()),
+            ("inoutbox_dlq_topic", &*d.topic),
+            ("inoutbox_dlq_partition", partition.as_str()),
+            ("inoutbox_dlq_offset", offset.as_str()),
+            ("inoutbox_dlq_id", id.as_str()),
         ] {
             headers = headers.insert(Header {
                 key,
@@ -55,12 +55,12 @@ impl DeadLetterTopic {
             match self.producer.send(record, Duration::from_secs(10)).await {
                 Ok(_) => return,
                 Err((e, _)) => {
-                    tracing::warn!(target: "txbox::kafka", topic = %self.topic, attempt, error = %e, "publishing a dead letter failed");
+                    tracing::warn!(target: "inoutbox::kafka", topic = %self.topic, attempt, error = %e, "publishing a dead letter failed");
                     tokio::time::sleep(backoff.next_delay()).await;
                 }
             }
         }
-        tracing::error!(target: "txbox::kafka", topic = %self.topic, at = %d.coordinates(),
+        tracing::error!(target: "inoutbox::kafka", topic = %self.topic, at = %d.coordinates(),
             "dead letter not published to the topic after 5 attempts; it is in the dead-letter table");
     }
 }

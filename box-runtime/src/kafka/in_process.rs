@@ -9,7 +9,7 @@ use rdkafka::producer::{BaseProducer, Producer};
 /// A mock Kafka cluster inside this process, tuned for quick group joins.
 ///
 /// ```no_run
-/// let kafka = txbox::kafka::InProcessKafka::start()?;
+/// let kafka = inoutbox::kafka::InProcessKafka::start()?;
 /// kafka.create_topic("orders", 3)?;
 /// let brokers = kafka.brokers(); // give this to consumers and producers as bootstrap.servers
 /// # Ok::<(), rdkafka::error::KafkaError>(())

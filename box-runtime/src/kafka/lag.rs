@@ -55,7 +55,7 @@ pub(super) fn sample(consumer: &Arc<StreamConsumer<RebalanceContext>>, gauges: &
     let (consumer, gauges) = (consumer.clone(), gauges.clone());
     tokio::task::spawn_blocking(move || {
         if let Err(e) = measure(&consumer, &gauges) {
-            tracing::debug!(target: "txbox::kafka", error = %e, "sampling the consumer lag failed");
+            tracing::debug!(target: "inoutbox::kafka", error = %e, "sampling the consumer lag failed");
         }
         gauges.busy.store(false, Ordering::Release);
     });

@@ -136,7 +136,7 @@ impl<S: InboxStore> Member<S> {
         consumer
             .subscribe(&topics)
             .map_err(KafkaTransportError::Setup)?;
-        tracing::info!(target: "txbox::kafka", group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
+        tracing::info!(target: "inoutbox::kafka", group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
             topics: config.topics.iter().map(|t| t.as_str().into()).collect(),
@@ -200,7 +200,7 @@ impl<S: InboxStore> Member<S> {
                 self.pause(&pk, true);
             }
             Err(mpsc::error::TrySendError::Closed(d)) => {
-                tracing::warn!(target: "txbox::kafka", topic = %d.topic, partition = d.partition, "partition task ended early");
+                tracing::warn!(target: "inoutbox::kafka", topic = %d.topic, partition = d.partition, "partition task ended early");
             }
         }
     }
@@ -265,7 +265,7 @@ impl<S: InboxStore> Member<S> {
             self.consumer.resume(&tpl)
         };
         if let Err(e) = result {
-            tracing::debug!(target: "txbox::kafka", topic = %pk.0, partition = pk.1, pause, error = %e, "pause/resume failed");
+            tracing::debug!(target: "inoutbox::kafka", topic = %pk.0, partition = pk.1, pause, error = %e, "pause/resume failed");
         }
     }
 
@@ -301,14 +301,14 @@ impl<S: InboxStore> Member<S> {
                 partition: pk.1,
                 message: e.to_string(),
             };
-            tracing::error!(target: "txbox::kafka", %error);
+            tracing::error!(target: "inoutbox::kafka", %error);
             self.first_error.get_or_insert(error);
         }
     }
 
     /// Finishes the messages in hand, commits and leaves the group.
     async fn leave(mut self) -> Result<(), KafkaTransportError> {
-        tracing::info!(target: "txbox::kafka",
+        tracing::info!(target: "inoutbox::kafka",
             group = self.inbox.group(),
             "shutting down: finishing messages in hand"
         );
@@ -330,7 +330,7 @@ impl<S: InboxStore> Member<S> {
                 Err(_) => {
                     // The grace period is over: the handler is dropped with its transaction
                     // (rolled back) and its offset is not committed.
-                    tracing::warn!(target: "txbox::kafka", topic = %pk.0, partition = pk.1,
+                    tracing::warn!(target: "inoutbox::kafka", topic = %pk.0, partition = pk.1,
                         grace = ?self.config.shutdown_grace,
                         "a message was still in hand at the end of the grace period; abandoned");
                     abort.abort();
@@ -352,12 +352,12 @@ impl<S: InboxStore> Member<S> {
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_secs(5));
         if tokio::time::timeout(left, is_closed).await.is_err() {
-            tracing::warn!(target: "txbox::kafka",
+            tracing::warn!(target: "inoutbox::kafka",
                 group = self.inbox.group(),
                 "leaving the group did not finish within the grace period (broker unreachable?)"
             );
         }
-        tracing::info!(target: "txbox::kafka", group = self.inbox.group(), "consumer stopped");
+        tracing::info!(target: "inoutbox::kafka", group = self.inbox.group(), "consumer stopped");
         self.first_error.map_or(Ok(()), Err)
     }
 }
@@ -403,7 +403,7 @@ impl ErrorLog {
                 self.suppressed += 1;
             }
             _ => {
-                tracing::warn!(target: "txbox::kafka", error = %error, repeated = self.suppressed,
+                tracing::warn!(target: "inoutbox::kafka", error = %error, repeated = self.suppressed,
                     "kafka consumer error; retrying");
                 self.since = Some(now);
                 self.suppressed = 0;

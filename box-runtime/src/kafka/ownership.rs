@@ -56,7 +56,7 @@ impl ConsumerContext for RebalanceContext {
                 if let Some(stop) = own.stops.remove(&key) {
                     let _ = stop.send(true);
                 }
-                tracing::info!(target: "txbox::kafka",
+                tracing::info!(target: "inoutbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),
                     "partition revoked"
@@ -68,7 +68,7 @@ impl ConsumerContext for RebalanceContext {
     fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Error(error) = rebalance {
             self.health.set_joined(false);
-            tracing::warn!(target: "txbox::kafka", %error, "rebalance failed");
+            tracing::warn!(target: "inoutbox::kafka", %error, "rebalance failed");
         }
         if let Rebalance::Assign(tpl) = rebalance {
             self.health.set_joined(true);
@@ -78,7 +78,7 @@ impl ConsumerContext for RebalanceContext {
             for e in tpl.elements() {
                 own.owned
                     .insert((e.topic().into(), e.partition()), generation);
-                tracing::info!(target: "txbox::kafka",
+                tracing::info!(target: "inoutbox::kafka",
                     topic = e.topic(),
                     partition = e.partition(),
                     "partition assigned"
@@ -113,7 +113,7 @@ impl KafkaPartition {
         match tpl.add_partition_offset(&self.key.0, self.key.1, Offset::Offset(position)) {
             Ok(()) => Some(tpl),
             Err(e) => {
-                tracing::error!(target: "txbox::kafka", error = %e, "cannot build the offset list");
+                tracing::error!(target: "inoutbox::kafka", error = %e, "cannot build the offset list");
                 None
             }
         }
@@ -133,7 +133,7 @@ impl PartitionLink for KafkaPartition {
     fn commit(&self, position: i64) -> bool {
         let own = lock(&self.ownership);
         if !self.owned_in(&own) {
-            tracing::debug!(target: "txbox::kafka", topic = %self.key.0, partition = self.key.1, position,
+            tracing::debug!(target: "inoutbox::kafka", topic = %self.key.0, partition = self.key.1, position,
                 "partition no longer owned; not committing");
             return false;
         }
@@ -143,7 +143,7 @@ impl PartitionLink for KafkaPartition {
         match self.consumer.commit(&tpl, CommitMode::Async) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(target: "txbox::kafka", topic = %self.key.0, partition = self.key.1, position, error = %e,
+                tracing::warn!(target: "inoutbox::kafka", topic = %self.key.0, partition = self.key.1, position, error = %e,
                     "offset commit failed; a later commit or the next owner covers it");
                 false
             }

@@ -5,7 +5,7 @@
 //! # use serde::{Deserialize, Serialize};
 //! # #[derive(Serialize, Deserialize)]
 //! # struct OrderCreated { order_id: String, total_cents: i64 }
-//! # impl txbox::OutboxEvent for OrderCreated {
+//! # impl inoutbox::OutboxEvent for OrderCreated {
 //! #     const EVENT_TYPE: &'static str = "OrderCreated";
 //! #     const TOPIC: &'static str = "orders";
 //! #     fn key(&self) -> Option<String> { Some(self.order_id.clone()) }
@@ -14,7 +14,7 @@
 //! let mut tx = pool.begin().await?;
 //! sqlx::query("INSERT INTO orders (id, total_cents) VALUES ($1, $2)")
 //!     .bind("o-1").bind(1200_i64).execute(&mut *tx).await?;
-//! txbox::outbox::enqueue(&mut tx, &OrderCreated { order_id: "o-1".into(), total_cents: 1200 })
+//! inoutbox::outbox::enqueue(&mut tx, &OrderCreated { order_id: "o-1".into(), total_cents: 1200 })
 //!     .await?;
 //! tx.commit().await?; // the order and its event commit (or roll back) together
 //! # Ok(()) }

@@ -8,7 +8,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::time::Duration;
-/// let retention = txbox::outbox::Retention::default().older_than(Duration::from_secs(86_400));
+/// let retention = inoutbox::outbox::Retention::default().older_than(Duration::from_secs(86_400));
 /// assert_eq!(retention.batch_size, 1000);
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -71,7 +71,7 @@ impl InboxStore for PgStore {
         if self.partitions.is_some() {
             self.lock_keys(tx, &lock_keys(requests)).await?;
         }
-        let rows = sqlx::query(&self.sql.claim_batch)
+        let rows = sqlx::query(self.sql.claim_batch.clone())
             .bind(&first.key.group)
             .bind(&sources)
             .bind(&ids)
@@ -118,7 +118,7 @@ impl InboxStore for PgStore {
         };
         let sources: Vec<&str> = keys.iter().map(|k| k.source.as_str()).collect();
         let ids: Vec<&str> = keys.iter().map(|k| k.event_id.as_str()).collect();
-        sqlx::query(&self.sql.release_claims)
+        sqlx::query(self.sql.release_claims.clone())
             .bind(&first.group)
             .bind(&sources)
             .bind(&ids)
@@ -253,7 +253,7 @@ impl InboxStore for PgStore {
             }];
             return Ok(self.claim_batch(tx, &request).await?[0]);
         }
-        let row = sqlx::query(&self.sql.claim)
+        let row = sqlx::query(self.sql.claim.clone())
             .bind(&key.group)
             .bind(&key.source)
             .bind(&key.event_id)
@@ -288,7 +288,7 @@ impl InboxStore for PgStore {
         let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
         let (payload, payload_size, payload_sha256) = letter.stored_payload();
         let mut tx = self.pool.begin().await?;
-        let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
+        let id: i64 = sqlx::query_scalar(self.sql.dead_letter.clone())
             .bind(letter.group)
             .bind(letter.stored_source())
             .bind(letter.key.map(|k| k.event_id.as_str()))
@@ -318,7 +318,7 @@ impl InboxStore for PgStore {
         group: &'a str,
         id: i64,
     ) -> Result<Option<StoredDeadLetter>, StoreError> {
-        let Some(row) = sqlx::query(&self.sql.load_dead_letter)
+        let Some(row) = sqlx::query(self.sql.load_dead_letter.clone())
             .bind(group)
             .bind(id)
             .fetch_optional(&self.pool)

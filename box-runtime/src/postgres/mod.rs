@@ -6,10 +6,11 @@ use std::sync::Arc;
 use sqlx::postgres::PgPool;
 
 use crate::store::migrate::{self, Migration, Migrator};
-use crate::store::sql::{Dialect, InboxSql, Shared};
+use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
 mod inbox;
+mod legacy;
 pub(crate) mod outbox;
 mod partitions;
 pub(crate) mod relay;
@@ -84,10 +85,12 @@ impl Migrator for Postgres {
         let mut statements = vec![
             "BEGIN".to_owned(),
             format!(
-                "SELECT pg_advisory_xact_lock(hashtext('txbox:{}'))",
+                "SELECT pg_advisory_xact_lock(hashtext('{}{}'))",
+                crate::store::legacy::LOCK_NAMESPACE,
                 tables.migrations.name().as_str()
             ),
         ];
+        statements.extend(legacy::lock_old_migrator(tables));
         if let Some(schema) = tables.schema() {
             statements.push(format!("CREATE SCHEMA IF NOT EXISTS {schema}"));
         }
@@ -102,19 +105,26 @@ impl Migrator for Postgres {
             tables.migrations
         )
     }
+
+    async fn rename_legacy(
+        conn: &mut sqlx::PgConnection,
+        tables: &Tables,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        legacy::rename(conn, tables).await
+    }
 }
 
 /// The statements of the PostgreSQL inbox store, rendered once from the table names.
 #[derive(Debug)]
 struct Statements {
     shared: InboxSql,
-    claim: String,
-    claim_batch: String,
+    claim: Stmt,
+    claim_batch: Stmt,
     /// The partitioned inbox: the advisory locks a claim takes on its keys first.
-    lock_keys: String,
-    release_claims: String,
-    dead_letter: String,
-    load_dead_letter: String,
+    lock_keys: Stmt,
+    release_claims: Stmt,
+    dead_letter: Stmt,
+    load_dead_letter: Stmt,
     two_phase: two_phase::Sql,
 }
 
@@ -122,18 +132,18 @@ impl Statements {
     fn new(t: &Tables, partitioned: bool) -> Self {
         let not_elsewhere = not_elsewhere(t, partitioned);
         Self {
-            lock_keys: partitions::lock_keys_sql(t),
+            lock_keys: stmt(partitions::lock_keys_sql(t)),
             shared: InboxSql::new(t, DIALECT),
             two_phase: two_phase::Sql::new(t),
             // Rows are inserted in key order, so that two transactions claiming overlapping
             // batches take the unique-index locks in one order (no deadlock); the answer comes
             // back in the batch's order.
-            release_claims: format!(
+            release_claims: stmt(format!(
                 "DELETE FROM {inbox} WHERE consumer_group = $1 AND (source, event_id) IN \
                  (SELECT * FROM unnest($2::text[], $3::text[]))",
                 inbox = t.inbox
-            ),
-            claim_batch: format!(
+            )),
+            claim_batch: stmt(format!(
                 "WITH input AS (\
                    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::int4[], $6::int8[], $8::text[]) \
                    WITH ORDINALITY AS i(source, event_id, event_type, part, off, bkey, ord)), \
@@ -148,8 +158,8 @@ impl Statements {
                  ORDER BY i.ord",
                 inbox = t.inbox,
                 attempts = t.attempts
-            ),
-            claim: format!(
+            )),
+            claim: stmt(format!(
                 "WITH ins AS (\
                    INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at) \
                    VALUES ($1, $2, $3, $4, $5, $6, $7, now()) ON CONFLICT DO NOTHING RETURNING 1) \
@@ -158,10 +168,10 @@ impl Statements {
                              WHERE consumer_group = $1 AND source = $2 AND event_id = $3), 0) AS attempts",
                 inbox = t.inbox,
                 attempts = t.attempts
-            ),
+            )),
             // One letter per (group, source, event id): a redelivered or replayed message that
             // fails again updates its letter.
-            dead_letter: format!(
+            dead_letter: stmt(format!(
                 "INSERT INTO {dead} AS d (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
                    message_key, header_names, header_values, payload, error, attempts, first_failed_at, last_failed_at, \
                    payload_size, payload_sha256) \
@@ -180,13 +190,13 @@ impl Statements {
                  RETURNING id",
                 dead = t.dead_letters,
                 attempts = t.attempts
-            ),
-            load_dead_letter: format!(
+            )),
+            load_dead_letter: stmt(format!(
                 "SELECT id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", message_key, \
                    header_names, header_values, payload, error, attempts, replayed_at IS NOT NULL AS replayed \
                  FROM {} WHERE consumer_group = $1 AND id = $2",
                 t.dead_letters
-            ),
+            )),
         }
     }
 }
@@ -323,17 +333,17 @@ impl PgStore {
             Err(StoreError::Connect { source, .. })
                 if !defaults.is_empty() && refuses_startup_options(&source) =>
             {
-                tracing::warn!(target: "txbox::postgres", target = %redact_url(url), error = %source,
-                    "the server or pooler refuses startup options: connected without txbox's \
+                tracing::warn!(target: "inoutbox::postgres", target = %redact_url(url), error = %source,
+                    "the server or pooler refuses startup options: connected without inoutbox's \
                      session timeouts and keepalives; set them on the server (docs/deployment.md)");
                 bounded(url, pool().connect_with(target)).await?
             }
             pool => {
                 let pool = pool?;
                 if !defaults.is_empty() && !applied(&pool, &defaults).await {
-                    tracing::warn!(target: "txbox::postgres", target = %redact_url(url),
+                    tracing::warn!(target: "inoutbox::postgres", target = %redact_url(url),
                         "the server or pooler ignored startup options (PgBouncer's \
-                         `ignore_startup_parameters = options`?): txbox's session timeouts and \
+                         `ignore_startup_parameters = options`?): inoutbox's session timeouts and \
                          keepalives are not in force; set them on the server (docs/deployment.md)");
                 }
                 pool
@@ -375,7 +385,7 @@ impl PgStore {
         self.partitions.as_ref()
     }
 
-    /// Applies txbox's migrations (inbox and outbox tables): idempotent, and safe to call from
+    /// Applies inoutbox's migrations (inbox and outbox tables): idempotent, and safe to call from
     /// several processes at once (they serialise on an advisory lock).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;

@@ -18,7 +18,8 @@ use uuid::Uuid;
 
 use crate::event::OutboxEvent;
 use crate::outbox::{EnqueueError, NewRow, OutboxTx};
-use crate::store::Tables;
+use crate::store::sql::{stmt, Stmt};
+use crate::store::{legacy, Tables};
 
 /// The outbox on a given table; [`enqueue`](crate::outbox::enqueue) and
 /// [`enqueue_all`](crate::outbox::enqueue_all) use the default table name
@@ -29,8 +30,8 @@ pub struct Outbox {
     channel: String,
     lock_scope: String,
     wake_lock: i64,
-    insert_one: String,
-    insert_many: String,
+    insert_one: Stmt,
+    insert_many: Stmt,
 }
 
 impl Default for Outbox {
@@ -57,7 +58,7 @@ pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
 /// The advisory lock id that serialises enqueues of one `(topic, key)` on a table.
 pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
     fnv1a64(&[
-        b"txbox-enqueue",
+        legacy::ENQUEUE_LOCK,
         scope.as_bytes(),
         topic.as_bytes(),
         key.as_bytes(),
@@ -66,7 +67,7 @@ pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {
 
 /// The advisory lock that elects the one transaction in flight that sends the wake-up `NOTIFY`.
 pub(crate) fn wake_lock_id(scope: &str) -> i64 {
-    fnv1a64(&[b"txbox-wake", scope.as_bytes()])
+    fnv1a64(&[legacy::WAKE_LOCK, scope.as_bytes()])
 }
 
 /// The slot of a row with key `key` and id `id` (SQL expressions): the key's hash, `0..64`
@@ -97,15 +98,15 @@ impl Outbox {
             channel: notify_channel(tables),
             wake_lock: wake_lock_id(&lock_scope),
             lock_scope,
-            insert_one: format!(
+            insert_one: stmt(format!(
                 "INSERT INTO {table} ({columns}) \
                  SELECT $3, $4, $5, $6, $7, $8, $9::text::json, $10, {slot} \
                  WHERE ($2::int8 IS NULL OR pg_advisory_xact_lock($2)::text = '') AND {wake}",
                 slot = slot_expr("$8::text", "$3::uuid"),
-            ),
+            )),
             // `seq` is drawn per row in the order the rows come; ORDER BY the ordinality makes
             // that the caller's order.
-            insert_many: format!(
+            insert_many: stmt(format!(
                 "INSERT INTO {table} ({columns}) \
                  SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, \
                         r.payload::json, r.headers, {slot} \
@@ -116,7 +117,7 @@ impl Outbox {
                    AND {wake} \
                  ORDER BY r.ord",
                 slot = slot_expr("r.message_key", "r.id"),
-            ),
+            )),
             table,
         }
     }
@@ -147,7 +148,7 @@ impl Outbox {
             .key
             .as_deref()
             .map(|k| enqueue_lock_id(&self.lock_scope, &row.topic, k));
-        sqlx::query::<Postgres>(&self.insert_one)
+        sqlx::query::<Postgres>(self.insert_one.clone())
             .bind(&self.channel)
             .bind(lock)
             .bind(row.id)
@@ -218,7 +219,7 @@ impl Outbox {
             payloads.push(r.payload);
             headers.push(Value::Object(r.headers));
         }
-        sqlx::query::<Postgres>(&self.insert_many)
+        sqlx::query::<Postgres>(self.insert_many.clone())
             .bind(&self.channel)
             .bind(&locks)
             .bind(&ids)

@@ -1,4 +1,4 @@
--- txbox: the inbox table partitioned by received day (`PgStore::partitioned_by_day`), run by
+-- inoutbox: the inbox table partitioned by received day (`PgStore::partitioned_by_day`), run by
 -- `PgStore::migrate` after the versioned migrations; a no-op once the table is partitioned.
 -- Names in braces are filled in from the configured table names (see store::migrate).
 --

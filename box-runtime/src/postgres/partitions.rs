@@ -17,7 +17,8 @@ use std::time::Duration;
 use sqlx::Row;
 
 use super::PgStore;
-use crate::store::{migrate, StoreError, Tables};
+use crate::store::sql::stmt;
+use crate::store::{legacy, migrate, StoreError, Tables};
 
 /// How [`PgStore::partitioned_by_day`] lays out the inbox.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,8 +85,9 @@ pub struct PartitionChanges {
 /// The statement locking a claim's keys: every key text of `$1`, in one order (no deadlock).
 pub(super) fn lock_keys_sql(t: &Tables) -> String {
     format!(
-        "SELECT pg_advisory_xact_lock(hashtext('txbox:{}'), k) \
+        "SELECT pg_advisory_xact_lock(hashtext('{}{}'), k) \
          FROM (SELECT DISTINCT hashtext(k) AS k FROM unnest($1::text[]) AS u(k) ORDER BY 1) AS s",
+        legacy::LOCK_NAMESPACE,
         t.inbox.name().as_str()
     )
 }
@@ -116,11 +118,12 @@ impl PgStore {
         let sql = migrate::render(include_str!("partitioned.sql"), &self.tables)
             .map_err(StoreError::Migration)?;
         let mut tx = self.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('txbox:' || $1))")
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1 || $2))")
+            .bind(legacy::LOCK_NAMESPACE)
             .bind(self.tables.migrations.name().as_str())
             .execute(&mut *tx)
             .await?;
-        sqlx::raw_sql(&sql).execute(&mut *tx).await?;
+        sqlx::raw_sql(stmt(sql)).execute(&mut *tx).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -165,8 +168,8 @@ impl PgStore {
                 .await?;
         }
         if !changes.created.is_empty() || !changes.retired.is_empty() {
-            tracing::info!(target: "txbox::postgres", created = ?changes.created, retired = ?changes.retired,
-                kept = ?changes.kept, "txbox inbox partitions maintained");
+            tracing::info!(target: "inoutbox::postgres", created = ?changes.created, retired = ?changes.retired,
+                kept = ?changes.kept, "inoutbox inbox partitions maintained");
         }
         Ok(changes)
     }
@@ -215,8 +218,8 @@ impl PgStore {
             ),
             format!("ALTER TABLE {inbox} ATTACH PARTITION {part} FOR VALUES FROM ('{day}') TO ('{next}')"),
         ];
-        for statement in &statements {
-            sqlx::query(statement).execute(&mut *tx).await?;
+        for statement in statements {
+            sqlx::query(stmt(statement)).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         Ok(name.trim_matches('"').to_owned())
@@ -254,16 +257,16 @@ impl PgStore {
             sqlx::query("SET LOCAL lock_timeout = '5s'")
                 .execute(&mut *tx)
                 .await?;
-            let unprocessed = sqlx::query(&format!(
+            let unprocessed = sqlx::query(stmt(format!(
                 "SELECT EXISTS (SELECT 1 FROM {part} WHERE processed_at IS NULL) AS any"
-            ))
+            )))
             .fetch_one(&mut *tx)
             .await?
             .try_get::<bool, _>("any")?;
             if unprocessed {
-                tracing::warn!(target: "txbox::postgres",
+                tracing::warn!(target: "inoutbox::postgres",
                     partition = name.as_str(),
-                    "txbox inbox partition expired but holds unprocessed rows: kept"
+                    "inoutbox inbox partition expired but holds unprocessed rows: kept"
                 );
                 changes.kept.push(name);
                 continue;
@@ -272,7 +275,7 @@ impl PgStore {
                 Retire::Drop => format!("DROP TABLE {part}"),
                 Retire::Detach => format!("ALTER TABLE {inbox} DETACH PARTITION {part}"),
             };
-            sqlx::query(&statement).execute(&mut *tx).await?;
+            sqlx::query(stmt(statement)).execute(&mut *tx).await?;
             tx.commit().await?;
             changes.retired.push(name);
         }
@@ -288,10 +291,10 @@ impl PgStore {
     ) -> Result<u64, StoreError> {
         self.maintain_partitions(Some(older_than)).await?;
         let (_, default) = self.partition_name_default();
-        let deleted = sqlx::query(&format!(
+        let deleted = sqlx::query(stmt(format!(
             "DELETE FROM {default} WHERE ctid IN (SELECT ctid FROM {default} \
              WHERE processed_at < now() - make_interval(secs => $1) LIMIT $2)"
-        ))
+        )))
         .bind(older_than.as_secs_f64())
         .bind(i64::from(limit))
         .execute(&self.pool)
@@ -305,7 +308,7 @@ impl PgStore {
         tx: &mut sqlx::PgConnection,
         keys: &[String],
     ) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.lock_keys)
+        sqlx::query(self.sql.lock_keys.clone())
             .bind(keys)
             .execute(tx)
             .await?;

@@ -21,6 +21,7 @@ use crate::outbox::Retention;
 use crate::relay::{
     parse_headers, Backlog, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
 };
+use crate::store::sql::{stmt, Stmt};
 use crate::store::{StoreError, Tables};
 
 /// The number of slots keys are hashed into: the `slot` column (migration outbox v2) is
@@ -50,9 +51,9 @@ pub struct PgRelayStore {
 #[derive(Debug)]
 struct Statements {
     table: String,
-    read: String,
-    mark_published: String,
-    record_failures: String,
+    read: Stmt,
+    mark_published: Stmt,
+    record_failures: Stmt,
 }
 
 /// Members, and this session's rank among them (by member id).
@@ -95,7 +96,7 @@ impl Statements {
             // Rows that failed carry their retry time (`next_attempt_at`) and sit in the retry
             // index (normally empty). A row waiting for its retry blocks the later rows of its
             // key; due retries come first.
-            read: format!(
+            read: stmt(format!(
                 "WITH retry AS MATERIALIZED ( \
                    SELECT id, seq, topic, message_key, next_attempt_at <= now() AS due FROM {t} \
                    WHERE slot = ANY($1) AND published_at IS NULL AND parked_at IS NULL \
@@ -109,18 +110,18 @@ impl Statements {
                         AND b.message_key = r.message_key AND b.seq < r.seq)) \
                   ORDER BY seq LIMIT $4) \
                  UNION ALL {fresh} LIMIT $4"
-            ),
-            mark_published: format!(
+            )),
+            mark_published: stmt(format!(
                 "UPDATE {t} SET published_at = now() WHERE id = ANY($1) AND published_at IS NULL"
-            ),
-            record_failures: format!(
+            )),
+            record_failures: stmt(format!(
                 "UPDATE {t} AS o SET attempts = o.attempts + 1, last_error = f.error, \
                    parked_at = CASE WHEN f.park THEN now() END, \
                    next_attempt_at = now() + make_interval(secs => f.secs) \
                  FROM unnest($1::uuid[], $2::text[], $3::bool[], $4::float8[]) \
                    AS f(id, error, park, secs) \
                  WHERE o.id = f.id AND o.published_at IS NULL"
-            ),
+            )),
         }
     }
 }
@@ -316,7 +317,7 @@ impl RelaySession for PgRelaySession {
         limit: usize,
     ) -> Result<Vec<PendingRow>, StoreError> {
         let (lo, hi) = runs(slots, start);
-        let rows = sqlx::query(&self.sql.read)
+        let rows = sqlx::query(self.sql.read.clone())
             .bind(as_i32(slots))
             .bind(&lo)
             .bind(&hi)
@@ -330,7 +331,7 @@ impl RelaySession for PgRelaySession {
     }
 
     async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.mark_published)
+        sqlx::query(self.sql.mark_published.clone())
             .bind(ids)
             .execute(&mut self.conn)
             .await?;
@@ -345,7 +346,7 @@ impl RelaySession for PgRelaySession {
         let errors: Vec<&str> = failures.iter().map(|f| f.error).collect();
         let parks: Vec<bool> = failures.iter().map(|f| f.park).collect();
         let secs: Vec<f64> = failures.iter().map(|f| f.backoff.as_secs_f64()).collect();
-        sqlx::query(&self.sql.record_failures)
+        sqlx::query(self.sql.record_failures.clone())
             .bind(&ids)
             .bind(&errors)
             .bind(&parks)
@@ -388,13 +389,13 @@ impl RelayStore for PgRelayStore {
             drop(guard);
             tokio::time::sleep(timeout).await;
             if let Err(e) = self.listen().await {
-                tracing::warn!(target: "txbox::postgres", error = %e, "relay cannot LISTEN; polling only");
+                tracing::warn!(target: "inoutbox::postgres", error = %e, "relay cannot LISTEN; polling only");
             }
             return;
         };
         if listener.next_buffered().is_none() {
             if let Ok(Err(e)) = tokio::time::timeout(timeout, listener.recv()).await {
-                tracing::warn!(target: "txbox::postgres", error = %e, "relay lost its LISTEN connection; reconnecting");
+                tracing::warn!(target: "inoutbox::postgres", error = %e, "relay lost its LISTEN connection; reconnecting");
                 *guard = None;
                 return;
             }
@@ -416,7 +417,7 @@ impl RelayStore for PgRelayStore {
             t = self.tables.outbox
         );
         let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
-            sqlx::query_as(&sql).fetch_one(&self.pool).await?;
+            sqlx::query_as(stmt(sql)).fetch_one(&self.pool).await?;
         Ok(Backlog::new(unpublished, oldest, parked))
     }
 }
@@ -432,17 +433,17 @@ pub(crate) async fn purge_published(
     tables: &Tables,
     retention: &Retention,
 ) -> Result<u64, StoreError> {
-    let sql = format!(
+    let sql = stmt(format!(
         "DELETE FROM {t} WHERE id IN (\
            SELECT id FROM {t} \
            WHERE published_at IS NOT NULL AND published_at < now() - make_interval(secs => $1) \
            ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
         t = tables.outbox
-    );
+    ));
     let secs = retention.older_than.as_secs_f64();
     let sql = &sql;
     crate::store::delete_in_batches(retention.batch_size, |limit| async move {
-        let done = sqlx::query(sql)
+        let done = sqlx::query(sql.clone())
             .bind(secs)
             .bind(i64::from(limit))
             .execute(pool)

@@ -7,6 +7,7 @@ use sqlx::{Postgres, Row};
 
 use super::PgStore;
 use crate::engine::Delivery;
+use crate::store::sql::{stmt, Stmt};
 use crate::store::{
     text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, StoredEffect, Tables,
 };
@@ -16,17 +17,17 @@ type Tx = sqlx::Transaction<'static, Postgres>;
 /// The statements, rendered once from the table names.
 #[derive(Debug)]
 pub(super) struct Sql {
-    receive: String,
-    claim: String,
-    renew: String,
-    release: String,
-    drop_row: String,
-    check: String,
-    finish: String,
-    pub(super) count_stuck: String,
-    claim_effects: String,
-    effect_done: String,
-    effect_failed: String,
+    receive: Stmt,
+    claim: Stmt,
+    renew: Stmt,
+    release: Stmt,
+    drop_row: Stmt,
+    check: Stmt,
+    finish: Stmt,
+    pub(super) count_stuck: Stmt,
+    claim_effects: Stmt,
+    effect_done: Stmt,
+    effect_failed: Stmt,
 }
 
 /// `consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4`.
@@ -37,15 +38,15 @@ impl Sql {
     pub(super) fn new(t: &Tables) -> Self {
         let (inbox, attempts, effects) = (&t.inbox, &t.attempts, &t.effects);
         Self {
-            receive: format!(
+            receive: stmt(format!(
                 "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \
                    \"offset\", message_key, header_names, header_values, payload) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1"
-            ),
+            )),
             // The oldest received row of the group whose lease is free or expired; rows other
             // workers are claiming right now are skipped, not waited for. A row of an ordered
             // handler waits while an earlier row of its key is unprocessed.
-            claim: format!(
+            claim: stmt(format!(
                 "UPDATE {inbox} AS i SET lease_owner = $2, lease_until = now() + make_interval(secs => $3), \
                    claims = i.claims + 1 \
                  FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
@@ -60,48 +61,48 @@ impl Sql {
                    AND i.event_id = pick.event_id \
                  RETURNING i.source, i.event_id, i.topic, i.\"partition\", i.\"offset\", i.message_key, \
                    i.header_names, i.header_values, i.payload"
-            ),
-            renew: format!(
+            )),
+            renew: stmt(format!(
                 "UPDATE {inbox} SET lease_until = now() + make_interval(secs => $5) WHERE {OWNED} RETURNING 1"
-            ),
-            release: format!(
+            )),
+            release: stmt(format!(
                 "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
-            ),
-            drop_row: format!("DELETE FROM {inbox} WHERE {OWNED}"),
-            check: format!(
+            )),
+            drop_row: stmt(format!("DELETE FROM {inbox} WHERE {OWNED}")),
+            check: stmt(format!(
                 "SELECT COALESCE((SELECT a.attempts FROM {attempts} a WHERE a.consumer_group = $1 \
                    AND a.source = $2 AND a.event_id = $3), 0) AS attempts \
                  FROM {inbox} WHERE {OWNED}"
-            ),
-            finish: format!(
+            )),
+            finish: stmt(format!(
                 "UPDATE {inbox} SET processed_at = now(), lease_owner = NULL, lease_until = NULL \
                  WHERE {OWNED} RETURNING 1"
-            ),
+            )),
             // Received and not processed for longer than $1, and not held by a live claim, or
             // claimed more than once (claims that keep failing or dying).
-            count_stuck: format!(
+            count_stuck: stmt(format!(
                 "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL \
                    AND i.received_at < now() - make_interval(secs => $1) \
                    AND (i.lease_until IS NULL OR i.lease_until < now() OR i.claims > 1 \
                      OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
                        AND a.source = i.source AND a.event_id = i.event_id))"
-            ),
-            claim_effects: format!(
+            )),
+            claim_effects: stmt(format!(
                 "UPDATE {effects} AS e SET lease_owner = $1, lease_until = now() + make_interval(secs => $2) \
                  FROM (SELECT id FROM {effects} WHERE done_at IS NULL \
                    AND (lease_until IS NULL OR lease_until < now()) \
                    ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) AS pick \
                  WHERE e.id = pick.id \
                  RETURNING e.id, e.consumer_group, e.event_id, e.kind, e.idempotency_key, e.payload, e.attempts"
-            ),
-            effect_done: format!(
+            )),
+            effect_done: stmt(format!(
                 "UPDATE {effects} SET done_at = now(), lease_owner = NULL, lease_until = NULL \
                  WHERE id = $1 AND lease_owner = $2"
-            ),
-            effect_failed: format!(
+            )),
+            effect_failed: stmt(format!(
                 "UPDATE {effects} SET attempts = attempts + 1, last_error = $3, \
                    lease_until = now() + make_interval(secs => $4) WHERE id = $1 AND lease_owner = $2"
-            ),
+            )),
         }
     }
 }
@@ -109,19 +110,19 @@ impl Sql {
 /// The statement that schedules an effect in a handler's transaction (`effects::after_commit`):
 /// the same effect scheduled twice (a handler run again after a rollback cannot have left one,
 /// but a handler may call it twice) is one effect.
-pub(crate) fn schedule_sql(effects: &str) -> String {
-    format!(
+pub(crate) fn schedule_sql(effects: &str) -> Stmt {
+    stmt(format!(
         "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
          VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
-    )
+    ))
 }
 
 fn bind_owned<'q>(
-    sql: &'q str,
+    sql: &Stmt,
     key: &'q InboxKey,
     owner: &'q str,
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(sql)
+    sqlx::query(sql.clone())
         .bind(&key.group)
         .bind(&key.source)
         .bind(&key.event_id)
@@ -143,7 +144,7 @@ impl PgStore {
                 .map(|(n, _)| text::safe_text(n, text::MAX_LABEL_BYTES).into_owned())
                 .collect();
             let values: Vec<Option<&[u8]>> = d.headers.iter().map(|(_, v)| v.as_deref()).collect();
-            let row = sqlx::query(&self.sql.two_phase.receive)
+            let row = sqlx::query(self.sql.two_phase.receive.clone())
                 .bind(&r.key.group)
                 .bind(&r.key.source)
                 .bind(&r.key.event_id)
@@ -166,7 +167,7 @@ impl PgStore {
         &self,
         request: &LeaseRequest<'_>,
     ) -> Result<Option<ReceivedRow>, StoreError> {
-        let Some(row) = sqlx::query(&self.sql.two_phase.claim)
+        let Some(row) = sqlx::query(self.sql.two_phase.claim.clone())
             .bind(request.group)
             .bind(request.owner)
             .bind(request.lease.as_secs_f64())
@@ -261,7 +262,7 @@ impl PgStore {
     }
 
     pub(super) async fn count_stuck_rows(&self, older_than: Duration) -> Result<i64, StoreError> {
-        Ok(sqlx::query_scalar(&self.sql.two_phase.count_stuck)
+        Ok(sqlx::query_scalar(self.sql.two_phase.count_stuck.clone())
             .bind(older_than.as_secs_f64())
             .fetch_one(&self.pool)
             .await?)
@@ -273,7 +274,7 @@ impl PgStore {
         lease: Duration,
         limit: u32,
     ) -> Result<Vec<StoredEffect>, StoreError> {
-        let rows = sqlx::query(&self.sql.two_phase.claim_effects)
+        let rows = sqlx::query(self.sql.two_phase.claim_effects.clone())
             .bind(owner)
             .bind(lease.as_secs_f64())
             .bind(i64::from(limit))
@@ -303,10 +304,10 @@ impl PgStore {
         retry_in: Duration,
     ) -> Result<(), StoreError> {
         let query = match error {
-            None => sqlx::query(&self.sql.two_phase.effect_done)
+            None => sqlx::query(self.sql.two_phase.effect_done.clone())
                 .bind(id)
                 .bind(owner),
-            Some(error) => sqlx::query(&self.sql.two_phase.effect_failed)
+            Some(error) => sqlx::query(self.sql.two_phase.effect_failed.clone())
                 .bind(id)
                 .bind(owner)
                 .bind(text::safe_text(error, text::MAX_ERROR_BYTES))

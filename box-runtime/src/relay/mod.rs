@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-//! use txbox::{PgStore, Relay};
+//! use inoutbox::{PgStore, Relay};
 //!
 //! Relay::builder(PgStore::new(pool), "127.0.0.1:9092")
 //!     .source("orders-service")     // ce_source
@@ -294,7 +294,7 @@ impl<S: RelayStore> RelayBuilder<S> {
         self
     }
 
-    /// `ce_source` of published events (default `"txbox"`); name your service.
+    /// `ce_source` of published events (default `"inoutbox"`); name your service.
     pub fn source(mut self, source: impl Into<String>) -> Self {
         self.config.source = source.into();
         self

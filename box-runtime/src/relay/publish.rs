@@ -100,7 +100,7 @@ impl<S: RelayStore> Shared<S> {
                     "publishing event {} ({}) to topic `{}` failed: {error}",
                     row.id, row.event_type, row.topic
                 );
-                tracing::warn!(target: "txbox::relay", id = %row.id, attempts, parked = park, "{message}");
+                tracing::warn!(target: "inoutbox::relay", id = %row.id, attempts, parked = park, "{message}");
                 (message, park)
             })
             .collect();

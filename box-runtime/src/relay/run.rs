@@ -126,12 +126,12 @@ async fn finish(tasks: &mut Tasks, config: &RelayConfig) {
     loop {
         match tokio::time::timeout_at(deadline, tasks.join_next()).await {
             Ok(Some(Ok(Err(e)))) => {
-                tracing::warn!(target: "txbox::relay", error = %e, "relay task failed while stopping")
+                tracing::warn!(target: "inoutbox::relay", error = %e, "relay task failed while stopping")
             }
             Ok(Some(_)) => {}
             Ok(None) => return,
             Err(_) => {
-                tracing::warn!(target: "txbox::relay",
+                tracing::warn!(target: "inoutbox::relay",
                     grace = ?config.grace,
                     "relay stop: batches still unacknowledged after the grace period are \
                      abandoned unmarked (they will be published again)"
@@ -169,7 +169,7 @@ async fn sample<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError>
             }
             Err(e) => {
                 shared.telemetry.health.set_database(false);
-                tracing::debug!(target: "txbox::relay", error = %e, "sampling the outbox backlog failed");
+                tracing::debug!(target: "inoutbox::relay", error = %e, "sampling the outbox backlog failed");
             }
         }
         tokio::select! {
@@ -188,9 +188,11 @@ async fn purge<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> 
     loop {
         match shared.store.purge(retention).await {
             Ok(0) => {}
-            Ok(n) => tracing::info!(target: "txbox::relay", deleted = n, "outbox retention purge"),
+            Ok(n) => {
+                tracing::info!(target: "inoutbox::relay", deleted = n, "outbox retention purge")
+            }
             Err(e) => {
-                tracing::warn!(target: "txbox::relay", error = %e, "outbox retention purge failed")
+                tracing::warn!(target: "inoutbox::relay", error = %e, "outbox retention purge failed")
             }
         }
         tokio::select! {

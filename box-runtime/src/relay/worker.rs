@@ -86,7 +86,7 @@ impl Slots {
             self.held.extend(claimed);
             self.held.sort_unstable();
         }
-        tracing::debug!(target: "txbox::relay",
+        tracing::debug!(target: "inoutbox::relay",
             members = members.count,
             share,
             held = ?self.held,
@@ -185,7 +185,7 @@ async fn pause<S>(
     worker: usize,
 ) {
     let wait = shared.config.backoff.delay(errors);
-    tracing::warn!(target: "txbox::relay", worker, %error, retry_in = ?wait, "relay worker: store error; reconnecting");
+    tracing::warn!(target: "inoutbox::relay", worker, %error, retry_in = ?wait, "relay worker: store error; reconnecting");
     tokio::select! {
         () = tokio::time::sleep(wait) => {}
         _ = stop.wait_for(|stopped| *stopped) => {}
@@ -219,7 +219,8 @@ async fn step<S: RelayStore>(
         // every held slot gets its turn however busy the first ones are.
         slots.start = (last.slot + 1) % slots.count;
     }
-    let span = tracing::info_span!(target: "txbox::relay", "txbox.relay.batch", rows = rows.len());
+    let span =
+        tracing::info_span!(target: "inoutbox::relay", "inoutbox.relay.batch", rows = rows.len());
     shared.publish(session, &rows).instrument(span).await?;
     Ok(Step::Busy)
 }

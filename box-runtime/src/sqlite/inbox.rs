@@ -68,14 +68,14 @@ impl InboxStore for SqliteStore {
             })
             .collect();
         let json = serde_json::to_string(&rows).map_err(|e| StoreError::Config(e.to_string()))?;
-        let inserted: Vec<(String, String)> = sqlx::query_as(&self.sql.claim_batch)
+        let inserted: Vec<(String, String)> = sqlx::query_as(self.sql.claim_batch.clone())
             .bind(&first.key.group)
             .bind(&*first.delivery.topic)
             .bind(&json)
             .fetch_all(&mut **tx)
             .await?;
         let inserted: std::collections::HashSet<(String, String)> = inserted.into_iter().collect();
-        let failed: Vec<(String, String, i64)> = sqlx::query_as(&self.sql.batch_attempts)
+        let failed: Vec<(String, String, i64)> = sqlx::query_as(self.sql.batch_attempts.clone())
             .bind(&first.key.group)
             .bind(&json)
             .fetch_all(&mut **tx)
@@ -119,7 +119,7 @@ impl InboxStore for SqliteStore {
             .map(|k| (k.source.as_str(), k.event_id.as_str()))
             .collect();
         let json = serde_json::to_string(&pairs).map_err(|e| StoreError::Config(e.to_string()))?;
-        sqlx::query(&self.sql.release_claims)
+        sqlx::query(self.sql.release_claims.clone())
             .bind(&first.group)
             .bind(json)
             .execute(&mut **tx)
@@ -162,7 +162,7 @@ impl InboxStore for SqliteStore {
         event_type: &'a str,
         delivery: &'a Delivery,
     ) -> Result<Claim, StoreError> {
-        let inserted = sqlx::query(&self.sql.claim)
+        let inserted = sqlx::query(self.sql.claim.clone())
             .bind(&key.group)
             .bind(&key.source)
             .bind(&key.event_id)
@@ -177,7 +177,7 @@ impl InboxStore for SqliteStore {
         if inserted == 0 {
             return self.shared().duplicate_of(tx, key).await;
         }
-        let attempts: Option<i64> = sqlx::query_scalar(&self.sql.attempts)
+        let attempts: Option<i64> = sqlx::query_scalar(self.sql.attempts.clone())
             .bind(&key.group)
             .bind(&key.source)
             .bind(&key.event_id)
@@ -192,7 +192,7 @@ impl InboxStore for SqliteStore {
         let d = letter.delivery;
         let (payload, payload_size, payload_sha256) = letter.stored_payload();
         let mut tx = self.pool.begin().await?;
-        let id: i64 = sqlx::query_scalar(&self.sql.dead_letter)
+        let id: i64 = sqlx::query_scalar(self.sql.dead_letter.clone())
             .bind(letter.group)
             .bind(letter.stored_source())
             .bind(letter.key.map(|k| k.event_id.as_str()))
@@ -221,7 +221,7 @@ impl InboxStore for SqliteStore {
         group: &'a str,
         id: i64,
     ) -> Result<Option<StoredDeadLetter>, StoreError> {
-        let Some(row) = sqlx::query(&self.sql.load_dead_letter)
+        let Some(row) = sqlx::query(self.sql.load_dead_letter.clone())
             .bind(group)
             .bind(id)
             .fetch_optional(&self.pool)

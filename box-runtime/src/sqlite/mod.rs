@@ -12,10 +12,11 @@ use sqlx::sqlite::SqlitePool;
 use sqlx::Sqlite;
 
 use crate::store::migrate::{self, Migration, Migrator};
-use crate::store::sql::{Dialect, InboxSql, Shared};
+use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
 mod inbox;
+mod legacy;
 pub(crate) mod outbox;
 pub(crate) mod relay;
 
@@ -55,7 +56,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// SQLite's current time in txbox's timestamp format.
+/// SQLite's current time in inoutbox's timestamp format.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
 const DIALECT: Dialect = Dialect {
@@ -84,18 +85,25 @@ impl Migrator for Sqlite3 {
             tables.migrations
         )
     }
+
+    async fn rename_legacy(
+        conn: &mut sqlx::SqliteConnection,
+        tables: &Tables,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        legacy::rename(conn, tables).await
+    }
 }
 
 #[derive(Debug)]
 struct Statements {
     shared: InboxSql,
-    claim: String,
-    claim_batch: String,
-    release_claims: String,
-    batch_attempts: String,
-    attempts: String,
-    dead_letter: String,
-    load_dead_letter: String,
+    claim: Stmt,
+    claim_batch: Stmt,
+    release_claims: Stmt,
+    batch_attempts: Stmt,
+    attempts: Stmt,
+    dead_letter: Stmt,
+    load_dead_letter: Stmt,
 }
 
 impl Statements {
@@ -104,36 +112,36 @@ impl Statements {
         Self {
             shared: InboxSql::new(t, DIALECT),
             // `WHERE true` keeps SQLite from reading `ON CONFLICT` as a join constraint.
-            release_claims: format!(
+            release_claims: stmt(format!(
                 "DELETE FROM {inbox} WHERE consumer_group = $1 AND EXISTS (SELECT 1 FROM json_each($2) AS j \
                  WHERE j.value ->> 0 = {inbox}.source AND j.value ->> 1 = {inbox}.event_id)",
                 inbox = t.inbox,
-            ),
-            claim_batch: format!(
+            )),
+            claim_batch: stmt(format!(
                 "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at, business_key) \
                  SELECT $1, j.value ->> 0, j.value ->> 1, j.value ->> 2, $2, j.value ->> 3, j.value ->> 4, {now}, j.value ->> 5 \
                  FROM json_each($3) AS j WHERE true \
                  ON CONFLICT DO NOTHING RETURNING source, event_id",
                 inbox = t.inbox,
-            ),
-            batch_attempts: format!(
+            )),
+            batch_attempts: stmt(format!(
                 "SELECT a.source, a.event_id, a.attempts FROM {attempts} a \
                  JOIN json_each($2) AS j ON a.source = j.value ->> 0 AND a.event_id = j.value ->> 1 \
                  WHERE a.consumer_group = $1",
                 attempts = t.attempts,
-            ),
-            claim: format!(
+            )),
+            claim: stmt(format!(
                 "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at, business_key) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, {now}, $8) ON CONFLICT DO NOTHING",
                 t.inbox
-            ),
-            attempts: format!(
+            )),
+            attempts: stmt(format!(
                 "SELECT attempts FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
                 t.attempts
-            ),
+            )),
             // One letter per (group, source, event id): a redelivered or replayed message that
             // fails again updates its letter.
-            dead_letter: format!(
+            dead_letter: stmt(format!(
                 "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
                    message_key, headers, payload, error, attempts, first_failed_at, last_failed_at, \
                    payload_size, payload_sha256) \
@@ -151,13 +159,13 @@ impl Statements {
                  RETURNING id",
                 dead = t.dead_letters,
                 attempts = t.attempts
-            ),
-            load_dead_letter: format!(
+            )),
+            load_dead_letter: stmt(format!(
                 "SELECT id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", message_key, \
                    headers, payload, error, attempts, replayed_at IS NOT NULL AS replayed \
                  FROM {} WHERE consumer_group = $1 AND id = $2",
                 t.dead_letters
-            ),
+            )),
         }
     }
 }
@@ -209,7 +217,7 @@ impl SqliteStore {
         Self { pool, tables, sql }
     }
 
-    /// Applies txbox's migrations (inbox and outbox tables): idempotent, and safe to call from
+    /// Applies inoutbox's migrations (inbox and outbox tables): idempotent, and safe to call from
     /// several processes at once (`BEGIN IMMEDIATE` makes them wait for each other).
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;

@@ -9,13 +9,14 @@ use sqlx::{Sqlite, SqliteConnection};
 use uuid::Uuid;
 
 use crate::outbox::{EnqueueError, NewRow, OutboxTx};
+use crate::store::sql::{stmt, Stmt};
 use crate::store::Tables;
 
 /// The outbox on a SQLite table.
 #[derive(Clone, Debug)]
 pub struct SqliteOutbox {
     table: String,
-    insert: String,
+    insert: Stmt,
 }
 
 impl Default for SqliteOutbox {
@@ -32,7 +33,10 @@ impl SqliteOutbox {
             "INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
         );
-        Self { table, insert }
+        Self {
+            table,
+            insert: stmt(insert),
+        }
     }
 
     /// Inserts rows in the given order in the transaction (or connection) `conn`.
@@ -43,7 +47,7 @@ impl SqliteOutbox {
     ) -> Result<Vec<Uuid>, EnqueueError> {
         let mut ids = Vec::with_capacity(rows.len());
         for row in rows {
-            sqlx::query::<Sqlite>(&self.insert)
+            sqlx::query::<Sqlite>(self.insert.clone())
                 .bind(row.id.to_string())
                 .bind(&row.aggregate_type)
                 .bind(&row.aggregate_id)

@@ -19,6 +19,7 @@ use crate::outbox::Retention;
 use crate::relay::{
     parse_headers, Backlog, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
 };
+use crate::store::sql::{stmt, Stmt};
 use crate::store::{StoreError, Tables};
 
 /// How long a relay's hold on the slot lasts if it is never renewed (a crashed relay).
@@ -44,14 +45,14 @@ pub struct SqliteRelayStore {
 
 #[derive(Debug)]
 struct Statements {
-    lock: String,
-    renew: String,
-    unlock: String,
-    read: String,
-    mark_published: String,
-    record_failure: String,
-    purge: String,
-    backlog: String,
+    lock: Stmt,
+    renew: Stmt,
+    unlock: Stmt,
+    read: Stmt,
+    mark_published: Stmt,
+    record_failure: Stmt,
+    purge: Stmt,
+    backlog: Stmt,
 }
 
 impl SqliteRelayStore {
@@ -61,21 +62,21 @@ impl SqliteRelayStore {
         let t = &tables.outbox;
         let locks = t.derived("relay_locks");
         let sql = Statements {
-            lock: format!(
+            lock: stmt(format!(
                 "INSERT INTO {locks} AS l (topic, lock_key, owner, expires_at) VALUES ('', '{SLOT_KEY}', $1, {lease}) \
                  ON CONFLICT (topic, lock_key) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at \
                  WHERE l.expires_at < {NOW} OR l.owner = excluded.owner \
                  RETURNING owner",
                 lease = later("$2")
-            ),
-            renew: format!(
+            )),
+            renew: stmt(format!(
                 "UPDATE {locks} SET expires_at = {lease} \
                  WHERE topic = '' AND lock_key = '{SLOT_KEY}' AND owner = $1",
                 lease = later("$2")
-            ),
-            unlock: format!("DELETE FROM {locks} WHERE owner = $1"),
+            )),
+            unlock: stmt(format!("DELETE FROM {locks} WHERE owner = $1")),
             // A row waiting for its retry blocks the later rows of its key (`pending_key_idx`).
-            read: format!(
+            read: stmt(format!(
                 "SELECT id, seq, topic, message_key, type, payload, headers, attempts FROM {t} o \
                  WHERE published_at IS NULL AND parked_at IS NULL \
                    AND (message_key IS NOT NULL OR next_attempt_at <= {NOW}) \
@@ -83,26 +84,26 @@ impl SqliteRelayStore {
                      WHERE w.topic = o.topic AND w.message_key = o.message_key AND w.seq <= o.seq \
                        AND w.published_at IS NULL AND w.parked_at IS NULL AND w.next_attempt_at > {NOW}) \
                  ORDER BY seq LIMIT $1"
-            ),
-            mark_published: format!(
+            )),
+            mark_published: stmt(format!(
                 "UPDATE {t} SET published_at = {NOW} \
                  WHERE id IN (SELECT value FROM json_each($1)) AND published_at IS NULL"
-            ),
-            record_failure: format!(
+            )),
+            record_failure: stmt(format!(
                 "UPDATE {t} SET attempts = attempts + 1, last_error = $2, \
                    parked_at = CASE WHEN $3 THEN {NOW} END, next_attempt_at = {until} \
                  WHERE id = $1 AND published_at IS NULL",
                 until = later("$4")
-            ),
-            purge: format!(
+            )),
+            purge: stmt(format!(
                 "DELETE FROM {t} WHERE seq IN (SELECT seq FROM {t} \
                  WHERE published_at IS NOT NULL AND published_at < {before} \
                  ORDER BY published_at LIMIT $2)",
                 before = earlier("$1")
-            ),
-            backlog: format!(
+            )),
+            backlog: stmt(format!(
                 "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT (julianday('now') - julianday(min(created_at))) * 86400.0 FROM {t}                      WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL)"
-            ),
+            )),
         };
         Self {
             pool,
@@ -150,7 +151,7 @@ impl RelaySession for SqliteRelaySession {
         if want == 0 || !candidates.contains(&0) {
             return Ok(Vec::new());
         }
-        let got: Option<String> = sqlx::query_scalar(&self.sql.lock)
+        let got: Option<String> = sqlx::query_scalar(self.sql.lock.clone())
             .bind(&self.owner)
             .bind(LEASE.as_secs_f64())
             .fetch_optional(&self.pool)
@@ -159,7 +160,7 @@ impl RelaySession for SqliteRelaySession {
     }
 
     async fn release<'a>(&'a mut self, _slots: &'a [u32]) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.unlock)
+        sqlx::query(self.sql.unlock.clone())
             .bind(&self.owner)
             .execute(&self.pool)
             .await?;
@@ -170,7 +171,7 @@ impl RelaySession for SqliteRelaySession {
         if held.is_empty() {
             return Ok(());
         }
-        let renewed = sqlx::query(&self.sql.renew)
+        let renewed = sqlx::query(self.sql.renew.clone())
             .bind(&self.owner)
             .bind(LEASE.as_secs_f64())
             .execute(&self.pool)
@@ -193,7 +194,7 @@ impl RelaySession for SqliteRelaySession {
         if !slots.contains(&0) {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(&self.sql.read)
+        let rows = sqlx::query(self.sql.read.clone())
             .bind(limit as i64)
             .fetch_all(&self.pool)
             .await?;
@@ -203,7 +204,7 @@ impl RelaySession for SqliteRelaySession {
     async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
         let list = serde_json::to_string(&ids.iter().map(Uuid::to_string).collect::<Vec<_>>())
             .unwrap_or_else(|_| "[]".to_owned());
-        sqlx::query(&self.sql.mark_published)
+        sqlx::query(self.sql.mark_published.clone())
             .bind(list)
             .execute(&self.pool)
             .await?;
@@ -216,7 +217,7 @@ impl RelaySession for SqliteRelaySession {
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         for failure in failures {
-            sqlx::query(&self.sql.record_failure)
+            sqlx::query(self.sql.record_failure.clone())
                 .bind(failure.row.id.to_string())
                 .bind(failure.error)
                 .bind(failure.park)
@@ -258,7 +259,7 @@ impl RelayStore for SqliteRelayStore {
 
     async fn purge<'a>(&'a self, retention: &'a Retention) -> Result<u64, StoreError> {
         crate::store::delete_in_batches(retention.batch_size, |limit| async move {
-            let done = sqlx::query(&self.sql.purge)
+            let done = sqlx::query(self.sql.purge.clone())
                 .bind(retention.older_than.as_secs_f64())
                 .bind(i64::from(limit))
                 .execute(&self.pool)
@@ -270,7 +271,7 @@ impl RelayStore for SqliteRelayStore {
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
         let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
-            sqlx::query_as(&self.sql.backlog)
+            sqlx::query_as(self.sql.backlog.clone())
                 .fetch_one(&self.pool)
                 .await?;
         Ok(Backlog::new(unpublished, oldest, parked))

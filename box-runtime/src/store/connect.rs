@@ -11,7 +11,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `url` with the password (the part between `user:` and `@`) replaced by `***`.
 ///
 /// ```
-/// use txbox::store::redact_url;
+/// use inoutbox::store::redact_url;
 /// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
 /// assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
 /// ```

@@ -1,13 +1,13 @@
 //! Database errors, classified by what they mean: the SQLSTATE class (PostgreSQL) or result
 //! code (SQLite) of the backend's own error type, and the driver's error kind. Never by text.
 //!
-//! | class | PostgreSQL SQLSTATE | SQLite | what txbox does |
+//! | class | PostgreSQL SQLSTATE | SQLite | what inoutbox does |
 //! | --- | --- | --- | --- |
 //! | [`ErrorClass::Unavailable`] | class `08`, class `53`, `57P01`–`57P03`; I/O, TLS, pool errors | `SQLITE_IOERR`, `SQLITE_FULL`, `SQLITE_CANTOPEN` | back off and retry without limit; no handler attempt is counted |
 //! | [`ErrorClass::Conflict`] | `40001`, `40P01` | `SQLITE_BUSY`, `SQLITE_LOCKED` | retry (the transaction lost a race); no attempt counted |
 //! | [`ErrorClass::Timeout`] | `55P03` (lock not available), `57014` (statement timeout, cancel) | — | back off and retry; no attempt counted |
-//! | [`ErrorClass::Rejected`] | class `22` (data exception), class `23` (integrity constraint) | `SQLITE_CONSTRAINT`, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`, `SQLITE_RANGE`; encode errors | permanent for this message: a handler's error dead-letters it at once; txbox's own statements dead-letter it after a few tries |
-//! | [`ErrorClass::Other`] | everything else | everything else | a handler's error is transient (retried, counted); txbox's own statements back off and retry |
+//! | [`ErrorClass::Rejected`] | class `22` (data exception), class `23` (integrity constraint) | `SQLITE_CONSTRAINT`, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`, `SQLITE_RANGE`; encode errors | permanent for this message: a handler's error dead-letters it at once; inoutbox's own statements dead-letter it after a few tries |
+//! | [`ErrorClass::Other`] | everything else | everything else | a handler's error is transient (retried, counted); inoutbox's own statements back off and retry |
 //!
 //! A handler overrides the class of its error with `HandlerError::permanent` or
 //! `HandlerError::transient`.
@@ -74,7 +74,7 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
-    /// A shipped migration could not be rendered (a bug in txbox).
+    /// A shipped migration could not be rendered (a bug in inoutbox).
     #[error("migration error: {0}")]
     Migration(String),
     /// A configuration problem (invalid or colliding table names, ...).

@@ -6,15 +6,21 @@
 //! recorded in the migrations table once applied. Table names in the files are written in
 //! braces: `{inbox}` is the configured inbox table, `{inbox:processed_idx}` a name derived from
 //! it (see [`TableName::derived`](crate::ident::TableName::derived)).
+//!
+//! Before applying any, the migrator renames tables that an earlier release created under the
+//! project's former default names (see [`legacy`](super::legacy)), in the same transaction.
+
+use std::future::Future;
 
 use sqlx::{Database, Executor, IntoArguments};
 
+use super::sql::stmt;
 use super::{StoreError, Tables};
 
 /// One schema change of one backend.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Migration {
-    /// Which part of txbox it belongs to (`"inbox"`, `"outbox"`).
+    /// Which part of inoutbox it belongs to (`"inbox"`, `"outbox"`).
     pub(crate) component: &'static str,
     /// Increasing per component.
     pub(crate) version: i32,
@@ -36,6 +42,13 @@ pub(crate) trait Migrator {
     fn begin(tables: &Tables) -> Vec<String>;
     /// The `CREATE TABLE IF NOT EXISTS` of the migrations table.
     fn migrations_table(tables: &Tables) -> String;
+    /// Renames the tables of the project's first name to today's defaults (see
+    /// [`legacy`](super::legacy)) in the open migration transaction; returns the `(old, new)`
+    /// names renamed.
+    fn rename_legacy(
+        conn: &mut <Self::Db as Database>::Connection,
+        tables: &Tables,
+    ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
 }
 
 /// Fills the table names into a migration template.
@@ -88,7 +101,7 @@ pub(crate) async fn migrate<M: Migrator>(
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut <M::Db as Database>::Connection: Executor<'c, Database = M::Db>,
-    for<'q> <M::Db as Database>::Arguments<'q>: IntoArguments<'q, M::Db>,
+    <M::Db as Database>::Arguments: IntoArguments<M::Db>,
     for<'q> &'q str: sqlx::Encode<'q, M::Db> + sqlx::Type<M::Db>,
     for<'q> i32: sqlx::Encode<'q, M::Db> + sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
     for<'q> String: sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
@@ -96,9 +109,16 @@ where
 {
     tables.validate()?;
     for statement in M::begin(tables) {
-        sqlx::raw_sql(&statement).execute(&mut *conn).await?;
+        sqlx::raw_sql(stmt(statement)).execute(&mut *conn).await?;
     }
-    match apply_missing::<M>(conn, tables).await {
+    let upgraded = async {
+        for (old, new) in M::rename_legacy(&mut *conn, tables).await? {
+            tracing::info!(target: "inoutbox::store", %old, %new,
+                "table renamed from the project's former default name");
+        }
+        apply_missing::<M>(&mut *conn, tables).await
+    };
+    match upgraded.await {
         Ok(()) => {
             sqlx::raw_sql("COMMIT").execute(&mut *conn).await?;
             Ok(())
@@ -116,25 +136,25 @@ async fn apply_missing<M: Migrator>(
 ) -> Result<(), StoreError>
 where
     for<'c> &'c mut <M::Db as Database>::Connection: Executor<'c, Database = M::Db>,
-    for<'q> <M::Db as Database>::Arguments<'q>: IntoArguments<'q, M::Db>,
+    <M::Db as Database>::Arguments: IntoArguments<M::Db>,
     for<'q> &'q str: sqlx::Encode<'q, M::Db> + sqlx::Type<M::Db>,
     for<'q> i32: sqlx::Encode<'q, M::Db> + sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
     for<'q> String: sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
     (String, i32): for<'r> sqlx::FromRow<'r, <M::Db as Database>::Row>,
 {
-    sqlx::raw_sql(&M::migrations_table(tables))
+    sqlx::raw_sql(stmt(M::migrations_table(tables)))
         .execute(&mut *conn)
         .await?;
-    let applied: Vec<(String, i32)> = sqlx::query_as(&format!(
+    let applied: Vec<(String, i32)> = sqlx::query_as(stmt(format!(
         "SELECT component, version FROM {}",
         tables.migrations
-    ))
+    )))
     .fetch_all(&mut *conn)
     .await?;
-    let record = format!(
+    let record = stmt(format!(
         "INSERT INTO {} (component, version, description) VALUES ($1, $2, $3)",
         tables.migrations
-    );
+    ));
     for m in M::MIGRATIONS {
         if applied
             .iter()
@@ -143,17 +163,17 @@ where
             continue;
         }
         let sql = render(m.sql, tables).map_err(StoreError::Migration)?;
-        sqlx::raw_sql(&sql).execute(&mut *conn).await?;
-        sqlx::query(&record)
+        sqlx::raw_sql(stmt(sql)).execute(&mut *conn).await?;
+        sqlx::query(record.clone())
             .bind(m.component)
             .bind(m.version)
             .bind(m.description)
             .execute(&mut *conn)
             .await?;
-        tracing::info!(target: "txbox::store",
+        tracing::info!(target: "inoutbox::store",
             component = m.component,
             version = m.version,
-            "txbox migration applied"
+            "inoutbox migration applied"
         );
     }
     Ok(())
@@ -174,7 +194,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             sql,
-            "CREATE INDEX \"txbox_inbox_processed_idx\" ON \"app\".\"txbox_inbox\" (x); DEFAULT '{}'"
+            "CREATE INDEX \"inoutbox_inbox_processed_idx\" ON \"app\".\"inoutbox_inbox\" (x); DEFAULT '{}'"
         );
     }
 
@@ -203,17 +223,19 @@ mod tests {
 
     #[test]
     fn colliding_or_too_long_table_names_are_rejected() {
-        let same = Tables::default().attempts("txbox_inbox").unwrap();
+        let same = Tables::default().attempts("inoutbox_inbox").unwrap();
         let err = same.validate().unwrap_err().to_string();
-        assert!(err.contains("`txbox_inbox`"), "{err}");
+        assert!(err.contains("`inoutbox_inbox`"), "{err}");
         let long = Tables::default().inbox(&"i".repeat(63)).unwrap();
         let err = long.validate().unwrap_err().to_string();
         assert!(err.contains("exceeds 63 bytes"), "{err}");
         // a table named like another's index
-        let clash = Tables::default().outbox("txbox_inbox_processed").unwrap();
+        let clash = Tables::default()
+            .outbox("inoutbox_inbox_processed")
+            .unwrap();
         assert!(clash.validate().is_ok());
         let clash = Tables::default()
-            .attempts("txbox_inbox_processed_idx")
+            .attempts("inoutbox_inbox_processed_idx")
             .unwrap();
         assert!(clash.validate().is_err());
         Tables::default().validate().unwrap();

@@ -8,6 +8,7 @@ use crate::engine::Delivery;
 
 mod connect;
 mod error;
+pub(crate) mod legacy;
 pub(crate) mod migrate;
 pub(crate) mod sql;
 pub(crate) mod tables;

@@ -1,14 +1,29 @@
 //! SQL that both sqlx backends share: the statements that differ only in dialect, rendered
 //! once from the table names, and the functions that run them on any sqlx database.
 
-use sqlx::{Database, Executor, IntoArguments, Pool};
+use std::sync::Arc;
+
+use sqlx::{AssertSqlSafe, Database, Executor, IntoArguments, Pool, SqlSafeStr, SqlStr};
 
 use super::{InboxKey, StoreError, Tables};
+
+/// A statement rendered once and run many times.
+///
+/// sqlx runs only strings marked as audited: every statement of the stores is built from
+/// [`Ident`](crate::ident::Ident)s (validated, double-quoted table names) and fixed text, never
+/// from a value (values are bound), and this is where that is asserted. Cloning one for a query
+/// counts a reference instead of copying the text.
+pub(crate) type Stmt = SqlStr;
+
+/// Marks `sql`, rendered from validated identifiers and fixed text, as a [`Stmt`].
+pub(crate) fn stmt(sql: String) -> Stmt {
+    AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
+}
 
 /// How a backend writes the few things that differ between PostgreSQL and SQLite.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Dialect {
-    /// The current time, as stored in txbox's timestamp columns.
+    /// The current time, as stored in inoutbox's timestamp columns.
     pub(crate) now: &'static str,
     /// A time `secs` seconds before now, given the SQL expression `secs`.
     pub(crate) ago: fn(&str) -> String,
@@ -22,44 +37,44 @@ pub(crate) struct Dialect {
 /// The inbox statements whose text is the same up to the [`Dialect`].
 #[derive(Debug)]
 pub(crate) struct InboxSql {
-    pub(crate) clear_attempts: String,
-    pub(crate) mark_replayed: String,
-    pub(crate) delete_processed: String,
-    pub(crate) count_stuck: String,
-    pub(crate) count_dead_letters: String,
-    pub(crate) record_failure: String,
-    pub(crate) expire_business_key: String,
-    pub(crate) known_event: String,
+    pub(crate) clear_attempts: Stmt,
+    pub(crate) mark_replayed: Stmt,
+    pub(crate) delete_processed: Stmt,
+    pub(crate) count_stuck: Stmt,
+    pub(crate) count_dead_letters: Stmt,
+    pub(crate) record_failure: Stmt,
+    pub(crate) expire_business_key: Stmt,
+    pub(crate) known_event: Stmt,
 }
 
 impl InboxSql {
     pub(crate) fn new(t: &Tables, d: Dialect) -> Self {
         Self {
-            clear_attempts: format!(
+            clear_attempts: stmt(format!(
                 "DELETE FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
                 t.attempts
-            ),
-            mark_replayed: format!(
+            )),
+            mark_replayed: stmt(format!(
                 "UPDATE {} SET replayed_at = {} WHERE id = $1",
                 t.dead_letters, d.now
-            ),
-            delete_processed: format!(
+            )),
+            delete_processed: stmt(format!(
                 "DELETE FROM {inbox} WHERE {id} IN (SELECT {id} FROM {inbox} \
                  WHERE processed_at < {before} LIMIT $2) RETURNING 1",
                 inbox = t.inbox,
                 id = d.row_id,
                 before = (d.ago)("$1"),
-            ),
-            count_stuck: format!(
+            )),
+            count_stuck: stmt(format!(
                 "SELECT count(*) FROM {} WHERE processed_at IS NULL AND received_at < {}",
                 t.inbox,
                 (d.ago)("$1")
-            ),
-            count_dead_letters: format!(
+            )),
+            count_dead_letters: stmt(format!(
                 "SELECT count(*) FROM {} WHERE consumer_group = $1 AND replayed_at IS NULL",
                 t.dead_letters
-            ),
-            record_failure: format!(
+            )),
+            record_failure: stmt(format!(
                 "INSERT INTO {a} AS a (consumer_group, source, event_id, attempts, last_error) \
                  VALUES ($1, $2, $3, 1, $4) \
                  ON CONFLICT (consumer_group, source, event_id) DO UPDATE \
@@ -68,23 +83,23 @@ impl InboxSql {
                  RETURNING CAST(attempts AS bigint) AS attempts",
                 a = t.attempts,
                 now = d.now
-            ),
-            expire_business_key: format!(
+            )),
+            expire_business_key: stmt(format!(
                 "UPDATE {} SET business_key = NULL \
                  WHERE consumer_group = $1 AND business_key IN ({}) AND received_at < {}",
                 t.inbox,
                 (d.json_strings)("$2"),
                 (d.ago)("$3")
-            ),
-            known_event: format!(
+            )),
+            known_event: stmt(format!(
                 "SELECT count(*) FROM {} WHERE consumer_group = $1 AND source = $2 AND event_id = $3",
                 t.inbox
-            ),
+            )),
         }
     }
 }
 
-/// Runs the shared inbox statements on any sqlx database whose types txbox uses.
+/// Runs the shared inbox statements on any sqlx database whose types inoutbox uses.
 pub(crate) struct Shared<'a, DB: Database> {
     pub(crate) pool: &'a Pool<DB>,
     pub(crate) sql: &'a InboxSql,
@@ -94,7 +109,7 @@ impl<DB> Shared<'_, DB>
 where
     DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'q> DB::Arguments<'q>: IntoArguments<'q, DB>,
+    DB::Arguments: IntoArguments<DB>,
     for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
     for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Decode<'q, DB> + sqlx::Type<DB>,
     for<'q> f64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
@@ -111,7 +126,7 @@ where
         conn: &mut DB::Connection,
         key: &InboxKey,
     ) -> Result<(), StoreError> {
-        sqlx::query(&self.sql.clear_attempts)
+        sqlx::query(self.sql.clear_attempts.clone())
             .bind(key.group.as_str())
             .bind(key.source.as_str())
             .bind(key.event_id.as_str())
@@ -141,7 +156,7 @@ where
         for (group, business_keys) in groups {
             let business_keys =
                 serde_json::to_string(&business_keys).expect("a list of strings serializes");
-            sqlx::query(&self.sql.expire_business_key)
+            sqlx::query(self.sql.expire_business_key.clone())
                 .bind(group)
                 .bind(business_keys.as_str())
                 .bind(older_than.as_secs_f64())
@@ -161,7 +176,7 @@ where
         if key.business_key.is_none() {
             return Ok(super::Claim::Duplicate);
         }
-        let (known,): (i64,) = sqlx::query_as(&self.sql.known_event)
+        let (known,): (i64,) = sqlx::query_as(self.sql.known_event.clone())
             .bind(key.group.as_str())
             .bind(key.source.as_str())
             .bind(key.event_id.as_str())
@@ -180,7 +195,7 @@ where
         error: &str,
     ) -> Result<u32, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let (attempts,): (i64,) = sqlx::query_as(&self.sql.record_failure)
+        let (attempts,): (i64,) = sqlx::query_as(self.sql.record_failure.clone())
             .bind(key.group.as_str())
             .bind(key.source.as_str())
             .bind(key.event_id.as_str())
@@ -192,7 +207,7 @@ where
 
     pub(crate) async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
         let mut conn = self.pool.acquire().await?;
-        sqlx::query(&self.sql.mark_replayed)
+        sqlx::query(self.sql.mark_replayed.clone())
             .bind(id)
             .execute(&mut *conn)
             .await?;
@@ -207,7 +222,7 @@ where
         let mut conn = self.pool.acquire().await?;
         // `RETURNING 1` counts the rows portably (the row count of a query result is not part
         // of sqlx's generic API); at most `limit` tiny rows come back.
-        let deleted = sqlx::query(&self.sql.delete_processed)
+        let deleted = sqlx::query(self.sql.delete_processed.clone())
             .bind(older_than.as_secs_f64())
             .bind(i64::from(limit))
             .fetch_all(&mut *conn)
@@ -220,7 +235,7 @@ where
         older_than: std::time::Duration,
     ) -> Result<i64, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let (count,): (i64,) = sqlx::query_as(&self.sql.count_stuck)
+        let (count,): (i64,) = sqlx::query_as(self.sql.count_stuck.clone())
             .bind(older_than.as_secs_f64())
             .fetch_one(&mut *conn)
             .await?;
@@ -229,7 +244,7 @@ where
 
     pub(crate) async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let (count,): (i64,) = sqlx::query_as(&self.sql.count_dead_letters)
+        let (count,): (i64,) = sqlx::query_as(self.sql.count_dead_letters.clone())
             .bind(group)
             .fetch_one(&mut *conn)
             .await?;

@@ -1,4 +1,4 @@
-//! The names of txbox's tables, shared by every store.
+//! The names of inoutbox's tables, shared by every store.
 
 use super::StoreError;
 use crate::ident::{Ident, IdentError, TableName};
@@ -30,8 +30,8 @@ pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("outbox", "slot"),
 ];
 
-/// The names of txbox's tables. Every name is a validated identifier; set a schema to keep
-/// txbox's tables (and tests) apart.
+/// The names of inoutbox's tables. Every name is a validated identifier; set a schema to keep
+/// inoutbox's tables (and tests) apart.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tables {
     /// Inbox rows: `(consumer_group, source, event_id)`.

@@ -58,7 +58,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// A header name as text: itself when it is UTF-8, else with each invalid byte written as
-/// `\xHH` (header names reach txbox as bytes; the raw value bytes are kept as they are).
+/// `\xHH` (header names reach inoutbox as bytes; the raw value bytes are kept as they are).
 pub fn header_name(bytes: &[u8]) -> String {
     match std::str::from_utf8(bytes) {
         Ok(s) => s.to_owned(),

@@ -94,7 +94,7 @@ impl InboxTelemetry {
 
     /// The span of a batch of `size` messages.
     pub(crate) fn batch_span(&self, size: usize) -> Span {
-        tracing::info_span!(target: "txbox::inbox", "txbox.batch", group = &*self.group, size)
+        tracing::info_span!(target: "inoutbox::inbox", "inoutbox.batch", group = &*self.group, size)
     }
 
     /// A message is resolved: its counters, its age, and its span's outcome and duration.
@@ -148,7 +148,7 @@ impl InboxTelemetry {
 /// is the trace context of the message's `traceparent` header.
 fn message_span(group: &str, d: &Delivery, (type_header, id_header): (&str, &str)) -> Span {
     // The field values are computed only if a subscriber wants the span.
-    let span = tracing::info_span!(target: "txbox::inbox", "txbox.message",
+    let span = tracing::info_span!(target: "inoutbox::inbox", "inoutbox.message",
         group,
         event_type = d.header_str(type_header).unwrap_or(""),
         event_id = d.header_str(id_header).unwrap_or(""),

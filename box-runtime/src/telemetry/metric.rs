@@ -1,6 +1,6 @@
-//! Every metric txbox records, by name, in one place.
+//! Every metric inoutbox records, by name, in one place.
 //!
-//! Names follow the Prometheus conventions: `txbox_` prefix, `_total` for counters, the unit
+//! Names follow the Prometheus conventions: `inoutbox_` prefix, `_total` for counters, the unit
 //! (`_seconds`) in the name. Labels have bounded values: a consumer group, an event type its
 //! handlers declare (`"unknown"` for any other), a topic the outbox writes, a partition.
 //! [`ALL`] lists them with their type, labels and meaning; [`describe`] registers those
@@ -19,43 +19,43 @@ pub const LABEL_PARTITION: &str = "partition";
 pub const UNKNOWN_EVENT_TYPE: &str = "unknown";
 
 /// Counter: messages whose handler committed.
-pub const INBOX_PROCESSED: &str = "txbox_inbox_processed_total";
+pub const INBOX_PROCESSED: &str = "inoutbox_inbox_processed_total";
 /// Counter: messages found already processed (the handler did not run).
-pub const INBOX_DUPLICATES: &str = "txbox_inbox_duplicates_total";
+pub const INBOX_DUPLICATES: &str = "inoutbox_inbox_duplicates_total";
 /// Counter: failed handler runs that are retried.
-pub const INBOX_RETRIES: &str = "txbox_inbox_retries_total";
+pub const INBOX_RETRIES: &str = "inoutbox_inbox_retries_total";
 /// Counter: messages dead-lettered.
-pub const INBOX_DEAD_LETTERED: &str = "txbox_inbox_dead_lettered_total";
+pub const INBOX_DEAD_LETTERED: &str = "inoutbox_inbox_dead_lettered_total";
 /// Counter: dead letters replayed successfully.
-pub const INBOX_REPLAYED: &str = "txbox_inbox_replayed_total";
+pub const INBOX_REPLAYED: &str = "inoutbox_inbox_replayed_total";
 /// Histogram: one handler run (one message, or one run of a batch handler), in seconds.
-pub const INBOX_HANDLER_DURATION: &str = "txbox_inbox_handler_duration_seconds";
+pub const INBOX_HANDLER_DURATION: &str = "inoutbox_inbox_handler_duration_seconds";
 /// Histogram: messages per batch taken from a partition.
-pub const INBOX_BATCH_SIZE: &str = "txbox_inbox_batch_size";
+pub const INBOX_BATCH_SIZE: &str = "inoutbox_inbox_batch_size";
 /// Histogram: end-to-end age at processing, from the event's time (the time in its UUID v7
 /// id, as the outbox writes it) to the commit of its handler, in seconds.
-pub const INBOX_EVENT_AGE: &str = "txbox_inbox_event_age_seconds";
+pub const INBOX_EVENT_AGE: &str = "inoutbox_inbox_event_age_seconds";
 /// Gauge: dead letters of the group not replayed.
-pub const INBOX_DEAD_LETTERS: &str = "txbox_inbox_dead_letters";
+pub const INBOX_DEAD_LETTERS: &str = "inoutbox_inbox_dead_letters";
 /// Gauge: inbox rows received and still not processed after the consumer's `stuck_after`.
-pub const INBOX_STUCK: &str = "txbox_inbox_stuck";
+pub const INBOX_STUCK: &str = "inoutbox_inbox_stuck";
 /// Gauge: consumer lag of a partition: the broker's high watermark minus the group's
 /// committed offset.
-pub const CONSUMER_LAG: &str = "txbox_consumer_lag";
+pub const CONSUMER_LAG: &str = "inoutbox_consumer_lag";
 
 /// Counter: outbox rows published (acknowledged by the broker).
-pub const OUTBOX_PUBLISHED: &str = "txbox_outbox_published_total";
+pub const OUTBOX_PUBLISHED: &str = "inoutbox_outbox_published_total";
 /// Counter: outbox rows parked (given up on after their attempts).
-pub const OUTBOX_PARKED: &str = "txbox_outbox_parked_total";
+pub const OUTBOX_PARKED: &str = "inoutbox_outbox_parked_total";
 /// Histogram: from the enqueue (the time in the row's UUID v7 id, taken in the producer's
 /// transaction) to the broker's acknowledgement, in seconds.
-pub const OUTBOX_PUBLISH_LATENCY: &str = "txbox_outbox_publish_latency_seconds";
+pub const OUTBOX_PUBLISH_LATENCY: &str = "inoutbox_outbox_publish_latency_seconds";
 /// Gauge: outbox rows not yet published (parked rows excluded).
-pub const OUTBOX_UNPUBLISHED: &str = "txbox_outbox_unpublished";
+pub const OUTBOX_UNPUBLISHED: &str = "inoutbox_outbox_unpublished";
 /// Gauge: age of the oldest unpublished outbox row, in seconds (0 when there is none).
-pub const OUTBOX_OLDEST_UNPUBLISHED_AGE: &str = "txbox_outbox_oldest_unpublished_age_seconds";
+pub const OUTBOX_OLDEST_UNPUBLISHED_AGE: &str = "inoutbox_outbox_oldest_unpublished_age_seconds";
 /// Gauge: parked outbox rows.
-pub const OUTBOX_PARKED_ROWS: &str = "txbox_outbox_parked";
+pub const OUTBOX_PARKED_ROWS: &str = "inoutbox_outbox_parked";
 
 /// What kind of metric a name is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -83,7 +83,7 @@ pub struct Metric {
 
 const BY_TYPE: &[&str] = &[LABEL_GROUP, LABEL_EVENT_TYPE];
 
-/// Every metric txbox records.
+/// Every metric inoutbox records.
 pub const ALL: &[Metric] = &[
     Metric {
         name: INBOX_PROCESSED,
@@ -210,7 +210,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for m in ALL {
             assert!(seen.insert(m.name), "{} listed twice", m.name);
-            assert!(m.name.starts_with("txbox_"), "{}", m.name);
+            assert!(m.name.starts_with("inoutbox_"), "{}", m.name);
             assert!(
                 m.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
                 "{}",

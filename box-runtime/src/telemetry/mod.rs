@@ -1,10 +1,10 @@
 //! Telemetry: `tracing` spans, metrics through the [`metrics`] facade, and health.
 //!
-//! - **Spans.** Every message gets a span `txbox.message` (target `txbox::inbox`) with its
+//! - **Spans.** Every message gets a span `inoutbox.message` (target `inoutbox::inbox`) with its
 //!   group, event type, event id, topic, partition and offset; its attempt, outcome and
 //!   duration are recorded when it is resolved, and the handler runs inside it. A batch taken
-//!   from a partition is a span `txbox.batch` with its size; a relay batch a span
-//!   `txbox.relay.batch` (target `txbox::relay`) with its rows. With the `otel` feature the
+//!   from a partition is a span `inoutbox.batch` with its size; a relay batch a span
+//!   `inoutbox.relay.batch` (target `inoutbox::relay`) with its rows. With the `otel` feature the
 //!   message span continues the trace of the message's W3C `traceparent` (see `otel`), and
 //!   [`enqueue`](crate::outbox::enqueue) stores the current span's trace context.
 //! - **Metrics.** Recorded only when the application installs a `metrics` recorder (such as

@@ -59,7 +59,7 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
             }
             Err(e) => {
                 health.set_database(false);
-                tracing::debug!(target: "txbox::inbox", group = inbox.group(), error = %e,
+                tracing::debug!(target: "inoutbox::inbox", group = inbox.group(), error = %e,
                     "sampling the inbox gauges failed");
             }
         }

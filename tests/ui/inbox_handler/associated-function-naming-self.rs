@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]

@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -7,7 +7,7 @@ pub struct OrderCreated {
     pub order_id: u64,
 }
 
-#[inbox_handler(event = "OrderCreated", group = "billing", crate = "my txbox")]
+#[inbox_handler(event = "OrderCreated", group = "billing", crate = "my inoutbox")]
 async fn create_invoice(_event: OrderCreated, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
     Ok(())
 }

@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 // The only error is on the derive: the handler naming the type reports nothing more.
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]

@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::OutboxEvent;
+use inoutbox::OutboxEvent;
 
 #[derive(Debug, Serialize, Deserialize)]
 pub struct OrderId(u64);

@@ -1,8 +1,8 @@
 use serde::{Deserialize, Serialize};
-use txbox::OutboxEvent;
+use inoutbox::OutboxEvent;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-#[outbox(event_type = "OrderCreated", topic = "orders", crate = "my-txbox")]
+#[outbox(event_type = "OrderCreated", topic = "orders", crate = "my-inoutbox")]
 pub struct OrderCreated {
     pub order_id: u64,
 }

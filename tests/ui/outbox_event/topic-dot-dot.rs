@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::OutboxEvent;
+use inoutbox::OutboxEvent;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "..")]

@@ -1,4 +1,4 @@
-use txbox::OutboxEvent;
+use inoutbox::OutboxEvent;
 
 #[derive(Debug, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]

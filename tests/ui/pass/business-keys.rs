@@ -1,6 +1,6 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
-use txbox::OutboxEvent as _;
+use inoutbox::prelude::*;
+use inoutbox::OutboxEvent as _;
 
 // The business key on the event (either form) ...
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]

@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 /// A unit struct is an event without a payload (JSON `null`) and without a key.
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]

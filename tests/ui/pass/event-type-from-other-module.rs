@@ -1,8 +1,8 @@
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 mod events {
     use serde::{Deserialize, Serialize};
-    use txbox::OutboxEvent;
+    use inoutbox::OutboxEvent;
 
     #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
     #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -18,7 +18,7 @@ async fn create_invoice(event: events::OrderCreated, _tx: &mut PgTx<'_>) -> Resu
 }
 
 #[inbox_handler(event = "OrderCreated", group = "shipping")]
-async fn ship(event: crate::events::OrderCreated, _tx: &mut txbox::PgTx<'_>) -> Result<(), txbox::HandlerError> {
+async fn ship(event: crate::events::OrderCreated, _tx: &mut inoutbox::PgTx<'_>) -> Result<(), inoutbox::HandlerError> {
     let _ = event.order_id;
     Ok(())
 }

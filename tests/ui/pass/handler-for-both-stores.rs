@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -7,7 +7,7 @@ pub struct OrderCreated {
     pub order_id: i64,
 }
 
-// One handler for both stores: written once, generic over the store, with `txbox::sql`
+// One handler for both stores: written once, generic over the store, with `inoutbox::sql`
 // statements and chained outbox events; the metadata parameter works as usual.
 #[inbox_handler(event = "OrderCreated", group = "billing", stores(postgres, sqlite))]
 async fn create_invoice<D: Db>(
@@ -15,14 +15,14 @@ async fn create_invoice<D: Db>(
     tx: &mut Tx<'_, D>,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
-    let done = txbox::sql("UPDATE orders SET invoiced = $1 WHERE id = $2")
+    let done = inoutbox::sql("UPDATE orders SET invoiced = $1 WHERE id = $2")
         .bind(meta.attempt as i64)
         .bind(event.order_id)
         .execute(tx)
         .await?;
-    let _row = txbox::sql("SELECT id FROM orders WHERE id = $1").bind(event.order_id).fetch_optional(&mut *tx).await?;
+    let _row = inoutbox::sql("SELECT id FROM orders WHERE id = $1").bind(event.order_id).fetch_optional(&mut *tx).await?;
     if done == 1 {
-        txbox::outbox::enqueue(tx, &event).await?;
+        inoutbox::outbox::enqueue(tx, &event).await?;
     }
     Ok(())
 }
@@ -31,7 +31,7 @@ async fn create_invoice<D: Db>(
 #[inbox_handler(event = "OrderCreated", group = "audit", batch, stores(sqlite, postgres))]
 async fn audit<D: Db>(events: Vec<OrderCreated>, tx: &mut Tx<'_, D>) -> Result<(), HandlerError> {
     for event in events {
-        txbox::sql("INSERT INTO audit (order_id) VALUES ($1)").bind(event.order_id).execute(tx).await?;
+        inoutbox::sql("INSERT INTO audit (order_id) VALUES ($1)").bind(event.order_id).execute(tx).await?;
     }
     Ok(())
 }

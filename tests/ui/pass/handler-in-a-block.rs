@@ -1,7 +1,7 @@
 // Handlers declared inside a block (a `const _` block, as macros emit them, or a function body)
 // are registered like module-level ones.
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -24,7 +24,7 @@ fn main() {
 
     for group in ["in-a-const-block", "in-a-function-body"] {
         assert!(
-            txbox::__private::registrations().any(|r| r.group == group),
+            inoutbox::__private::registrations().any(|r| r.group == group),
             "no handler registered for {group}"
         );
     }

@@ -1,7 +1,7 @@
 mod billing {
     pub mod handlers {
         use serde::{Deserialize, Serialize};
-        use txbox::prelude::*;
+        use inoutbox::prelude::*;
 
         #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
         #[outbox(event_type = "OrderCreated", topic = "orders")]
@@ -20,7 +20,7 @@ mod billing {
 }
 
 #[allow(dead_code)]
-async fn call_directly(tx: &mut txbox::PgTx<'_>) -> Result<(), txbox::HandlerError> {
+async fn call_directly(tx: &mut inoutbox::PgTx<'_>) -> Result<(), inoutbox::HandlerError> {
     billing::handlers::create_invoice(billing::handlers::OrderCreated { order_id: 1 }, tx).await
 }
 

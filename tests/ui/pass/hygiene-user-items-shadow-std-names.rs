@@ -1,9 +1,9 @@
 // The user's own items named like the paths generated code could use: the expansion must name
-// only `::txbox::__private` and `::core` / `::std` paths.
+// only `::inoutbox::__private` and `::core` / `::std` paths.
 #![allow(dead_code)]
 
 use ::serde::{Deserialize as De, Serialize as Ser};
-use txbox::{inbox_handler, HandlerError as TxError, OutboxEvent, PgTx};
+use inoutbox::{inbox_handler, HandlerError as TxError, OutboxEvent, PgTx};
 
 type Result<T> = ::std::result::Result<T, TxError>;
 struct Error;

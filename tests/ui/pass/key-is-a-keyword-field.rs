@@ -1,6 +1,6 @@
 // A field named with a raw identifier is named the same way in the attribute.
 use serde::{Deserialize, Serialize};
-use txbox::OutboxEvent;
+use inoutbox::OutboxEvent;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "TicketOpened", topic = "tickets", key = r#type)]

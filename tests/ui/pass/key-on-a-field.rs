@@ -1,7 +1,7 @@
 // `#[outbox(key)]` on a field is the same as `key = field` on the struct; likewise
 // `#[outbox(aggregate_id)]`.
 use serde::{Deserialize, Serialize};
-use txbox::OutboxEvent;
+use inoutbox::OutboxEvent;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderShipped", topic = "shipping")]

@@ -1,5 +1,5 @@
 use serde::{Deserialize, Serialize};
-use txbox::prelude::*;
+use inoutbox::prelude::*;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
@@ -23,7 +23,7 @@ async fn count_order(_event: OrderCreated, _tx: &mut PgTx<'_>) -> Result<(), Han
 }
 
 fn main() {
-    let modes: Vec<_> = txbox::__private::registrations()
+    let modes: Vec<_> = inoutbox::__private::registrations()
         .filter(|r| r.name.ends_with("send_receipt") || r.name.ends_with("count_order"))
         .map(|r| (r.name.rsplit("::").next().unwrap_or(""), r.mode.is_two_phase(), r.mode.is_ordered()))
         .collect();

@@ -1,6 +1,6 @@
 async fn run(pool: sqlx::PgPool) -> Result<(), sqlx::Error> {
     let mut pool = pool;
-    txbox::sql("SELECT 1").execute(&mut pool).await?;
+    inoutbox::sql("SELECT 1").execute(&mut pool).await?;
     Ok(())
 }
 

@@ -1,4 +1,4 @@
--- txbox migration (inbox, 1): inbox, attempts and dead-letter tables
+-- inoutbox migration (inbox, 1): inbox, attempts and dead-letter tables
 -- Names in braces are filled in from the configured table names (see store::migrate).
 CREATE TABLE IF NOT EXISTS {inbox} (
     consumer_group text        NOT NULL,

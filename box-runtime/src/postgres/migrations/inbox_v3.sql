@@ -1,4 +1,4 @@
--- txbox migration (inbox, 3): the two-phase inbox (rows stored as received, with the message,
+-- inoutbox migration (inbox, 3): the two-phase inbox (rows stored as received, with the message,
 -- and claimed by workers with leases) and the effects table drained after commit.
 -- Names in braces are filled in from the configured table names (see store::migrate).
 ALTER TABLE {inbox}

@@ -1,4 +1,4 @@
--- txbox migration (inbox, 4): business keys. An inbox row may hold the business key of its
+-- inoutbox migration (inbox, 4): business keys. An inbox row may hold the business key of its
 -- event (an operation id from the payload: `idempotency_key` on the event or `dedup_by` on the
 -- handler); a second event with the same business key in the same group is refused like a
 -- redelivery (the claim's `ON CONFLICT DO NOTHING` meets this index).

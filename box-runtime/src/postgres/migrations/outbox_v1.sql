@@ -1,4 +1,4 @@
--- txbox migration (outbox, 1): outbox table
+-- inoutbox migration (outbox, 1): outbox table
 -- Names in braces are filled in from the configured table names (see store::migrate).
 CREATE TABLE IF NOT EXISTS {outbox} (
     id              uuid        PRIMARY KEY,

@@ -1,4 +1,4 @@
--- txbox migration (outbox, 2): relay slots and the indexes relays read.
+-- inoutbox migration (outbox, 2): relay slots and the indexes relays read.
 -- Names in braces are filled in from the configured table names (see store::migrate).
 --
 -- * `slot`: the key's hash, 0..63 (`postgres::relay::SLOTS`); every row of one key has the same

@@ -1,4 +1,4 @@
--- txbox migration (outbox, 3): the payload keeps the bytes the producer serialised.
+-- inoutbox migration (outbox, 3): the payload keeps the bytes the producer serialised.
 -- Names in braces are filled in from the configured table names (see store::migrate).
 --
 -- `jsonb` normalises what it stores (keys sorted by length then bytes, duplicates dropped,

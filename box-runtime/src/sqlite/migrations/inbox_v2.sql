@@ -1,4 +1,4 @@
--- txbox migration (inbox, 2): dead letters deduplicated by (group, source, event id); sizes and
+-- inoutbox migration (inbox, 2): dead letters deduplicated by (group, source, event id); sizes and
 -- digests of payloads cut to the stored limit.
 -- Names in braces are filled in from the configured table names (see store::migrate).
 ALTER TABLE {dead_letters} ADD COLUMN times integer NOT NULL DEFAULT 1;

@@ -1,4 +1,4 @@
--- txbox migration (outbox, 1): outbox table and relay key leases
+-- inoutbox migration (outbox, 1): outbox table and relay key leases
 -- Names in braces are filled in from the configured table names (see store::migrate).
 CREATE TABLE IF NOT EXISTS {outbox} (
     seq             integer PRIMARY KEY AUTOINCREMENT,
