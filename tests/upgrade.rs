@@ -428,7 +428,7 @@ async fn a_partitioned_postgres_database_of_the_last_release_upgrades_with_every
         .expect("create");
     let layout = DailyPartitions::new().ahead(2);
     let last = PgStore::with_tables(db.pool.clone(), former_names(&db.schema))
-        .partitioned_by_day(layout.clone());
+        .partitioned_by_day(layout);
     last.migrate()
         .await
         .expect("every migration under the former names");

@@ -118,23 +118,21 @@ mod tests {
     #[test]
     fn an_index_statement_is_rewritten_with_the_new_names() {
         let r = legacy::renames(&Tables::default()).remove(0);
-        let sql = "CREATE INDEX \"txbox_inbox_processed_idx\" ON \"txbox_inbox\" (processed_at) \
-                   WHERE processed_at IS NOT NULL";
-        assert_eq!(
-            recreate_index(
-                sql,
-                "txbox_inbox_processed_idx",
-                "inoutbox_inbox_processed_idx",
-                &r
-            )
-            .unwrap(),
-            "CREATE INDEX \"inoutbox_inbox_processed_idx\" ON \"inoutbox_inbox\" (processed_at) \
+        let (old, new) = (r.old.name().as_str(), r.new.name().as_str());
+        let sql = format!(
+            "CREATE INDEX \"{old}_processed_idx\" ON \"{old}\" (processed_at) \
              WHERE processed_at IS NOT NULL"
         );
-        let sql = "CREATE UNIQUE INDEX IF NOT EXISTS txbox_inbox_k ON txbox_inbox (a)";
         assert_eq!(
-            recreate_index(sql, "txbox_inbox_k", "inoutbox_inbox_k", &r).unwrap(),
-            "CREATE UNIQUE INDEX IF NOT EXISTS \"inoutbox_inbox_k\" ON \"inoutbox_inbox\" (a)"
+            recreate_index(&sql, &format!("{old}_processed_idx"), "x_idx", &r).unwrap(),
+            format!(
+                "CREATE INDEX \"x_idx\" ON \"{new}\" (processed_at) WHERE processed_at IS NOT NULL"
+            )
+        );
+        let sql = format!("CREATE UNIQUE INDEX IF NOT EXISTS {old}_k ON {old} (a)");
+        assert_eq!(
+            recreate_index(&sql, &format!("{old}_k"), "y_k", &r).unwrap(),
+            format!("CREATE UNIQUE INDEX IF NOT EXISTS \"y_k\" ON \"{new}\" (a)")
         );
         assert!(recreate_index("CREATE INDEX x", "x", "y", &r).is_err());
     }
