@@ -427,8 +427,8 @@ async fn a_partitioned_postgres_database_of_the_last_release_upgrades_with_every
         .await
         .expect("create");
     let layout = DailyPartitions::new().ahead(2);
-    let last = PgStore::with_tables(db.pool.clone(), former_names(&db.schema))
-        .partitioned_by_day(layout);
+    let last =
+        PgStore::with_tables(db.pool.clone(), former_names(&db.schema)).partitioned_by_day(layout);
     last.migrate()
         .await
         .expect("every migration under the former names");
@@ -530,6 +530,11 @@ async fn a_table_named_explicitly_keeps_its_name_and_the_others_are_renamed() {
         );
     }
     assert!(!after.contains(&"inoutbox_inbox".to_owned()), "{after:?}");
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_outbox").await,
+        2,
+        "the first release's outbox rows, in the renamed table"
+    );
     let kit = TestInbox::new(store, "upgrade-pg").expect("inbox");
     let mut old = delivery(&UpgradeOrder {
         order_id: "o-processed".into(),
