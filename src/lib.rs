@@ -25,7 +25,8 @@ pub use inoutbox_runtime::__private;
 
 /// The guides, rendered with the API so that the README's links to them work on docs.rs and
 /// crates.io alike (the same files are `docs/*.md`, `SECURITY.md` and `ARCHITECTURE.md` in the
-/// repository).
+/// repository). Their Rust blocks are sketches of a service, not doctests.
+#[cfg(not(doctest))]
 pub mod docs {
     #[doc = include_str!("../docs/behaviour.md")]
     pub mod behaviour {}
