@@ -185,6 +185,30 @@ async fn first_release_sqlite(pool: &sqlx::SqlitePool) {
     }
 }
 
+/// The delivery of the event the first release's inbox recorded as processed (`e-processed`).
+fn processed_in_the_first_release() -> inoutbox::inbox::Delivery {
+    let mut old = delivery(&UpgradeOrder {
+        order_id: "o-processed".into(),
+    });
+    old.headers[0].1 = Some(b"e-processed".to_vec());
+    old
+}
+
+/// Enqueues an order event on PostgreSQL into the outbox of `tables`, in a transaction.
+async fn enqueue_pg(db: &TestDb, tables: &Tables, order_id: &str) {
+    let mut tx = db.pool.begin().await.expect("begin");
+    inoutbox::outbox::PgOutbox::new(tables)
+        .enqueue(
+            &mut tx,
+            &UpgradeOrder {
+                order_id: order_id.into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("enqueue {order_id} into {}: {e}", tables.outbox));
+    tx.commit().await.expect("commit");
+}
+
 /// After the upgrade: the old processed event is a duplicate, the old dead letter replays,
 /// a new event is processed, and the relay publishes the old unpublished row and the new one,
 /// each with its payload's bytes (the published row of the first release is not sent again).
@@ -193,10 +217,7 @@ where
     S: inoutbox::store::InboxStore + inoutbox::relay::IntoRelayStore + Clone,
 {
     let kit = TestInbox::new(store.clone(), group).expect("inbox");
-    let mut old = delivery(&UpgradeOrder {
-        order_id: "o-processed".into(),
-    });
-    old.headers[0].1 = Some(b"e-processed".to_vec());
+    let old = processed_in_the_first_release();
     assert_eq!(
         kit.deliver_raw(old).await,
         Outcome::Duplicate,
@@ -290,16 +311,7 @@ async fn a_postgres_database_of_the_first_release_upgrades_and_keeps_working() {
         .fetch_one(&db.pool)
         .await
         .expect("the old dead letter is kept");
-    let mut tx = db.pool.begin().await.expect("begin");
-    inoutbox::outbox::enqueue(
-        &mut tx,
-        &UpgradeOrder {
-            order_id: "o-after-upgrade".into(),
-        },
-    )
-    .await
-    .expect("enqueue after the upgrade");
-    tx.commit().await.expect("commit");
+    enqueue_pg(&db, &db.tables, "o-after-upgrade").await;
     works_on_the_old_data(store, "upgrade-pg", dead_letter, NEW_PAYLOAD).await;
     assert_eq!(
         db.count("SELECT count(*) FROM handled").await,
@@ -422,10 +434,8 @@ fn former_names(schema: &str) -> Tables {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partitioned_postgres_database_of_the_last_release_upgrades_with_every_object() {
     let db = TestDb::new("upgrade_last").await;
-    sqlx::raw_sql("CREATE TABLE handled (order_id text NOT NULL)")
-        .execute(&db.pool)
-        .await
-        .expect("create");
+    db.exec("CREATE TABLE handled (order_id text NOT NULL)")
+        .await;
     let layout = DailyPartitions::new().ahead(2);
     let last =
         PgStore::with_tables(db.pool.clone(), former_names(&db.schema)).partitioned_by_day(layout);
@@ -440,17 +450,7 @@ async fn a_partitioned_postgres_database_of_the_last_release_upgrades_with_every
         kit.deliver_raw(before_rename.clone()).await,
         Outcome::Processed { attempt: 1 }
     );
-    let mut tx = db.pool.begin().await.expect("begin");
-    inoutbox::outbox::PgOutbox::new(&former_names(&db.schema))
-        .enqueue(
-            &mut tx,
-            &UpgradeOrder {
-                order_id: "o-unpublished".into(),
-            },
-        )
-        .await
-        .expect("enqueue under the former name");
-    tx.commit().await.expect("commit");
+    enqueue_pg(&db, &former_names(&db.schema), "o-unpublished").await;
     let before = pg_objects(&db).await;
     assert!(
         before.iter().any(|n| n.starts_with("txbox_inbox_p"))
@@ -484,16 +484,7 @@ async fn a_partitioned_postgres_database_of_the_last_release_upgrades_with_every
         Outcome::Duplicate,
         "processed before the rename"
     );
-    let mut tx = db.pool.begin().await.expect("begin");
-    inoutbox::outbox::enqueue(
-        &mut tx,
-        &UpgradeOrder {
-            order_id: "o-after".into(),
-        },
-    )
-    .await
-    .expect("enqueue after the rename (the slot trigger's table)");
-    tx.commit().await.expect("commit");
+    enqueue_pg(&db, &db.tables, "o-after").await;
     assert_eq!(
         db.count("SELECT count(*) FROM inoutbox_outbox WHERE slot IS NOT NULL")
             .await,
@@ -536,10 +527,7 @@ async fn a_table_named_explicitly_keeps_its_name_and_the_others_are_renamed() {
         "the first release's outbox rows, in the renamed table"
     );
     let kit = TestInbox::new(store, "upgrade-pg").expect("inbox");
-    let mut old = delivery(&UpgradeOrder {
-        order_id: "o-processed".into(),
-    });
-    old.headers[0].1 = Some(b"e-processed".to_vec());
+    let old = processed_in_the_first_release();
     assert_eq!(kit.deliver_raw(old).await, Outcome::Duplicate);
 }
 
@@ -547,10 +535,7 @@ async fn a_table_named_explicitly_keeps_its_name_and_the_others_are_renamed() {
 async fn a_table_under_both_names_is_refused_and_nothing_is_renamed() {
     let db = TestDb::new("upgrade_both").await;
     first_release_postgres(&db).await;
-    sqlx::raw_sql("CREATE TABLE inoutbox_outbox (id uuid)")
-        .execute(&db.pool)
-        .await
-        .expect("create");
+    db.exec("CREATE TABLE inoutbox_outbox (id uuid)").await;
     let before = pg_objects(&db).await;
     let err = db
         .store()

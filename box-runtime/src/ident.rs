@@ -52,6 +52,12 @@ impl fmt::Display for Ident {
     }
 }
 
+/// Any name read from a database catalog (not validated: it may hold any character), quoted for
+/// a statement, its own double quotes doubled.
+pub(crate) fn quote_name(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 /// A table name, optionally qualified by a schema.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct TableName {

@@ -138,10 +138,7 @@ impl Kit for PgKit {
     }
 
     async fn exec(&self, sql: &str) {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-            .execute(&self.db.pool)
-            .await
-            .expect(sql);
+        self.db.exec(sql).await
     }
 
     fn days_ago(days: u32) -> String {

@@ -134,6 +134,14 @@ impl TestDb {
         store
     }
 
+    /// Runs a statement (or several) in the test's schema.
+    pub async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.pool)
+            .await
+            .expect(sql);
+    }
+
     pub async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.pool)

@@ -50,6 +50,8 @@ pub struct Inbox<S> {
     wake: tokio::sync::Notify,
     /// Wakes the effects drain when a handler's transaction committed.
     pub(crate) committed: tokio::sync::Notify,
+    /// The store's effects table, rendered once for every message's metadata.
+    effects_table: std::sync::Arc<str>,
 }
 
 /// Why an inbox could not be set up.
@@ -114,6 +116,7 @@ impl<S: InboxStore> Inbox<S> {
         }
         two_phase::check_setup::<S>(&handlers, &config)?;
         Ok(Self {
+            effects_table: store.tables().effects.to_string().into(),
             telemetry: InboxTelemetry::new(handlers.group(), handlers.event_types()),
             store,
             handlers,
@@ -758,7 +761,7 @@ impl<S: InboxStore> Inbox<S> {
         meta.key = d.key.clone();
         meta.headers = d.headers.clone();
         meta.attempt = attempt;
-        meta.effects_table = Some(self.store.tables().effects.to_string().into());
+        meta.effects_table = Some(self.effects_table.clone());
         meta
     }
 }

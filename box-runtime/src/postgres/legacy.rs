@@ -5,6 +5,7 @@
 
 use sqlx::{PgConnection, Row};
 
+use crate::ident::quote_name as quote;
 use crate::store::legacy::{self, Rename};
 use crate::store::sql::stmt;
 use crate::store::{StoreError, Tables};
@@ -26,11 +27,6 @@ UNION ALL
 SELECT 'SEQUENCE', true, n.nspname::text, c.relname::text
     FROM tree t JOIN pg_depend d ON d.refobjid = t.oid AND d.refclassid = 'pg_class'::regclass
     JOIN pg_class c ON c.oid = d.objid AND c.relkind = 'S' JOIN pg_namespace n ON n.oid = c.relnamespace";
-
-/// An identifier read from the catalog, quoted for a statement.
-fn quote(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
 
 /// The oid of the table `name` (as configured: quoted, maybe schema-qualified), if it exists.
 async fn table_oid(conn: &mut PgConnection, name: &str) -> Result<Option<i64>, StoreError> {
@@ -100,16 +96,16 @@ async fn rename_one(conn: &mut PgConnection, r: &Rename, oid: i64) -> Result<(),
             ));
         }
     }
-    for (old, new) in r.derived_names() {
-        let function: Option<String> = sqlx::query_scalar(
-            "SELECT p.oid::regprocedure::text FROM pg_proc p JOIN pg_namespace n \
-             ON n.oid = p.pronamespace WHERE n.nspname = $1 AND p.proname = $2 AND p.pronargs = 0",
-        )
-        .bind(&schema)
-        .bind(&old)
-        .fetch_optional(&mut *conn)
-        .await?;
-        if let Some(function) = function {
+    let functions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT p.oid::regprocedure::text, p.proname::text FROM pg_proc p JOIN pg_namespace n \
+         ON n.oid = p.pronamespace WHERE n.nspname = $1 AND p.proname = ANY($2) AND p.pronargs = 0",
+    )
+    .bind(&schema)
+    .bind(r.derived_names())
+    .fetch_all(&mut *conn)
+    .await?;
+    for (function, name) in functions {
+        if let Some(new) = r.derived(&name) {
             statements.push(format!(
                 "ALTER FUNCTION {function} RENAME TO {}",
                 quote(&new)

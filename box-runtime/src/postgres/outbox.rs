@@ -259,6 +259,18 @@ impl OutboxTx for PgConnection {
 mod tests {
     use super::*;
 
+    /// The advisory-lock ids are those every earlier release computed (fixed numbers, from the
+    /// release before the rename): a process of either version serialises the same key's
+    /// enqueues and elects the same wake-up sender, so a rolling upgrade keeps per-key order.
+    #[test]
+    fn lock_ids_are_those_of_the_releases_before_the_rename() {
+        assert_eq!(
+            enqueue_lock_id("orders_outbox", "orders", "k-1"),
+            -9_139_328_509_684_213_252
+        );
+        assert_eq!(wake_lock_id("orders_outbox"), -5_544_806_197_818_906_198);
+    }
+
     #[test]
     fn the_migration_computes_slots_as_the_writer_does() {
         let migration = include_str!("migrations/outbox_v2.sql");

@@ -47,19 +47,14 @@ impl Rename {
             .then(|| fit(format!("{}{rest}", self.new.name().as_str())))
     }
 
-    /// The names the shipped migrations derive from the old table (`{role:suffix}`), each with
-    /// its new name: functions and tables that are not tied to the table in the catalog (the
-    /// slot function on PostgreSQL, the relay's lease table on SQLite).
-    pub(crate) fn derived_names(&self) -> Vec<(String, String)> {
+    /// The names the shipped migrations derive from the old table (`{role:suffix}`): to find
+    /// the objects that are not tied to the table in the catalog (the slot function on
+    /// PostgreSQL, the relay's lease table on SQLite). Their new names are [`derived`](Self::derived).
+    pub(crate) fn derived_names(&self) -> Vec<String> {
         super::tables::DERIVED
             .iter()
             .filter(|(role, _)| *role == self.role)
-            .map(|(_, suffix)| {
-                (
-                    format!("{}_{suffix}", self.old.name().as_str()),
-                    format!("{}_{suffix}", self.new.name().as_str()),
-                )
-            })
+            .map(|(_, suffix)| format!("{}_{suffix}", self.old.name().as_str()))
             .collect()
     }
 
@@ -97,23 +92,14 @@ fn fit(name: String) -> String {
 
 /// The tables of `tables` that have today's default name, each with its first-release name.
 pub(crate) fn renames(tables: &Tables) -> Vec<Rename> {
-    let defaults = [
-        ("inbox", &tables.inbox, names::INBOX_TABLE),
-        ("attempts", &tables.attempts, names::ATTEMPTS_TABLE),
-        (
-            "dead_letters",
-            &tables.dead_letters,
-            names::DEAD_LETTER_TABLE,
-        ),
-        ("outbox", &tables.outbox, names::OUTBOX_TABLE),
-        ("migrations", &tables.migrations, names::MIGRATIONS_TABLE),
-        ("effects", &tables.effects, names::EFFECTS_TABLE),
-    ];
-    defaults
+    let defaults = tables.defaults();
+    tables
+        .roles()
         .into_iter()
-        .filter(|(_, table, default)| table.name().as_str() == *default)
-        .filter_map(|(role, table, default)| {
-            let base = default.strip_prefix(names::TABLE_PREFIX)?;
+        .zip(defaults.roles())
+        .filter(|((_, table), (_, default))| table.name() == default.name())
+        .filter_map(|((role, table), _)| {
+            let base = table.name().as_str().strip_prefix(names::TABLE_PREFIX)?;
             let old = Ident::new(format!("{OLD_PREFIX}{base}")).ok()?;
             Some(Rename {
                 role,
@@ -162,6 +148,15 @@ mod tests {
         );
     }
 
+    /// The lock namespaces are the first release's: changing them would let processes of two
+    /// versions take different locks for the same key (`postgres::outbox` pins the ids too).
+    #[test]
+    fn the_lock_namespaces_keep_the_first_name() {
+        assert_eq!(LOCK_NAMESPACE, "txbox:");
+        assert_eq!(ENQUEUE_LOCK, b"txbox-enqueue");
+        assert_eq!(WAKE_LOCK, b"txbox-wake");
+    }
+
     #[test]
     fn a_table_named_explicitly_is_never_renamed() {
         let tables = Tables::default()
@@ -193,9 +188,8 @@ mod tests {
             "inoutbox_inbox_default_consumer_group_business_key_received_idx"
         );
         assert_eq!(fitted.len(), MAX_IDENT);
-        assert!(inbox.derived_names().contains(&(
-            "txbox_inbox_processed_idx".to_owned(),
-            "inoutbox_inbox_processed_idx".to_owned()
-        )));
+        assert!(inbox
+            .derived_names()
+            .contains(&"txbox_inbox_processed_idx".to_owned()));
     }
 }

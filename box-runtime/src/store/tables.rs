@@ -91,14 +91,6 @@ impl Tables {
     /// lease table) are all distinct and fit PostgreSQL's 63-byte identifiers, so that no
     /// migration silently skips an object whose name collides with another's.
     pub fn validate(&self) -> Result<(), StoreError> {
-        let tables = [
-            ("inbox", &self.inbox),
-            ("attempts", &self.attempts),
-            ("dead_letters", &self.dead_letters),
-            ("outbox", &self.outbox),
-            ("migrations", &self.migrations),
-            ("effects", &self.effects),
-        ];
         let mut seen: Vec<(String, String)> = Vec::new();
         let mut claim = |name: String, what: String| match seen.iter().find(|(n, _)| *n == name) {
             Some((_, other)) => Err(StoreError::Config(format!(
@@ -109,7 +101,7 @@ impl Tables {
                 Ok(())
             }
         };
-        for (role, table) in tables {
+        for (role, table) in self.roles() {
             claim(
                 table.name().as_str().to_owned(),
                 format!("the {role} table"),
@@ -135,15 +127,26 @@ impl Tables {
 
     /// The table a migration template names `{name}` (see `store::migrate`).
     pub(crate) fn by_placeholder(&self, name: &str) -> Option<&TableName> {
-        match name {
-            "inbox" => Some(&self.inbox),
-            "attempts" => Some(&self.attempts),
-            "dead_letters" => Some(&self.dead_letters),
-            "outbox" => Some(&self.outbox),
-            "migrations" => Some(&self.migrations),
-            "effects" => Some(&self.effects),
-            _ => None,
-        }
+        self.roles()
+            .into_iter()
+            .find_map(|(role, table)| (role == name).then_some(table))
+    }
+
+    /// Every table with its role, the name migrations give it in braces (`{inbox}`).
+    pub(crate) fn roles(&self) -> [(&'static str, &TableName); 6] {
+        [
+            ("inbox", &self.inbox),
+            ("attempts", &self.attempts),
+            ("dead_letters", &self.dead_letters),
+            ("outbox", &self.outbox),
+            ("migrations", &self.migrations),
+            ("effects", &self.effects),
+        ]
+    }
+
+    /// The default tables in this one's schema.
+    pub(crate) fn defaults(&self) -> Self {
+        Self::in_schema(self.schema())
     }
 
     /// Renames the inbox table.
