@@ -576,3 +576,29 @@ async fn a_table_under_both_names_is_refused_and_nothing_is_renamed() {
         "renamed nothing"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rename_waits_for_a_first_release_migrator_running_at_the_same_time() {
+    let db = TestDb::new("upgrade_lock").await;
+    first_release_postgres(&db).await;
+    // A first-release migrator holds the lock it took on its (unqualified) migrations table.
+    let mut old = db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('txbox:txbox_migrations'))")
+        .execute(&mut *old)
+        .await
+        .expect("lock");
+    let store = db.store();
+    let migrating = tokio::spawn(async move { store.migrate().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !migrating.is_finished(),
+        "the rename ran while a first-release migrator held its lock"
+    );
+    old.commit().await.expect("release");
+    tokio::time::timeout(Duration::from_secs(30), migrating)
+        .await
+        .expect("the rename goes on once the old migrator is done")
+        .expect("task")
+        .expect("migrate");
+    assert_eq!(db.count("SELECT count(*) FROM inoutbox_outbox").await, 2);
+}
