@@ -440,13 +440,14 @@ async fn count(pool: &PgPool, sql: &str) -> Result<i64, BoxError> {
 
 fn print_table(runs: &[Measured]) {
     let baseline = runs.first().map_or(1.0, Measured::rate);
+    let width = runs.iter().map(|r| r.name.len()).max().unwrap_or(0).max(3);
     println!(
-        "\n{:<34} {:>5} {:>8} {:>8} {:>9} {:>6} {:>12} {:>7}",
+        "\n{:<width$} {:>5} {:>8} {:>8} {:>9} {:>6} {:>12} {:>7}",
         "run", "lanes", "messages", "seconds", "msgs/s", "vs A", "ms/msg/lane", "wall s"
     );
     for r in runs {
         println!(
-            "{:<34} {:>5} {:>8} {:>8.2} {:>9.0} {:>5.2}x {:>12.3} {:>7.2}",
+            "{:<width$} {:>5} {:>8} {:>8.2} {:>9.0} {:>5.2}x {:>12.3} {:>7.2}",
             r.name,
             r.lanes,
             r.messages,
