@@ -49,9 +49,9 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::{watch, Notify};
+use tokio::sync::Notify;
 
-use crate::engine::sleep_unless_shutdown;
+use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::handler::{HandlerError, MessageMeta};
 use crate::store::{text, InboxStore, StoredEffect};
 
@@ -158,10 +158,10 @@ pub(crate) async fn drain<S: InboxStore>(
     store: &S,
     executors: &Executors,
     wake: &Notify,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) {
     let owner = format!("effects-{}-{:x}", std::process::id(), rand_suffix());
-    while !*shutdown.borrow() {
+    while !shutdown.is_cancelled() {
         let woken = wake.notified();
         let claimed = match store
             .claim_effects(&owner, EFFECT_LEASE, EFFECT_BATCH)
@@ -176,7 +176,7 @@ pub(crate) async fn drain<S: InboxStore>(
         if claimed.is_empty() {
             tokio::select! {
                 () = woken => {},
-                _ = sleep_unless_shutdown(EFFECT_POLL, &shutdown) => {},
+                _ = sleep_unless_cancelled(EFFECT_POLL, &shutdown) => {},
             }
             continue;
         }

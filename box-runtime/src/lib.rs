@@ -18,6 +18,7 @@ mod failpoint;
 mod handler;
 mod ident;
 pub mod kafka;
+pub mod message;
 pub mod names;
 pub mod outbox;
 pub mod postgres;
@@ -25,6 +26,7 @@ pub mod redact;
 pub mod relay;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
@@ -33,7 +35,8 @@ mod util;
 
 pub use app::{App, AppError};
 pub use backoff::Backoff;
-pub use consumer::{shutdown_signal, Consumer, ConsumerBuilder};
+pub use consumer::{Consumer, ConsumerBuilder};
+pub use shutdown::shutdown_signal;
 pub use db::{sql, Db, Tx};
 pub use event::OutboxEvent;
 pub use handler::{ErrorKind, HandlerError, HandlerMode, IntoHandlerError, MessageMeta};

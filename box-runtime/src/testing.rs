@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
+use crate::shutdown::CancellationToken;
 use uuid::Uuid;
 
 use crate::engine::{Delivery, Inbox, InboxConfig, Outcome, SetupError};
@@ -29,8 +29,7 @@ pub struct TestInbox<S> {
     inbox: Inbox<S>,
     next_offset: AtomicI64,
     // Never set: a delivery is never abandoned for a shutdown.
-    shutdown: watch::Receiver<bool>,
-    _running: watch::Sender<bool>,
+    shutdown: CancellationToken,
 }
 
 impl<S: InboxStore> TestInbox<S> {
@@ -43,12 +42,11 @@ impl<S: InboxStore> TestInbox<S> {
     /// The same with explicit settings (e.g. a [`RetryPolicy`](crate::engine::RetryPolicy)
     /// with short waits, to test retries and dead letters quickly).
     pub fn with_config(store: S, group: &str, config: InboxConfig) -> Result<Self, SetupError> {
-        let (running, shutdown) = watch::channel(false);
+        let shutdown = CancellationToken::new();
         Ok(Self {
             inbox: Inbox::new(store, group, config)?,
             next_offset: AtomicI64::new(0),
             shutdown,
-            _running: running,
         })
     }
 

@@ -11,7 +11,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use tokio::sync::watch;
+use crate::shutdown::CancellationToken;
 use tracing::{Instrument, Span};
 
 use super::prepare::{Prepared, Ready};
@@ -37,7 +37,7 @@ impl<S: InboxStore> Inbox<S> {
     pub async fn process_batch(
         &self,
         batch: &[&Delivery],
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Vec<Outcome> {
         self.telemetry.batch_size(batch.len());
         if batch.len() <= 1 || !self.config.ack.batches() {
@@ -96,12 +96,12 @@ impl<S: InboxStore> Inbox<S> {
     async fn run_split(
         &self,
         msgs: &[(usize, &Ready<'_>)],
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Vec<(usize, Outcome)> {
         let mut done = Vec::with_capacity(msgs.len());
         let mut rest = msgs;
         while !rest.is_empty() {
-            if *shutdown.borrow() {
+            if shutdown.is_cancelled() {
                 done.extend(rest.iter().map(|(i, _)| (*i, Outcome::Abandoned)));
                 break;
             }
@@ -127,7 +127,7 @@ impl<S: InboxStore> Inbox<S> {
                         "a batch failed on the database; taking its messages one by one"
                     );
                     for (i, msg) in rest {
-                        let outcome = if *shutdown.borrow() {
+                        let outcome = if shutdown.is_cancelled() {
                             Outcome::Abandoned
                         } else {
                             self.run(msg, shutdown).await
@@ -168,7 +168,7 @@ impl<S: InboxStore> Inbox<S> {
     async fn run_batch(
         &self,
         msgs: &[(usize, &Ready<'_>)],
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> BatchEnd {
         let mut tx = match self.store.begin().await {
             Ok(tx) => tx,
@@ -184,7 +184,7 @@ impl<S: InboxStore> Inbox<S> {
         let mut outcomes = Vec::with_capacity(msgs.len());
         let mut k = 0;
         while k < msgs.len() {
-            if k > 0 && *shutdown.borrow() {
+            if k > 0 && shutdown.is_cancelled() {
                 if let Err(e) = self.release_unrun(&mut tx, &msgs[k..], &claims[k..]).await {
                     let _ = self.store.rollback(tx).await;
                     return BatchEnd::Outage(e);

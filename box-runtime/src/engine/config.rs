@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 use crate::names;
-use crate::outbox::Retention;
+use crate::message::Retention;
 
 /// When the broker is told a message is done (the offset committed), and whether the inbox
 /// deduplicates. The four strategies measured in the seed article; [`AckStrategy::ExactlyOnceInbox`]

@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+
+use crate::shutdown::CancellationToken;
 
 use super::partition::{next_batch, reminder, warn_if_held, Partition, PartitionLink};
 use super::{Delivery, Inbox, Outcome};
@@ -71,7 +73,7 @@ pub(super) async fn run<S: InboxStore, L: PartitionLink>(
 async fn lane<S: InboxStore>(
     inbox: Arc<Inbox<S>>,
     mut deliveries: mpsc::Receiver<Arc<Delivery>>,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     done: mpsc::UnboundedSender<Results>,
 ) {
     let (max, wait) = (inbox.config().max_batch.max(1), inbox.config().max_wait);
@@ -80,7 +82,7 @@ async fn lane<S: InboxStore>(
         let Some(batch) = next_batch(&mut deliveries, max, wait, &mut idle, || {}).await else {
             break;
         };
-        if *stop.borrow() {
+        if stop.is_cancelled() {
             break;
         }
         let refs: Vec<&Delivery> = batch.iter().map(|d| &**d).collect();

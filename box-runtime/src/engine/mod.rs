@@ -8,33 +8,31 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tracing::{Instrument, Span};
 
 use crate::backoff::Attempts;
 use crate::handler::{DispatchTable, ErrorKind, HandlerError, MessageMeta};
 use crate::store::{self, Claim, DeadLetter, InboxKey, InboxStore, StoreError};
-use crate::telemetry::inbox::InboxTelemetry;
+use telemetry::InboxTelemetry;
 use crate::telemetry::Health;
+use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::util::CatchUnwind;
 
 mod batch;
 pub(crate) mod config;
-mod delivery;
 mod lanes;
 mod offsets;
-mod outcome;
 pub(crate) mod partition;
 mod prepare;
+mod telemetry;
 mod two_phase;
 
 pub use config::{
     AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, Ordering, RetryPolicy, Source,
     UnknownEvent,
 };
-pub use delivery::Delivery;
+pub use crate::message::{Delivery, Outcome};
 pub use offsets::OffsetTracker;
-pub use outcome::Outcome;
 pub use partition::{PartitionLink, Report};
 
 use prepare::{Prepared, Ready};
@@ -204,7 +202,7 @@ impl<S: InboxStore> Inbox<S> {
     /// Takes one message through the strategy. Retries store outages until they pass and failed
     /// handler runs as the retry policy says; returns [`Outcome::Abandoned`] if `shutdown`
     /// becomes true while waiting.
-    pub async fn process(&self, d: &Delivery, shutdown: &watch::Receiver<bool>) -> Outcome {
+    pub async fn process(&self, d: &Delivery, shutdown: &CancellationToken) -> Outcome {
         let (span, started) = (self.message_span(d), Instant::now());
         let prepared = self.prepare(d).with_span(&span);
         let outcome = self
@@ -241,7 +239,7 @@ impl<S: InboxStore> Inbox<S> {
         &self,
         d: &Delivery,
         prepared: Prepared<'_>,
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Outcome {
         match prepared {
             Prepared::Skip(reason) => Outcome::Skipped { reason },
@@ -302,7 +300,7 @@ impl<S: InboxStore> Inbox<S> {
 
     /// Runs the handler until the message is resolved: outages are waited out, failures
     /// retried or given up on as the policy says.
-    async fn run(&self, msg: &Ready<'_>, shutdown: &watch::Receiver<bool>) -> Outcome {
+    async fn run(&self, msg: &Ready<'_>, shutdown: &CancellationToken) -> Outcome {
         self.run_from(msg, None, shutdown).await
     }
 
@@ -312,7 +310,7 @@ impl<S: InboxStore> Inbox<S> {
         &self,
         msg: &Ready<'_>,
         mut failed: Option<Attempt>,
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Outcome {
         let mut outage = self.config.outage_backoff.start();
         let mut local_failures = 0u32;
@@ -359,7 +357,7 @@ impl<S: InboxStore> Inbox<S> {
                     let wait = outage.next_delay();
                     tracing::warn!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(),
                         error = error.as_str(), retry_in = ?wait, "database busy under the handler, retrying");
-                    if !sleep_unless_shutdown(wait, shutdown).await {
+                    if !sleep_unless_cancelled(wait, shutdown).await {
                         return Outcome::Abandoned;
                     }
                     continue;
@@ -562,7 +560,7 @@ impl<S: InboxStore> Inbox<S> {
         error: &HandlerError,
         chain: String,
         attempts: u32,
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Option<Outcome> {
         let transient = error.kind() == ErrorKind::Transient;
         if transient && attempts < self.config.retry.max_attempts {
@@ -570,7 +568,7 @@ impl<S: InboxStore> Inbox<S> {
             let wait = self.config.retry.delay(attempts);
             tracing::info!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
                 error = chain.as_str(), retry_in = ?wait, "handler failed, retrying");
-            if !sleep_unless_shutdown(wait, shutdown).await {
+            if !sleep_unless_cancelled(wait, shutdown).await {
                 return Some(Outcome::Abandoned);
             }
             return None;
@@ -632,7 +630,7 @@ impl<S: InboxStore> Inbox<S> {
                 id,
             });
         }
-        let (_never, shutdown) = watch::channel(false);
+        let shutdown = CancellationToken::new();
         let d = &letter.delivery;
         // A two-phase handler's letter runs here and now, as a one-phase message would.
         let (span, started) = (self.message_span(d), Instant::now());
@@ -655,7 +653,7 @@ impl<S: InboxStore> Inbox<S> {
         &self,
         key: &InboxKey,
         error: &str,
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Option<u32> {
         let mut outage = self.config.outage_backoff.start();
         loop {
@@ -677,7 +675,7 @@ impl<S: InboxStore> Inbox<S> {
         event_type: Option<&str>,
         reason: &str,
         attempts: u32,
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Outcome {
         let letter = DeadLetter {
             group: self.group(),
@@ -766,27 +764,12 @@ impl<S: InboxStore> Inbox<S> {
     }
 }
 
-/// Sleeps, returning `false` early if shutdown is signalled.
-pub(crate) async fn sleep_unless_shutdown(
-    wait: Duration,
-    shutdown: &watch::Receiver<bool>,
-) -> bool {
-    if *shutdown.borrow() {
-        return false;
-    }
-    let mut shutdown = shutdown.clone();
-    tokio::select! {
-        _ = tokio::time::sleep(wait) => true,
-        _ = shutdown.wait_for(|s| *s) => false,
-    }
-}
-
 /// Waits out a store error by the outage backoff; `false` if shutdown came first. Errors that
 /// are not outages are retried too (they may be passing server states), but logged as errors.
 async fn wait_outage(
     outage: &mut Attempts,
     error: &StoreError,
-    shutdown: &watch::Receiver<bool>,
+    shutdown: &CancellationToken,
 ) -> bool {
     let wait = outage.next_delay();
     // A database message may quote the data: logged escaped, as a field.
@@ -796,7 +779,7 @@ async fn wait_outage(
     } else {
         tracing::error!(target: "inoutbox::engine", error = text.as_str(), retry_in = ?wait, "database error, retrying");
     }
-    sleep_unless_shutdown(wait, shutdown).await
+    sleep_unless_cancelled(wait, shutdown).await
 }
 
 /// How many times inoutbox's own statements for one message may be rejected by the database

@@ -14,7 +14,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+
+use crate::shutdown::CancellationToken;
 
 use super::{lanes, Delivery, Inbox, OffsetTracker, Ordering, Outcome};
 use crate::backoff::Backoff;
@@ -66,7 +68,7 @@ pub async fn run<S: InboxStore, L: PartitionLink>(
     inbox: Arc<Inbox<S>>,
     deliveries: mpsc::Receiver<Arc<Delivery>>,
     link: L,
-    stop: watch::Receiver<bool>,
+    stop: CancellationToken,
     reports: Option<mpsc::UnboundedSender<Report>>,
 ) {
     let mut part = Partition {
@@ -90,7 +92,7 @@ pub async fn run<S: InboxStore, L: PartitionLink>(
 /// One partition's state while it runs.
 pub(super) struct Partition<L> {
     pub(super) link: L,
-    pub(super) stop: watch::Receiver<bool>,
+    pub(super) stop: CancellationToken,
     reports: Option<mpsc::UnboundedSender<Report>>,
     pub(super) tracker: OffsetTracker,
 }
@@ -99,7 +101,7 @@ impl<L: PartitionLink> Partition<L> {
     /// Whether to stop taking messages: shutting down, or the partition was revoked (the rest
     /// is left to the next owner).
     pub(super) fn ending(&self) -> bool {
-        *self.stop.borrow() || !self.link.owned()
+        self.stop.is_cancelled() || !self.link.owned()
     }
 
     /// Micro-batches in offset order: each batch one transaction, then one commit.
@@ -272,7 +274,7 @@ pub(super) fn warn_if_held<L: PartitionLink>(tracker: &OffsetTracker, link: &L) 
 async fn commit_before<L: PartitionLink>(
     link: &L,
     position: i64,
-    stop: &watch::Receiver<bool>,
+    stop: &CancellationToken,
 ) -> bool {
     let mut backoff = Backoff::new(
         std::time::Duration::from_millis(100),
@@ -282,7 +284,7 @@ async fn commit_before<L: PartitionLink>(
     loop {
         match link.commit_now(position).await {
             Ok(()) => return true,
-            Err(error) if link.owned() && !*stop.borrow() => {
+            Err(error) if link.owned() && !stop.is_cancelled() => {
                 let wait = backoff.next_delay();
                 tracing::warn!(target: "inoutbox::engine", partition = %link.name(), %error, retry_in = ?wait,
                     "commit before processing failed; retrying");
@@ -297,8 +299,8 @@ async fn commit_before<L: PartitionLink>(
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use tokio::sync::watch;
 
+    use crate::shutdown::CancellationToken;
     use super::{Delivery, OffsetTracker, Outcome, Partition, PartitionLink};
 
     /// A link that owns its partition for ever and records the positions committed.
@@ -337,7 +339,7 @@ mod tests {
     #[tokio::test]
     async fn a_message_resolved_after_an_abandoned_one_never_commits_past_it() {
         let link = Arc::new(Recorder::default());
-        let (_stop_tx, stop) = watch::channel(false);
+        let stop = CancellationToken::new();
         let mut part = Partition {
             link: link.clone(),
             stop,

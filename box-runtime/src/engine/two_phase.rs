@@ -14,11 +14,11 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 
 use super::prepare::{Prepared, Ready};
 use super::{
-    sleep_unless_shutdown, wait_outage, AckStrategy, Inbox, InboxConfig, Outcome, SetupError,
+    wait_outage, AckStrategy, Inbox, InboxConfig, Outcome, SetupError,
     REJECTIONS_BEFORE_DEAD_LETTER,
 };
 use crate::handler::DispatchTable;
@@ -80,7 +80,7 @@ impl<S: InboxStore> Inbox<S> {
     pub(super) async fn receive_all(
         &self,
         msgs: &[(usize, &Ready<'_>)],
-        shutdown: &watch::Receiver<bool>,
+        shutdown: &CancellationToken,
     ) -> Vec<(usize, Outcome)> {
         let mut outage = self.config.outage_backoff.start();
         let mut rejections = 0;
@@ -145,7 +145,7 @@ impl<S: InboxStore> Inbox<S> {
     /// `shutdown` becomes true; each finishes the message in hand first. Returns at once when
     /// the group has no two-phase handler. Any number of processes may run workers of a group
     /// at once: a row is claimed by one worker at a time.
-    pub async fn run_two_phase(self: Arc<Self>, shutdown: watch::Receiver<bool>)
+    pub async fn run_two_phase(self: Arc<Self>, shutdown: CancellationToken)
     where
         S: 'static,
     {
@@ -177,7 +177,7 @@ impl<S: InboxStore> Inbox<S> {
         owner: String,
         types: &[&str],
         ordered: &[&str],
-        shutdown: watch::Receiver<bool>,
+        shutdown: CancellationToken,
     ) {
         let request = LeaseRequest {
             group: self.group(),
@@ -187,7 +187,7 @@ impl<S: InboxStore> Inbox<S> {
             ordered,
         };
         let mut outage = self.config.outage_backoff.start();
-        while !*shutdown.borrow() {
+        while !shutdown.is_cancelled() {
             let woken = self.wake.notified();
             match self.store.claim_received(&request).await {
                 Ok(Some(row)) => {
@@ -198,7 +198,7 @@ impl<S: InboxStore> Inbox<S> {
                     outage.reset();
                     tokio::select! {
                         () = woken => {},
-                        _ = sleep_unless_shutdown(self.config.two_phase_poll, &shutdown) => {},
+                        _ = sleep_unless_cancelled(self.config.two_phase_poll, &shutdown) => {},
                     }
                 }
                 Err(e) => {
@@ -211,7 +211,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// Runs the handler of a claimed row while renewing its lease, then settles the row.
-    async fn work(&self, row: ReceivedRow, owner: &str, shutdown: &watch::Receiver<bool>) {
+    async fn work(&self, row: ReceivedRow, owner: &str, shutdown: &CancellationToken) {
         let d = &row.delivery;
         let outcome = match self.prepare(d) {
             Prepared::Ready(ready) => {

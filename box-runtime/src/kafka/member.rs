@@ -9,7 +9,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+
+use crate::shutdown::CancellationToken;
 use tokio::task::JoinHandle;
 
 use super::dead_letter::DeadLetterTopic;
@@ -18,7 +20,8 @@ use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceC
 use super::{KafkaConfig, KafkaTransportError};
 use crate::engine::{partition, Delivery, Inbox, Report};
 use crate::store::{text, InboxStore};
-use crate::telemetry::sampler::{Sampling, MIN_SAMPLE_INTERVAL};
+use crate::consumer::sampler::Sampling;
+use crate::telemetry::MIN_SAMPLE_INTERVAL;
 
 /// The task running one partition of one ownership generation.
 struct PartitionTask {
@@ -55,7 +58,7 @@ const WAKE_TIMEOUT: Duration = Duration::from_millis(100);
 pub(crate) async fn run<S: InboxStore>(
     inbox: Arc<Inbox<S>>,
     config: KafkaConfig,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
     reports: Option<mpsc::UnboundedSender<Report>>,
     sampling: Sampling,
 ) -> Result<(), KafkaTransportError> {
@@ -74,7 +77,7 @@ pub(crate) async fn run<S: InboxStore>(
         // whatever one partition does.
         let message = tokio::select! {
             biased;
-            _ = shutdown.wait_for(|s| *s) => break,
+            _ = shutdown.cancelled() => break,
             _ = retry_waiting.tick(), if !member.waiting.is_empty() => {
                 member.drain_waiting();
                 continue;
@@ -271,8 +274,8 @@ impl<S: InboxStore> Member<S> {
 
     fn start(&self, key: PartitionKey, generation: u64) -> PartitionTask {
         let (sender, deliveries) = mpsc::channel(self.config.partition_buffer.max(1));
-        let (stop_tx, stop) = watch::channel(false);
-        lock(&self.ownership).stops.insert(key.clone(), stop_tx);
+        let stop = CancellationToken::new();
+        lock(&self.ownership).stops.insert(key.clone(), stop.clone());
         let link = KafkaPartition {
             consumer: self.consumer.clone(),
             ownership: self.ownership.clone(),

@@ -8,7 +8,7 @@ use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use tokio::sync::watch;
+use crate::shutdown::CancellationToken;
 
 use super::dead_letter::DeadLetterTopic;
 use crate::engine::{Delivery, PartitionLink};
@@ -24,14 +24,14 @@ pub(super) struct Ownership {
     /// The stop signal of each running partition task: turned on when the partition is
     /// revoked (the task stops retrying at once, so it never dead-letters a message the next
     /// owner is processing) and at shutdown.
-    pub(super) stops: HashMap<PartitionKey, watch::Sender<bool>>,
+    pub(super) stops: HashMap<PartitionKey, CancellationToken>,
 }
 
 impl Ownership {
     /// Signals every partition task to stop.
     pub(super) fn stop_all(&mut self) {
         for (_, stop) in self.stops.drain() {
-            let _ = stop.send(true);
+            stop.cancel();
         }
     }
 }
@@ -54,7 +54,7 @@ impl ConsumerContext for RebalanceContext {
                 let key: PartitionKey = (e.topic().into(), e.partition());
                 own.owned.remove(&key);
                 if let Some(stop) = own.stops.remove(&key) {
-                    let _ = stop.send(true);
+                    stop.cancel();
                 }
                 tracing::info!(target: "inoutbox::kafka",
                     topic = e.topic(),

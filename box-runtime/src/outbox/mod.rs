@@ -86,9 +86,8 @@ use crate::event::OutboxEvent;
 use crate::names;
 use crate::store::StoreError;
 
-mod retention;
 
-pub use retention::Retention;
+pub use crate::message::Retention;
 
 /// What went wrong while enqueueing an event.
 #[derive(Debug, thiserror::Error)]
@@ -141,7 +140,7 @@ pub fn current_traceparent() -> Option<String> {
 /// The current span's trace context (feature `otel`).
 #[cfg(feature = "otel")]
 fn span_traceparent() -> Option<String> {
-    crate::telemetry::otel::current_traceparent()
+    crate::message::trace::current_traceparent()
 }
 
 /// Without the `otel` feature, spans carry no trace context.

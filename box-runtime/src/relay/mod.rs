@@ -117,6 +117,7 @@ use crate::telemetry::{Health, DEFAULT_SAMPLE_INTERVAL};
 mod publish;
 mod run;
 mod store;
+mod telemetry;
 mod worker;
 
 pub use crate::postgres::relay::PgRelaySession;

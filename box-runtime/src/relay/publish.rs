@@ -13,7 +13,7 @@ use super::run::Shared;
 use super::{is_message_error, Failure, PendingRow, RelayReport, RelaySession, RelayStore};
 use crate::names;
 use crate::store::StoreError;
-use crate::telemetry::relay::TopicMetrics;
+use super::telemetry::TopicMetrics;
 
 impl<S: RelayStore> Shared<S> {
     /// Publishes `rows` (a worker's batch, in the order read) and records the outcome.

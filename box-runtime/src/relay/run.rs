@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use rdkafka::producer::FutureProducer;
 use tokio::sync::{mpsc, watch};
+
+use crate::shutdown::{finish_within, CancellationToken};
 use tokio::task::JoinSet;
 
 use super::{worker, Relay, RelayConfig, RelayError, RelayReport, RelayStore};
-use crate::telemetry::relay::RelayTelemetry;
-use crate::telemetry::sampler::MIN_SAMPLE_INTERVAL;
+use super::telemetry::RelayTelemetry;
+use crate::telemetry::MIN_SAMPLE_INTERVAL;
 
 /// What every task of one relay shares.
 pub(super) struct Shared<S> {
@@ -22,7 +24,7 @@ pub(super) struct Shared<S> {
     pub(super) config: RelayConfig,
     pub(super) reports: Option<mpsc::UnboundedSender<RelayReport>>,
     /// `true` once the relay stops: no new batch is read.
-    pub(super) stop: watch::Sender<bool>,
+    pub(super) stop: CancellationToken,
     /// Bumped by every notification (and every poll interval): idle workers read again.
     pub(super) wake: watch::Sender<u64>,
     pub(super) telemetry: RelayTelemetry,
@@ -59,7 +61,7 @@ pub(super) async fn run<S: RelayStore>(
         producer: relay.producer,
         config: relay.config,
         reports: relay.reports,
-        stop: watch::Sender::new(false),
+        stop: CancellationToken::new(),
         wake: watch::Sender::new(0),
         telemetry: RelayTelemetry::new(relay.health),
         sample_interval: relay.sample_interval,
@@ -71,7 +73,7 @@ pub(super) async fn run<S: RelayStore>(
         result = supervise(&shared, &mut tasks) => result,
         () = &mut shutdown => Ok(()),
     };
-    shared.stop.send_replace(true);
+    shared.stop.cancel();
     finish(&mut tasks, &shared.config).await;
     health.set_live(false);
     health.set_joined(false);
@@ -122,37 +124,30 @@ async fn supervise<S: RelayStore>(
 /// Lets the tasks finish their batches in flight until the grace period ends; then abandons
 /// what is left (unmarked rows are published again later).
 async fn finish(tasks: &mut Tasks, config: &RelayConfig) {
-    let deadline = tokio::time::Instant::now() + config.grace;
-    loop {
-        match tokio::time::timeout_at(deadline, tasks.join_next()).await {
-            Ok(Some(Ok(Err(e)))) => {
-                tracing::warn!(target: "inoutbox::relay", error = %e, "relay task failed while stopping")
-            }
-            Ok(Some(_)) => {}
-            Ok(None) => return,
-            Err(_) => {
-                tracing::warn!(target: "inoutbox::relay",
-                    grace = ?config.grace,
-                    "relay stop: batches still unacknowledged after the grace period are \
-                     abandoned unmarked (they will be published again)"
-                );
-                tasks.abort_all();
-                while tasks.join_next().await.is_some() {}
-                return;
-            }
+    let in_time = finish_within(tasks, config.grace, |done| {
+        if let Ok(Err(e)) = done {
+            tracing::warn!(target: "inoutbox::relay", error = %e, "relay task failed while stopping");
         }
+    })
+    .await;
+    if !in_time {
+        tracing::warn!(target: "inoutbox::relay",
+            grace = ?config.grace,
+            "relay stop: batches still unacknowledged after the grace period are \
+             abandoned unmarked (they will be published again)"
+        );
     }
 }
 
 /// Turns notifications (and, failing those, the poll interval) into wake-ups of the workers.
 async fn wake_up<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
-    let mut stop = shared.stop.subscribe();
+    let stop = shared.stop.clone();
     loop {
         tokio::select! {
             () = shared.store.wait(shared.config.poll_interval) => {
                 shared.wake.send_modify(|n| *n = n.wrapping_add(1));
             }
-            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
         }
     }
 }
@@ -160,7 +155,7 @@ async fn wake_up<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError
 /// Samples the backlog gauges every sample interval; the outcome also tells the relay's
 /// health whether the database answers.
 async fn sample<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
-    let mut stop = shared.stop.subscribe();
+    let stop = shared.stop.clone();
     loop {
         match shared.store.backlog().await {
             Ok(backlog) => {
@@ -174,7 +169,7 @@ async fn sample<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError>
         }
         tokio::select! {
             () = tokio::time::sleep(shared.sample_interval.max(MIN_SAMPLE_INTERVAL)) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
         }
     }
 }
@@ -184,7 +179,7 @@ async fn purge<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> 
     let Some(retention) = &shared.config.retention else {
         return Ok(());
     };
-    let mut stop = shared.stop.subscribe();
+    let stop = shared.stop.clone();
     loop {
         match shared.store.purge(retention).await {
             Ok(0) => {}
@@ -197,7 +192,7 @@ async fn purge<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> 
         }
         tokio::select! {
             () = tokio::time::sleep(retention.interval) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+            () = stop.cancelled() => return Ok(()),
         }
     }
 }

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::shutdown::CancellationToken;
 use tokio::time::Instant;
 use tracing::Instrument;
 
@@ -112,19 +114,19 @@ pub(super) async fn run<S: RelayStore>(
     session: S::Session,
     n: usize,
 ) -> Result<(), RelayError> {
-    let mut stop = shared.stop.subscribe();
+    let stop = shared.stop.clone();
     let mut wake = shared.wake.subscribe();
     let mut slots = Slots::new(shared.store.slots());
     let mut session = Some(session);
     let mut errors = 0u32;
-    while !*stop.borrow() {
+    while !stop.is_cancelled() {
         let current = match session.as_mut() {
             Some(current) => current,
-            None => match reopen(&shared, &mut stop).await {
+            None => match reopen(&shared, &stop).await {
                 Some(Ok(opened)) => session.insert(opened),
                 Some(Err(e)) => {
                     errors += 1;
-                    pause(&shared, &mut stop, errors, &e, n).await;
+                    pause(&shared, &stop, errors, &e, n).await;
                     continue;
                 }
                 None => break,
@@ -142,7 +144,7 @@ pub(super) async fn run<S: RelayStore>(
                 tokio::select! {
                     _ = wake.changed() => {}
                     () = tokio::time::sleep_until(slots.next_rebalance) => {}
-                    _ = stop.changed() => {}
+                    () = stop.cancelled() => {}
                 }
             }
             Err(StoreError::Config(message)) => {
@@ -157,7 +159,7 @@ pub(super) async fn run<S: RelayStore>(
                     s.close().await; // its slots go with it
                 }
                 slots.held.clear();
-                pause(&shared, &mut stop, errors, &e, n).await;
+                pause(&shared, &stop, errors, &e, n).await;
             }
         }
     }
@@ -169,17 +171,17 @@ pub(super) async fn run<S: RelayStore>(
 
 async fn reopen<S: RelayStore>(
     shared: &Shared<S>,
-    stop: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
 ) -> Option<Result<S::Session, StoreError>> {
     tokio::select! {
         opened = shared.store.open() => Some(opened),
-        _ = stop.wait_for(|stopped| *stopped) => None,
+        () = stop.cancelled() => None,
     }
 }
 
 async fn pause<S>(
     shared: &Shared<S>,
-    stop: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
     errors: u32,
     error: &StoreError,
     worker: usize,
@@ -188,7 +190,7 @@ async fn pause<S>(
     tracing::warn!(target: "inoutbox::relay", worker, %error, retry_in = ?wait, "relay worker: store error; reconnecting");
     tokio::select! {
         () = tokio::time::sleep(wait) => {}
-        _ = stop.wait_for(|stopped| *stopped) => {}
+        () = stop.cancelled() => {}
     }
 }
 

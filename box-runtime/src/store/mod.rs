@@ -4,7 +4,7 @@
 use std::any::Any;
 use std::future::Future;
 
-use crate::engine::Delivery;
+use crate::message::Delivery;
 
 mod connect;
 mod error;

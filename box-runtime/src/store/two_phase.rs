@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::{InboxKey, StoreError};
-use crate::engine::Delivery;
+use crate::message::Delivery;
 
 /// What a worker asks for when it claims a received row.
 #[derive(Clone, Copy, Debug)]

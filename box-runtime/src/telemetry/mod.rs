@@ -15,13 +15,16 @@
 //! - **Health.** [`Consumer::health`](crate::Consumer::health) and
 //!   [`Relay::health`](crate::relay::Relay::health) return a [`Health`].
 
+use std::time::Duration;
+
 mod health;
-pub(crate) mod inbox;
 pub mod metric;
-#[cfg(feature = "otel")]
-pub(crate) mod otel;
-pub(crate) mod relay;
-pub(crate) mod sampler;
 
 pub use health::Health;
-pub use sampler::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER};
+
+/// How often gauges are sampled, by default: every 15 s.
+pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
+/// The shortest sample interval accepted.
+pub(crate) const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+/// After how long a received, unprocessed inbox row counts as stuck, by default: 5 minutes.
+pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(300);

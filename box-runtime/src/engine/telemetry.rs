@@ -7,9 +7,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Histogram, SharedString};
 use tracing::Span;
 
-use super::metric::{self as m, LABEL_EVENT_TYPE, LABEL_GROUP, UNKNOWN_EVENT_TYPE};
-use super::Health;
-use crate::engine::{Delivery, Outcome};
+use crate::message::{Delivery, Outcome};
+use crate::telemetry::metric::{self as m, LABEL_EVENT_TYPE, LABEL_GROUP, UNKNOWN_EVENT_TYPE};
+use crate::telemetry::Health;
 
 /// The metric handles of one event type of one group.
 struct TypeMetrics {
@@ -160,7 +160,7 @@ fn message_span(group: &str, d: &Delivery, (type_header, id_header): (&str, &str
         duration_ms = tracing::field::Empty,
     );
     #[cfg(feature = "otel")]
-    super::otel::continue_trace(&span, d);
+    crate::message::trace::continue_trace(&span, d);
     span
 }
 

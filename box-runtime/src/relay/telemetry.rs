@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Gauge, Histogram, SharedString};
 use uuid::Uuid;
 
-use super::metric::{self as m, LABEL_TOPIC};
-use super::Health;
+use crate::telemetry::metric::{self as m, LABEL_TOPIC};
+use crate::telemetry::Health;
 use crate::relay::Backlog;
 
 /// The handles of one topic.

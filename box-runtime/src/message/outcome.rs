@@ -24,7 +24,7 @@ pub enum Outcome {
         error: String,
     },
     /// The handler failed and the message stays unacknowledged
-    /// ([`OnExhausted::LeaveUncommitted`](super::OnExhausted::LeaveUncommitted)); it is delivered again after a restart or rebalance.
+    /// ([`OnExhausted::LeaveUncommitted`](crate::engine::OnExhausted::LeaveUncommitted)); it is delivered again after a restart or rebalance.
     FailedUnacknowledged {
         /// The error chain.
         error: String,

@@ -9,7 +9,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::engine::Delivery;
+use super::Delivery;
 use crate::names::HEADER_TRACEPARENT;
 
 /// A message's headers as OpenTelemetry reads them.

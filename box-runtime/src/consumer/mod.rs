@@ -3,7 +3,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
+
+use crate::shutdown::CancellationToken;
 
 use crate::effects::{self, Effect, Executors};
 use crate::engine::{
@@ -13,8 +15,10 @@ use crate::engine::{
 use crate::kafka::{member, KafkaConfig, KafkaTransportError};
 use crate::outbox::Retention;
 use crate::store::InboxStore;
-use crate::telemetry::sampler::{sample_inbox, Sampling};
+use sampler::{sample_inbox, Sampling};
 use crate::telemetry::Health;
+
+pub(crate) mod sampler;
 
 /// A consumer group member: every `#[inbox_handler]` of its group, on a store, fed by Kafka.
 ///
@@ -83,7 +87,7 @@ impl<S: InboxStore> Consumer<S> {
         self,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), KafkaTransportError> {
-        let (tx, rx) = watch::channel(false);
+        let rx = CancellationToken::new();
         let health = self.inbox.health();
         health.set_live(true);
         let sampler = tokio::spawn(sample_inbox(self.inbox.clone(), self.sampling, rx.clone()));
@@ -97,16 +101,16 @@ impl<S: InboxStore> Consumer<S> {
                 effects::drain(inbox.store(), &executors, &inbox.committed, rx).await
             })
         });
-        let run = member::run(self.inbox, self.kafka, rx, self.reports, self.sampling);
+        let run = member::run(self.inbox, self.kafka, rx.clone(), self.reports, self.sampling);
         tokio::pin!(run);
         let result = tokio::select! {
             result = &mut run => result,
             () = shutdown => {
-                let _ = tx.send(true);
+                rx.cancel();
                 run.await
             }
         };
-        let _ = tx.send(true);
+        rx.cancel();
         let _ = workers.await;
         if let Some(effects) = effects {
             let _ = effects.await;
@@ -297,7 +301,7 @@ impl<S: InboxStore> ConsumerBuilder<S> {
 /// `retention.interval`, until `stop`: in statements of `retention.batch_size` rows, each its
 /// own short transaction, so no lock is held for long. Every group's rows in the inbox table
 /// go, whichever consumer purges; several consumers purging at once only share the work.
-async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, mut stop: watch::Receiver<bool>) {
+async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, stop: CancellationToken) {
     let (Some(retention), true) = (inbox.config().retention, inbox.config().ack.uses_inbox())
     else {
         return;
@@ -318,7 +322,7 @@ async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, mut stop: watch::Receive
         }
         tokio::select! {
             () = tokio::time::sleep(retention.interval) => {}
-            _ = stop.wait_for(|stopped| *stopped) => return,
+            _ = stop.cancelled() => return,
         }
     }
 }

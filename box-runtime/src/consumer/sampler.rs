@@ -5,18 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use metrics::SharedString;
-use tokio::sync::watch;
+use crate::shutdown::CancellationToken;
 
-use super::metric::{self as m, LABEL_GROUP};
+use crate::telemetry::metric::{self as m, LABEL_GROUP};
+use crate::telemetry::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, MIN_SAMPLE_INTERVAL};
 use crate::engine::Inbox;
 use crate::store::InboxStore;
 
-/// How often gauges are sampled, by default: every 15 s.
-pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
-/// The shortest sample interval accepted.
-pub(crate) const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
-/// After how long a received, unprocessed inbox row counts as stuck, by default: 5 minutes.
-pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(300);
 
 /// What a consumer samples, and how often.
 #[derive(Clone, Copy, Debug)]
@@ -39,7 +34,7 @@ impl Default for Sampling {
 pub(crate) async fn sample_inbox<S: InboxStore>(
     inbox: Arc<Inbox<S>>,
     sampling: Sampling,
-    mut stop: watch::Receiver<bool>,
+    stop: CancellationToken,
 ) {
     let group = SharedString::from(inbox.group().to_owned());
     let dead_letters = metrics::gauge!(m::INBOX_DEAD_LETTERS, LABEL_GROUP => group.clone());
@@ -65,7 +60,7 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
         }
         tokio::select! {
             () = tokio::time::sleep(sampling.interval.max(MIN_SAMPLE_INTERVAL)) => {}
-            _ = stop.wait_for(|s| *s) => return,
+            _ = stop.cancelled() => return,
         }
     }
 }
