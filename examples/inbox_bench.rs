@@ -39,7 +39,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use inoutbox::inbox::Report;
-use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::kafka::InProcessKafka;
 use inoutbox::prelude::*;
 use inoutbox::{AckStrategy, Outcome};
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
@@ -184,7 +184,7 @@ impl Broker {
     /// `KAFKA_BROKERS`, [`BROKER_FETCH_WAIT`]).
     fn consumer_settings(&self) -> Vec<(&'static str, &'static str)> {
         if self.in_process.is_some() {
-            CONSUMER_SETTINGS.to_vec()
+            InProcessKafka::consumer_settings().to_vec()
         } else {
             [QUICK_GROUP_SETTINGS, &[BROKER_FETCH_WAIT]].concat()
         }

@@ -15,9 +15,9 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::kafka::{InProcessKafka, KafkaProducer};
 use inoutbox::prelude::*;
-use inoutbox::{Consumer, KafkaConfig, Relay, RetryPolicy, SqliteStore};
+use inoutbox::{Consumer, Relay, RetryPolicy, SqliteStore};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use tokio::net::TcpListener;
 use uuid::Uuid;
@@ -95,15 +95,12 @@ async fn run(
     let kafka = InProcessKafka::start()?;
     kafka.create_topic("orders", 3)?;
 
-    let relay = Relay::builder(store.clone(), kafka.brokers())
+    let relay = Relay::builder(store.clone(), KafkaProducer::new(kafka.brokers()))
         .source("ops-example")
         .poll_interval(Duration::from_millis(50))
         .sample_interval(Duration::from_secs(1))
         .build()?;
-    let mut config = KafkaConfig::new(kafka.brokers(), ["orders"]);
-    for (k, v) in CONSUMER_SETTINGS {
-        config = config.set(*k, *v);
-    }
+    let config = kafka.consumer_config(["orders"]);
     let consumer = Consumer::builder("billing", store.clone(), config)
         .retry(RetryPolicy::no_retries())
         .sample_interval(Duration::from_secs(1))

@@ -42,7 +42,7 @@ async fn main() -> Result<(), common::Failure> {
     let store = inoutbox::PgStore::new(pool);
     store.migrate().await?;
     tracing::info!(%brokers, %source, idempotence, poll_ms, workers, batch, "relay started");
-    inoutbox::Relay::builder(store, brokers)
+    inoutbox::Relay::builder(store, inoutbox::kafka::KafkaProducer::new(brokers))
         .source(source)
         .idempotence(idempotence)
         .poll_interval(Duration::from_millis(poll_ms))

@@ -41,8 +41,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use inoutbox::kafka::KafkaProducer;
 use inoutbox::prelude::*;
 use inoutbox::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
+use inoutbox::transport::IntoPublisher;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -164,9 +166,12 @@ impl Settings {
         Duration::from_secs_f64(1.0 / self.rate)
     }
 
+    fn producer(&self) -> KafkaProducer {
+        KafkaProducer::new(self.brokers.clone()).idempotence(self.idempotence)
+    }
+
     fn relay_config(&self) -> RelayConfig {
-        let mut config = RelayConfig::new(self.brokers.clone());
-        config.idempotence = self.idempotence;
+        let mut config = RelayConfig::default();
         config.source = "bench".to_owned();
         config.workers = self.workers;
         config.batch_size = self.batch;
@@ -220,10 +225,12 @@ impl Schema {
     fn start_relay(
         &self,
         config: &RelayConfig,
+        producer: KafkaProducer,
         reports: Option<mpsc::UnboundedSender<RelayReport>>,
     ) -> Running {
         let store = inoutbox::PgStore::with_tables(self.pool.clone(), self.tables.clone());
-        let mut relay = Relay::with_store(store.into_relay_store(), config.clone()).expect("relay");
+        let publisher = producer.into_publisher().expect("producer");
+        let mut relay = Relay::with_store(store.into_relay_store(), publisher, config.clone());
         if let Some(reports) = reports {
             relay = relay.reports(reports);
         }
@@ -298,7 +305,7 @@ async fn raw_latency(producer: &FutureProducer, settings: &Settings) -> Vec<Dura
 /// latency = ack - commit.
 async fn relay_latency(schema: &Schema, settings: &Settings) -> Result<Vec<Duration>, BoxError> {
     let (tx, mut reports) = mpsc::unbounded_channel();
-    let relay = schema.start_relay(&settings.relay_config(), Some(tx));
+    let relay = schema.start_relay(&settings.relay_config(), settings.producer(), Some(tx));
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (pool, period, n) = (
         schema.pool.clone(),
@@ -380,7 +387,7 @@ async fn drain(
     backlog(schema, rows).await?;
     let started = Instant::now();
     let running: Vec<Running> = (0..relays)
-        .map(|_| schema.start_relay(&settings.relay_config(), None))
+        .map(|_| schema.start_relay(&settings.relay_config(), settings.producer(), None))
         .collect();
     loop {
         let left: bool = sqlx::query_scalar(
@@ -632,7 +639,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let schema = Schema::create(&settings).await?;
     create_topic(&settings.brokers, TOPIC, PARTITIONS).await?;
-    let producer: FutureProducer = settings.relay_config().client_config().create()?;
+    let producer: FutureProducer = settings.producer().client_config().create()?;
     println!(
         "relay bench: {PARTITIONS} partitions, idempotence={}, {} workers per relay, \
          batch {}, backlogs {:?}",

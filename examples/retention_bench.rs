@@ -14,7 +14,8 @@
 
 use std::time::{Duration, Instant};
 
-use inoutbox::store::{DailyPartitions, InboxStore};
+use inoutbox::postgres::DailyPartitions;
+use inoutbox::store::InboxStore;
 use inoutbox::{PgStore, Tables};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 

@@ -7,18 +7,28 @@ pub use inoutbox_macros::inbox_handler;
 pub use inoutbox_macros::OutboxEvent;
 
 #[doc(inline)]
-pub use inoutbox_runtime::engine::{AckStrategy, Outcome, RetryPolicy};
+pub use inoutbox_runtime::app::{App, AppError};
 #[doc(inline)]
-pub use inoutbox_runtime::{kafka::KafkaConfig, relay::Relay, store::Tables};
+pub use inoutbox_runtime::db::{sql, Db, Tx};
 #[doc(inline)]
-pub use inoutbox_runtime::{
-    shutdown_signal, Consumer, HandlerError, MessageMeta, OutboxEvent, PgStore, PgTx,
-};
+pub use inoutbox_runtime::engine::{AckStrategy, RetryPolicy};
 #[doc(inline)]
-pub use inoutbox_runtime::{sql, App, AppError, Db, Tx};
+pub use inoutbox_runtime::kafka::KafkaConfig;
+#[doc(inline)]
+pub use inoutbox_runtime::message::Outcome;
+#[doc(inline)]
+pub use inoutbox_runtime::postgres::{PgStore, PgTx};
+#[doc(inline)]
+pub use inoutbox_runtime::relay::{Relay, RelayBuilder};
+#[doc(inline)]
+pub use inoutbox_runtime::shutdown::shutdown_signal;
 #[cfg(feature = "sqlite")]
 #[doc(inline)]
-pub use inoutbox_runtime::{SqliteStore, SqliteTx};
+pub use inoutbox_runtime::sqlite::{SqliteStore, SqliteTx};
+#[doc(inline)]
+pub use inoutbox_runtime::store::Tables;
+#[doc(inline)]
+pub use inoutbox_runtime::{Consumer, ConsumerBuilder, HandlerError, MessageMeta, OutboxEvent};
 
 #[doc(hidden)]
 pub use inoutbox_runtime::__private;
@@ -57,7 +67,7 @@ pub mod prelude {
 /// and relays it runs.
 pub mod app {
     #[doc(inline)]
-    pub use inoutbox_runtime::app::*;
+    pub use inoutbox_runtime::app::{App, AppError, ConsumerSpec, RelaySpec, Store};
 }
 
 /// Handlers written once for PostgreSQL and SQLite: [`Db`](crate::Db), [`Tx`](crate::Tx) and
@@ -71,7 +81,10 @@ pub mod db {
 /// (what the `inoutbox` command shows and does).
 pub mod admin {
     #[doc(inline)]
-    pub use inoutbox_runtime::admin::*;
+    pub use inoutbox_runtime::admin::{
+        consumer_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow, GroupStatus,
+        OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
+    };
 }
 
 #[cfg(feature = "cli")]
@@ -82,10 +95,11 @@ pub mod cli;
 pub mod inbox {
     #[doc(inline)]
     pub use inoutbox_runtime::engine::{
-        AckStrategy, CommitOn, Delivery, EventId, Inbox, InboxConfig, OnExhausted, Ordering,
-        Outcome, ReplayError, Report, RetryPolicy, SetupError, Source, UnknownEvent,
-        DEFAULT_RETENTION,
+        AckStrategy, CommitOn, EventId, Inbox, InboxConfig, OnExhausted, Ordering, ReplayError,
+        Report, RetryPolicy, SetupError, Source, UnknownEvent, DEFAULT_RETENTION,
     };
+    #[doc(inline)]
+    pub use inoutbox_runtime::message::{Delivery, Outcome};
     #[doc(inline)]
     pub use inoutbox_runtime::{
         Backoff, ConsumerBuilder, ErrorKind, HandlerMode, IntoHandlerError,
@@ -96,13 +110,18 @@ pub mod inbox {
 /// least once, with a stable idempotency key (PostgreSQL).
 pub mod effects {
     #[doc(inline)]
-    pub use inoutbox_runtime::effects::*;
+    pub use inoutbox_runtime::effects::{after_commit, idempotency_key, Effect, EffectFuture};
 }
 
 /// The producer side: enqueue events in the caller's transaction.
 pub mod outbox {
     #[doc(inline)]
-    pub use inoutbox_runtime::outbox::*;
+    pub use inoutbox_runtime::message::Retention;
+    #[doc(inline)]
+    pub use inoutbox_runtime::outbox::{
+        current_traceparent, enqueue, enqueue_all, is_valid_traceparent, with_traceparent,
+        EnqueueError, NewRow, OutboxTx,
+    };
     #[doc(inline)]
     pub use inoutbox_runtime::postgres::PgOutbox;
     #[cfg(feature = "sqlite")]
@@ -110,45 +129,92 @@ pub mod outbox {
     pub use inoutbox_runtime::sqlite::SqliteOutbox;
 }
 
-/// The relay: publishes committed outbox rows to Kafka.
+/// The relay: publishes committed outbox rows through a [`Publisher`](crate::transport::Publisher)
+/// (Kafka's: [`KafkaProducer`](crate::kafka::KafkaProducer)).
 pub mod relay {
     #[doc(inline)]
     pub use inoutbox_runtime::postgres::PgRelayStore;
     #[doc(inline)]
-    pub use inoutbox_runtime::relay::*;
+    pub use inoutbox_runtime::relay::{
+        Backlog, IntoRelayStore, Relay, RelayBuilder, RelayConfig, RelayError, RelayReport,
+        RelaySession, RelayStore,
+    };
     #[cfg(feature = "sqlite")]
     #[doc(inline)]
     pub use inoutbox_runtime::sqlite::SqliteRelayStore;
 }
 
-/// Stores: where inbox rows, attempt counts and dead letters live, and their table names.
+/// Stores: where inbox rows, attempt counts and dead letters live, and their table names. The
+/// [`InboxStore`](store::InboxStore) trait is open: wrap a store (to observe or fault it) by
+/// implementing it over another.
 pub mod store {
     #[doc(inline)]
-    pub use inoutbox_runtime::postgres::{DailyPartitions, PartitionChanges, Retire};
+    pub use inoutbox_runtime::store::{
+        Claim, ClaimRequest, DeadLetter, ErrorClass, InboxKey, InboxStore, LeaseRequest,
+        ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables,
+    };
+}
+
+/// The PostgreSQL backend: the inbox store, its transactions, the outbox writer and relay store
+/// for other table names, and the daily-partitioned inbox.
+pub mod postgres {
     #[doc(inline)]
-    pub use inoutbox_runtime::store::*;
+    pub use inoutbox_runtime::postgres::{
+        DailyPartitions, PartitionChanges, PgOutbox, PgRelayStore, PgStore, PgTx, Retire,
+    };
+}
+
+/// The SQLite backend: the embedded store of the zero-setup mode and of tests.
+#[cfg(feature = "sqlite")]
+pub mod sqlite {
     #[doc(inline)]
-    pub use inoutbox_runtime::IdentError;
+    pub use inoutbox_runtime::sqlite::{
+        SchemaNotSupported, SqliteOutbox, SqliteRelayStore, SqliteStore, SqliteTx,
+    };
+}
+
+/// The transport contract: what a broker does for inoutbox, for a second broker to implement.
+pub mod transport {
+    #[doc(inline)]
+    pub use inoutbox_runtime::message::Delivery;
+    #[doc(inline)]
+    pub use inoutbox_runtime::transport::{
+        IntoPublisher, OutgoingMessage, PartitionLink, Partitions, PublishError, Publisher,
+        Receipt, Transport,
+    };
+}
+
+/// Shutdown: one [`CancellationToken`](shutdown::CancellationToken) carries it to every task;
+/// see the module for the grace rules.
+pub mod shutdown {
+    #[doc(inline)]
+    pub use inoutbox_runtime::shutdown::{shutdown_signal, CancellationToken};
 }
 
 #[cfg(feature = "testing")]
 #[doc = include_str!("docs/testing.md")]
 pub mod testing {
     #[doc(inline)]
-    pub use inoutbox_runtime::testing::*;
+    pub use inoutbox_runtime::testing::{delivery, sqlite_memory, wait_idle, NotIdle, TestInbox};
 }
 
 /// Operations: the metric names ([`telemetry::metric`]), the [`Health`](telemetry::Health) of
 /// consumers and relays, and how spans are named. See `docs/operations.md`.
 pub mod telemetry {
     #[doc(inline)]
-    pub use inoutbox_runtime::telemetry::*;
+    pub use inoutbox_runtime::telemetry::{
+        metric, Health, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER,
+    };
 }
 
-/// The Kafka transport: consumer settings, and an in-process Kafka for zero-setup runs.
+/// The Kafka transport: the consumer's settings ([`KafkaConfig`](kafka::KafkaConfig)), the
+/// relay's producer ([`KafkaProducer`](kafka::KafkaProducer)), and an in-process Kafka for
+/// zero-setup runs.
 pub mod kafka {
     #[doc(inline)]
-    pub use inoutbox_runtime::kafka::*;
+    pub use inoutbox_runtime::kafka::{
+        InProcessKafka, KafkaConfig, KafkaProducer, KafkaPublisher, KafkaTransportError,
+    };
     #[doc(inline)]
     pub use inoutbox_runtime::names::{
         CONTENT_TYPE_JSON, HEADER_CONTENT_TYPE, HEADER_ID, HEADER_SOURCE, HEADER_SPECVERSION,

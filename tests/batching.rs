@@ -50,7 +50,10 @@ impl Setup {
     }
 
     /// A consumer whose batches wait long enough to gather a whole backlog.
-    fn consumer(&self, group: &str) -> inoutbox::inbox::ConsumerBuilder<inoutbox::PgStore> {
+    fn consumer(
+        &self,
+        group: &str,
+    ) -> inoutbox::ConsumerBuilder<inoutbox::PgStore, inoutbox::KafkaConfig> {
         Consumer::builder(
             group,
             self.store.clone(),

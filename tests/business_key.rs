@@ -112,10 +112,8 @@ fn transfer(offset: i64, event_id: &str, transfer_no: u64) -> Delivery {
     delivery(offset, event_id, "TransferBooked", payload)
 }
 
-fn no_shutdown() -> tokio::sync::watch::Receiver<bool> {
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    std::mem::forget(stop);
-    shutdown
+fn no_shutdown() -> inoutbox::shutdown::CancellationToken {
+    inoutbox::shutdown::CancellationToken::new()
 }
 
 /// The same operation sent twice with two event ids, a redelivery of the first, another

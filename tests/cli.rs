@@ -179,7 +179,7 @@ fn once() -> InboxConfig {
 }
 
 async fn dead_letter_id<S: inoutbox::store::InboxStore>(inbox: &Inbox<S>, d: Delivery) -> i64 {
-    let (_stop, shutdown) = watch::channel(false);
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
     match inbox.process(&d, &shutdown).await {
         Outcome::DeadLettered { id, .. } => id,
         other => panic!("expected a dead letter, got {other:?}"),
@@ -246,7 +246,7 @@ async fn every_subcommand_works_on_postgres() {
         .execute(&db.pool)
         .await
         .unwrap();
-    let (_stop, shutdown) = watch::channel(false);
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
     let ok = inbox
         .process(&delivery(3, "CliOrder", &order(700)), &shutdown)
         .await;
@@ -478,7 +478,7 @@ async fn every_subcommand_works_on_sqlite() {
         .unwrap();
     let inbox = Inbox::new(store.clone(), "cli-lite", once()).expect("inbox");
     let bad = dead_letter_id(&inbox, delivery(1, "CliOrder", "not json at all")).await;
-    let (_stop, shutdown) = watch::channel(false);
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
     inbox
         .process(&delivery(2, "CliOrder", &order(5)), &shutdown)
         .await;

@@ -559,7 +559,7 @@ handlers!("rebalance", |event, tx, meta, store| {
 });
 
 async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
-    use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+    use inoutbox::kafka::InProcessKafka;
     let kafka = InProcessKafka::start().expect("in-process kafka");
     let topic = "rebalance";
     kafka.create_topic(topic, 4).expect("topic");
@@ -580,12 +580,7 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
         }
     }
     let total = 4 * per_partition;
-    let config = || {
-        CONSUMER_SETTINGS.iter().fold(
-            inoutbox::KafkaConfig::new(kafka.brokers(), [topic]),
-            |c, (k, v)| c.set(*k, *v),
-        )
-    };
+    let config = || kafka.consumer_config([topic]);
     let mut a = Running::start(Consumer::builder("rebalance", kit.store(), config()));
     tokio::time::timeout(Duration::from_secs(60), GATE_ENTERED[K::INDEX].notified())
         .await
@@ -911,7 +906,11 @@ async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit>(
     .unwrap();
     store.rollback(tx).await.unwrap();
 
-    let relay = Relay::with_store(kit.relay_store(), K::relay_config(&broker.brokers)).unwrap();
+    let relay = Relay::with_store(
+        kit.relay_store(),
+        support::tansu_publisher(&broker.brokers),
+        K::relay_config(),
+    );
     let mut relay = support::RunningRelay::spawn(relay);
     relay.published(5, Duration::from_secs(30)).await;
     relay.stop().await;
@@ -954,9 +953,11 @@ async fn three_relays_keep_per_key_commit_order_and_lose_nothing<K: Kit>() {
     let kit = K::new("order3").await;
     let relays: Vec<_> = (0..3)
         .map(|_| {
-            support::RunningRelay::spawn(
-                Relay::with_store(kit.relay_store(), K::relay_config(&broker.brokers)).unwrap(),
-            )
+            support::RunningRelay::spawn(Relay::with_store(
+                kit.relay_store(),
+                support::tansu_publisher(&broker.brokers),
+                K::relay_config(),
+            ))
         })
         .collect();
     // Concurrent writers; a key's sequence number comes from a counter row in the same

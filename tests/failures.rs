@@ -67,7 +67,10 @@ async fn setup(name: &str, partitions: i32) -> Setup {
 }
 
 impl Setup {
-    fn consumer(&self, group: &str) -> inoutbox::inbox::ConsumerBuilder<inoutbox::PgStore> {
+    fn consumer(
+        &self,
+        group: &str,
+    ) -> inoutbox::ConsumerBuilder<inoutbox::PgStore, inoutbox::KafkaConfig> {
         Consumer::builder(
             group,
             self.store.clone(),

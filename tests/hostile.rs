@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use inoutbox::inbox::{Delivery, Inbox, InboxConfig, OnExhausted};
 use inoutbox::prelude::*;
-use inoutbox::store::text::{inbox_id, sha256_hex};
 use inoutbox::{Outcome, RetryPolicy};
+use inoutbox_runtime::store::text::{inbox_id, sha256_hex};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, TestRunner};
 use serde::{Deserialize, Serialize};
@@ -620,7 +620,7 @@ async fn the_handler_sees_the_raw_id_while_the_inbox_keys_on_its_digest() {
     let dir = support::kit::TempDir::new("hostile-meta");
     let store = sqlite_store(&dir).await;
     let inbox = Inbox::new(store.clone(), "hostile-meta", InboxConfig::default()).unwrap();
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
     let ids = [
         "nul\0inside".to_owned(),
         "L".repeat(5000),
@@ -668,7 +668,7 @@ fn header_name() -> impl Strategy<Value = String> {
         4 => Just("ce_type".to_owned()),
         1 => Just("ce_source".to_owned()),
         2 => proptest::collection::vec(any::<u8>(), 0..12)
-            .prop_map(|b| inoutbox::store::text::header_name(&b)),
+            .prop_map(|b| inoutbox_runtime::store::text::header_name(&b)),
     ]
 }
 
@@ -760,7 +760,7 @@ fn envelope_property<S: inoutbox::store::InboxStore>(
     inbox: &Inbox<S>,
     cases: u32,
 ) -> BTreeMap<&'static str, usize> {
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
     let offsets = AtomicUsize::new(0);
     let outcomes = Mutex::new(BTreeMap::new());
     let mut runner = TestRunner::new(ProptestConfig {

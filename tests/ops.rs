@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use inoutbox::inbox::{Backoff, Delivery, Inbox, InboxConfig};
-use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::kafka::InProcessKafka;
 use inoutbox::prelude::*;
 use inoutbox::relay::{Backlog, IntoRelayStore, RelayStore};
 use inoutbox::store::{DeadLetter, InboxStore};
 use inoutbox::telemetry::metric;
-use inoutbox::{Consumer, KafkaConfig, Outcome, Relay, RetryPolicy};
+use inoutbox::{Consumer, Outcome, Relay, RetryPolicy};
 use serde::{Deserialize, Serialize};
 use support::TestDb;
 use uuid::Uuid;
@@ -99,16 +99,16 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
     let kafka = InProcessKafka::start().expect("in-process kafka");
     kafka.create_topic("orders", 3).expect("topic");
 
-    let relay = Relay::builder(store.clone(), kafka.brokers())
-        .poll_interval(Duration::from_millis(50))
-        .sample_interval(Duration::from_millis(200))
-        .retention(None)
-        .build()
-        .expect("relay");
-    let mut kafka_config = KafkaConfig::new(kafka.brokers(), ["orders"]);
-    for (k, v) in CONSUMER_SETTINGS {
-        kafka_config = kafka_config.set(*k, *v);
-    }
+    let relay = Relay::builder(
+        store.clone(),
+        inoutbox::kafka::KafkaProducer::new(kafka.brokers()),
+    )
+    .poll_interval(Duration::from_millis(50))
+    .sample_interval(Duration::from_millis(200))
+    .retention(None)
+    .build()
+    .expect("relay");
+    let kafka_config = kafka.consumer_config(["orders"]);
     let fast = Backoff::new(Duration::from_millis(10), Duration::from_millis(10));
     let consumer = Consumer::builder(GROUP, store.clone(), kafka_config)
         .retry(RetryPolicy::default().max_attempts(3).backoff(fast))

@@ -8,9 +8,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use inoutbox::kafka::{InProcessKafka, CONSUMER_SETTINGS};
+use inoutbox::kafka::InProcessKafka;
 use inoutbox::prelude::*;
-use inoutbox::{Consumer, KafkaConfig, Relay, SqliteStore};
+use inoutbox::{Consumer, Relay, SqliteStore};
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry::Value;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
@@ -91,15 +91,15 @@ async fn the_handler_span_continues_the_producer_trace_through_outbox_and_relay(
     inoutbox::outbox::enqueue(&mut tx, &untraced).await.unwrap();
     tx.commit().await.unwrap();
 
-    let relay = Relay::builder(store.clone(), kafka.brokers())
-        .poll_interval(Duration::from_millis(50))
-        .retention(None)
-        .build()
-        .unwrap();
-    let mut config = KafkaConfig::new(kafka.brokers(), ["placed"]);
-    for (k, v) in CONSUMER_SETTINGS {
-        config = config.set(*k, *v);
-    }
+    let relay = Relay::builder(
+        store.clone(),
+        inoutbox::kafka::KafkaProducer::new(kafka.brokers()),
+    )
+    .poll_interval(Duration::from_millis(50))
+    .retention(None)
+    .build()
+    .unwrap();
+    let config = kafka.consumer_config(["placed"]);
     let consumer = Consumer::builder("otel-billing", store, config)
         .build()
         .unwrap();

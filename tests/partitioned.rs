@@ -9,8 +9,9 @@ mod support;
 use std::time::Duration;
 
 use inoutbox::inbox::{Delivery, Inbox, InboxConfig};
+use inoutbox::postgres::DailyPartitions;
 use inoutbox::prelude::*;
-use inoutbox::store::{DailyPartitions, InboxKey, InboxStore};
+use inoutbox::store::{InboxKey, InboxStore};
 use inoutbox::Outcome;
 use serde::{Deserialize, Serialize};
 use support::TestDb;
@@ -116,10 +117,8 @@ async fn day_of(db: &TestDb, event_id: &str) -> String {
         .expect("the row's partition")
 }
 
-fn no_shutdown() -> tokio::sync::watch::Receiver<bool> {
-    let (stop, shutdown) = tokio::sync::watch::channel(false);
-    std::mem::forget(stop);
-    shutdown
+fn no_shutdown() -> inoutbox::shutdown::CancellationToken {
+    inoutbox::shutdown::CancellationToken::new()
 }
 
 #[tokio::test]

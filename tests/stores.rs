@@ -92,7 +92,7 @@ fn delivery(offset: i64, id: &str, payment: &Payment) -> Delivery {
 async fn savepoint_rolled_back_inside_a_handler_keeps_the_outer_write_once<K: Kit>(group: &str) {
     let kit = K::new(group).await;
     let inbox = Inbox::new(kit.store(), group, InboxConfig::default()).expect("inbox");
-    let (_stop, shutdown) = tokio::sync::watch::channel(false);
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
     let payment = Payment {
         order_id: Uuid::new_v4(),
         total_cents: 1250,

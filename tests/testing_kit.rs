@@ -181,10 +181,13 @@ async fn drain_publishes_every_row_and_returns_once_the_outbox_is_empty() {
     let store = sqlite_memory().await.expect("store");
     enqueue_orders(&store, 40).await;
     let (reports, mut published) = tokio::sync::mpsc::unbounded_channel();
-    let relay = Relay::builder(store.clone(), kafka.brokers())
-        .reports(reports)
-        .build()
-        .expect("relay");
+    let relay = Relay::builder(
+        store.clone(),
+        inoutbox::kafka::KafkaProducer::new(kafka.brokers()),
+    )
+    .reports(reports)
+    .build()
+    .expect("relay");
     tokio::time::timeout(Duration::from_secs(60), relay.drain())
         .await
         .expect("drain returns")
@@ -223,9 +226,12 @@ async fn wait_idle_returns_when_a_running_relay_has_published_everything() {
         Err(NotIdle::Unpublished { unpublished, .. }) => assert_eq!(unpublished, 25),
         other => panic!("expected 25 unpublished rows, got {other:?}"),
     }
-    let relay = Relay::builder(store.clone(), kafka.brokers())
-        .build()
-        .expect("relay");
+    let relay = Relay::builder(
+        store.clone(),
+        inoutbox::kafka::KafkaProducer::new(kafka.brokers()),
+    )
+    .build()
+    .expect("relay");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(relay.run(async move {
         let _ = stopped.await;
@@ -268,12 +274,15 @@ async fn the_sqlite_relay_publishes_exactly_the_serialised_bytes() {
         .await
         .expect("enqueue");
     tx.commit().await.expect("commit");
-    Relay::builder(store.clone(), kafka.brokers())
-        .build()
-        .expect("relay")
-        .drain()
-        .await
-        .expect("drain");
+    Relay::builder(
+        store.clone(),
+        inoutbox::kafka::KafkaProducer::new(kafka.brokers()),
+    )
+    .build()
+    .expect("relay")
+    .drain()
+    .await
+    .expect("drain");
     let msg = read_topic(kafka.brokers(), "kit-signed", 1, 1, Duration::from_secs(30))
         .await
         .remove(0);

@@ -16,8 +16,9 @@ mod support;
 use std::time::Duration;
 
 use inoutbox::kafka::InProcessKafka;
+use inoutbox::postgres::DailyPartitions;
 use inoutbox::prelude::*;
-use inoutbox::store::{DailyPartitions, Tables};
+use inoutbox::store::Tables;
 use inoutbox::testing::{delivery, TestInbox};
 use inoutbox::{Outcome, PgStore, Relay};
 use serde::{Deserialize, Serialize};
@@ -252,7 +253,7 @@ where
     kafka.create_topic("upgrade", 1).expect("topic");
     tokio::time::timeout(
         Duration::from_secs(60),
-        Relay::builder(store, kafka.brokers())
+        Relay::builder(store, inoutbox::kafka::KafkaProducer::new(kafka.brokers()))
             .build()
             .expect("relay")
             .drain(),

@@ -6,18 +6,21 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
+use crate::shutdown::CancellationToken;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_util::sync::CancellationToken;
 
 use crate::engine::{InboxConfig, Report, RetryPolicy, SetupError, UnknownEvent};
-use crate::kafka::{InProcessKafka, KafkaConfig, KafkaTransportError, CONSUMER_SETTINGS};
+use crate::kafka::{
+    InProcessKafka, KafkaConfig, KafkaProducer, KafkaTransportError, CONSUMER_SETTINGS,
+};
+use crate::postgres::PgStore;
 use crate::relay::{IntoRelayStore, Relay, RelayConfig, RelayError, RelayReport};
 use crate::store::{InboxStore, StoreError};
-use crate::{Consumer, PgStore};
+use crate::Consumer;
 
 /// Connections of the PostgreSQL pool [`App::from_env`] opens: each relay holds three (two
 /// workers and its listener), each consumer partition in flight one.
@@ -31,7 +34,7 @@ pub enum Store {
     Postgres(PgStore),
     /// SQLite (`DATABASE_URL=sqlite:...`, or the zero-setup file).
     #[cfg(feature = "sqlite")]
-    Sqlite(crate::SqliteStore),
+    Sqlite(crate::sqlite::SqliteStore),
 }
 
 impl Store {
@@ -194,13 +197,15 @@ impl ConsumerSpec {
 #[must_use]
 pub struct RelaySpec {
     config: RelayConfig,
+    idempotence: bool,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
 }
 
 impl Default for RelaySpec {
     fn default() -> Self {
         Self {
-            config: RelayConfig::new(""),
+            config: RelayConfig::default(),
+            idempotence: true,
             reports: None,
         }
     }
@@ -232,7 +237,7 @@ impl RelaySpec {
 
     /// Whether to use the idempotent producer (default true; Tansu needs `false`).
     pub fn idempotence(mut self, on: bool) -> Self {
-        self.config.idempotence = on;
+        self.idempotence = on;
         self
     }
 
@@ -440,7 +445,7 @@ impl App {
         let token = self.token.clone();
         let signal = tokio::spawn(async move {
             tokio::select! {
-                () = crate::shutdown_signal() => token.cancel(),
+                () = crate::shutdown::shutdown_signal() => token.cancel(),
                 () = token.cancelled() => {}
             }
         });
@@ -494,13 +499,12 @@ impl App {
     }
 
     fn relay_part(&self, spec: RelaySpec) -> Result<Part, AppError> {
-        let mut config = spec.config;
-        config.brokers = self.brokers().to_owned();
-        let (reports, token) = (spec.reports, &self.token);
+        let producer = KafkaProducer::new(self.brokers()).idempotence(spec.idempotence);
+        let (config, reports, token) = (spec.config, spec.reports, &self.token);
         match &self.store {
-            Store::Postgres(store) => relay(store.clone(), config, reports, token),
+            Store::Postgres(store) => relay(store.clone(), producer, config, reports, token),
             #[cfg(feature = "sqlite")]
-            Store::Sqlite(store) => relay(store.clone(), config, reports, token),
+            Store::Sqlite(store) => relay(store.clone(), producer, config, reports, token),
         }
     }
 }
@@ -552,6 +556,7 @@ fn consumer<S: InboxStore>(
 
 fn relay<T: IntoRelayStore>(
     store: T,
+    producer: KafkaProducer,
     config: RelayConfig,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
     token: &CancellationToken,
@@ -559,7 +564,7 @@ fn relay<T: IntoRelayStore>(
 where
     T::Store: Send + Sync + 'static,
 {
-    let mut builder = Relay::builder(store, config.brokers.clone()).config(config);
+    let mut builder = Relay::builder(store, producer).config(config);
     if let Some(reports) = reports {
         builder = builder.reports(reports);
     }
@@ -590,7 +595,7 @@ async fn open_store(
         }
         #[cfg(feature = "sqlite")]
         Some(url) if url.starts_with("sqlite:") => {
-            let store = crate::SqliteStore::connect(url).await?;
+            let store = crate::sqlite::SqliteStore::connect(url).await?;
             Ok((Store::Sqlite(store), None, format!("SQLite ({url})")))
         }
         #[cfg(feature = "sqlite")]
@@ -603,7 +608,8 @@ async fn open_store(
             })?;
             let temp = TempDir(dir);
             let path = temp.0.join("app.db");
-            let store = crate::SqliteStore::connect(&format!("sqlite:{}", path.display())).await?;
+            let store =
+                crate::sqlite::SqliteStore::connect(&format!("sqlite:{}", path.display())).await?;
             let name = format!("SQLite ({})", path.display());
             Ok((Store::Sqlite(store), Some(temp), name))
         }

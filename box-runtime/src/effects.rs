@@ -51,8 +51,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::handler::{HandlerError, MessageMeta};
+use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::store::{text, InboxStore, StoredEffect};
 
 /// Schedules an effect of `kind` with `payload` (serialized as JSON) to run after the handler's
@@ -60,7 +60,7 @@ use crate::store::{text, InboxStore, StoredEffect};
 /// the same kind twice in one run is one effect: give each a distinct kind (`"email:welcome"`,
 /// `"email:receipt"`) to have several.
 pub async fn after_commit<T: Serialize + ?Sized>(
-    tx: &mut crate::PgTx<'_>,
+    tx: &mut crate::postgres::PgTx<'_>,
     meta: &MessageMeta,
     kind: &str,
     payload: &T,

@@ -24,33 +24,20 @@ pub mod outbox;
 pub mod postgres;
 pub mod redact;
 pub mod relay;
+pub mod shutdown;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
-pub mod shutdown;
 pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transport;
 mod util;
 
-pub use app::{App, AppError};
 pub use backoff::Backoff;
 pub use consumer::{Consumer, ConsumerBuilder};
-pub use shutdown::shutdown_signal;
-pub use db::{sql, Db, Tx};
 pub use event::OutboxEvent;
 pub use handler::{ErrorKind, HandlerError, HandlerMode, IntoHandlerError, MessageMeta};
-pub use ident::IdentError;
-pub use postgres::PgStore;
-#[cfg(feature = "sqlite")]
-pub use sqlite::SqliteStore;
-
-/// The transaction type a PostgreSQL handler takes: `tx: &mut PgTx<'_>`.
-pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
-
-/// The transaction type a SQLite handler takes: `tx: &mut SqliteTx<'_>`.
-#[cfg(feature = "sqlite")]
-pub type SqliteTx<'c> = sqlx::Transaction<'c, sqlx::Sqlite>;
 
 /// What generated code reaches; not a public API.
 #[doc(hidden)]

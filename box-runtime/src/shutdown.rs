@@ -16,8 +16,8 @@
 
 use std::time::Duration;
 
-pub use tokio_util::sync::CancellationToken;
 use tokio::task::{JoinError, JoinSet};
+pub use tokio_util::sync::CancellationToken;
 
 /// Completes on SIGINT or SIGTERM.
 pub async fn shutdown_signal() {

@@ -4,7 +4,7 @@
 //! Nothing here is a mock: [`TestInbox`] runs a message through the consumer group's real
 //! inbox path ([`Inbox::process`]: the claim, the handler in the same transaction, retries,
 //! dead letters), only the broker is left out; [`sqlite_memory`] is an ordinary migrated
-//! [`SqliteStore`](crate::SqliteStore) whose database lives in memory;
+//! [`SqliteStore`](crate::sqlite::SqliteStore) whose database lives in memory;
 //! [`wait_idle`] and [`Relay::drain`](crate::relay::Relay::drain) say when the outbox is
 //! published.
 
@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use crate::shutdown::CancellationToken;
 use uuid::Uuid;
 
-use crate::engine::{Delivery, Inbox, InboxConfig, Outcome, SetupError};
+use crate::engine::{Inbox, InboxConfig, SetupError};
 use crate::event::OutboxEvent;
+use crate::message::{Delivery, Outcome};
 use crate::names;
 use crate::relay::{IntoRelayStore, RelayStore};
 use crate::store::{InboxStore, StoreError};
@@ -104,14 +105,14 @@ pub fn delivery<E: OutboxEvent>(event: &E) -> Delivery {
     }
 }
 
-/// A migrated [`SqliteStore`](crate::SqliteStore) on a new, private in-memory database.
+/// A migrated [`SqliteStore`](crate::sqlite::SqliteStore) on a new, private in-memory database.
 ///
 /// The pool's connections share the database (sqlx names each `sqlite::memory:` database
 /// uniquely and opens it with a shared cache), and it lives as long as the pool: one
 /// connection is kept open and never retired, so the tables do not vanish between
 /// statements, as they would once every connection of a plain in-memory pool is closed.
 #[cfg(feature = "sqlite")]
-pub async fn sqlite_memory() -> Result<crate::SqliteStore, StoreError> {
+pub async fn sqlite_memory() -> Result<crate::sqlite::SqliteStore, StoreError> {
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
     use std::str::FromStr;
     let options =
@@ -123,7 +124,7 @@ pub async fn sqlite_memory() -> Result<crate::SqliteStore, StoreError> {
         .max_lifetime(None)
         .connect_with(options)
         .await?;
-    let store = crate::SqliteStore::new(pool);
+    let store = crate::sqlite::SqliteStore::new(pool);
     store.migrate().await?;
     Ok(store)
 }

@@ -46,11 +46,10 @@ pub trait Kit: Sized + Send + Sync + 'static {
         cents: i64,
     ) -> impl Future<Output = ()> + 'a;
 
-    /// Relay settings for tests: no idempotence (Tansu), quick polls, no purge.
-    fn relay_config(brokers: &str) -> RelayConfig {
-        let mut config = RelayConfig::new(brokers);
+    /// Relay settings for tests: quick polls, no purge.
+    fn relay_config() -> RelayConfig {
+        let mut config = RelayConfig::default();
         config.source = "inoutbox-tests".to_owned();
-        config.idempotence = false;
         config.poll_interval = std::time::Duration::from_millis(100);
         config.retention = None;
         config

@@ -243,6 +243,15 @@ pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     }
 }
 
+/// The relay's Kafka producer, set up for Tansu (which rejects the idempotent producer).
+pub fn tansu_publisher(brokers: &str) -> inoutbox::kafka::KafkaPublisher {
+    use inoutbox::transport::IntoPublisher;
+    inoutbox::kafka::KafkaProducer::new(brokers)
+        .idempotence(false)
+        .into_publisher()
+        .expect("kafka producer")
+}
+
 /// A producer suitable for Tansu (no idempotence handshake).
 pub fn producer(brokers: &str) -> FutureProducer {
     ClientConfig::new()
@@ -395,7 +404,7 @@ pub fn init_logging() {
 
 impl Running {
     pub fn start<S: inoutbox::store::InboxStore>(
-        builder: inoutbox::inbox::ConsumerBuilder<S>,
+        builder: inoutbox::ConsumerBuilder<S, inoutbox::KafkaConfig>,
     ) -> Self {
         init_logging();
         let (tx, reports) = mpsc::unbounded_channel();
@@ -485,9 +494,9 @@ pub fn unique(prefix: &str) -> String {
 pub fn relay_builder(
     db: &TestDb,
     brokers: &str,
-) -> inoutbox::relay::RelayBuilder<inoutbox::relay::PgRelayStore> {
+) -> inoutbox::relay::RelayBuilder<inoutbox::relay::PgRelayStore, inoutbox::kafka::KafkaProducer> {
     let store = inoutbox::PgStore::with_tables(db.pool.clone(), db.tables.clone());
-    inoutbox::Relay::builder(store, brokers)
+    inoutbox::Relay::builder(store, inoutbox::kafka::KafkaProducer::new(brokers))
         .source("inoutbox-tests")
         .idempotence(false)
         .retention(None)
@@ -502,13 +511,15 @@ pub struct RunningRelay {
 
 impl RunningRelay {
     pub fn start<S: inoutbox::relay::RelayStore>(
-        builder: inoutbox::relay::RelayBuilder<S>,
+        builder: inoutbox::relay::RelayBuilder<S, inoutbox::kafka::KafkaProducer>,
     ) -> Self {
         Self::spawn(builder.build().expect("build relay"))
     }
 
     /// Runs a relay on any store in a task.
-    pub fn spawn<S: inoutbox::relay::RelayStore>(relay: inoutbox::relay::Relay<S>) -> Self {
+    pub fn spawn<S: inoutbox::relay::RelayStore, P: inoutbox::transport::Publisher>(
+        relay: inoutbox::relay::Relay<S, P>,
+    ) -> Self {
         let (tx, reports) = mpsc::unbounded_channel();
         let relay = relay.reports(tx);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

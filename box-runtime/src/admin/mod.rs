@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use sqlx::Row;
 
-use crate::engine::{Inbox, InboxConfig, Outcome, ReplayError, SetupError};
+use crate::engine::{Inbox, InboxConfig, ReplayError, SetupError};
+use crate::message::Outcome;
 use crate::outbox::Retention;
 use crate::postgres::PgStore;
 #[cfg(feature = "sqlite")]

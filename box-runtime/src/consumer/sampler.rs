@@ -4,14 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics::SharedString;
 use crate::shutdown::CancellationToken;
+use metrics::SharedString;
 
-use crate::telemetry::metric::{self as m, LABEL_GROUP};
-use crate::telemetry::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, MIN_SAMPLE_INTERVAL};
 use crate::engine::Inbox;
 use crate::store::InboxStore;
-
+use crate::telemetry::metric::{self as m, LABEL_GROUP};
+use crate::telemetry::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, MIN_SAMPLE_INTERVAL};
 
 /// What a consumer samples, and how often.
 #[derive(Clone, Copy, Debug)]

@@ -15,7 +15,9 @@ use crate::shutdown::CancellationToken;
 use tracing::{Instrument, Span};
 
 use super::prepare::{Prepared, Ready};
-use super::{classify_failure, Attempt, Delivery, Inbox, Outcome};
+use super::process::{classify_failure, duplicate, Attempt};
+use super::Inbox;
+use crate::message::{Delivery, Outcome};
 use crate::store::{Claim, ClaimRequest, InboxStore, StoreError};
 
 /// How a batch transaction ended.
@@ -274,7 +276,7 @@ impl<S: InboxStore> Inbox<S> {
             })
             .collect();
         if let [claim @ (Claim::Duplicate | Claim::DuplicateBusinessKey)] = claims {
-            outcomes.push(super::duplicate(&msgs[0].1.key, *claim));
+            outcomes.push(duplicate(&msgs[0].1.key, *claim));
             return Ok(());
         }
         let result = match msgs {

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::backoff::Backoff;
-use crate::names;
 use crate::message::Retention;
+use crate::names;
 
 /// When the broker is told a message is done (the offset committed), and whether the inbox
 /// deduplicates. The four strategies measured in the seed article; [`AckStrategy::ExactlyOnceInbox`]
@@ -295,4 +295,133 @@ impl InboxConfig {
             EventId::BrokerCoordinates => names::HEADER_ID,
         }
     }
+}
+
+/// The setters of an [`InboxConfig`], written once: expanded in `impl InboxConfig` and in the
+/// builders that hold one (`inbox_setters!(config)` sets `self.config.<field>`).
+macro_rules! inbox_setters {
+    ($($field:ident)?) => {
+        /// The acknowledgement strategy (default
+        /// [`AckStrategy::ExactlyOnceInbox`](crate::engine::AckStrategy::ExactlyOnceInbox)).
+        pub fn ack(mut self, ack: $crate::engine::AckStrategy) -> Self {
+            self$(.$field)?.ack = ack;
+            self
+        }
+
+        /// Where event ids come from (default: the `ce_id` header).
+        pub fn event_id(mut self, event_id: $crate::engine::EventId) -> Self {
+            self$(.$field)?.event_id = event_id;
+            self
+        }
+
+        /// Keys the inbox by `(source, id)` (default: by id alone).
+        pub fn source(mut self, source: $crate::engine::Source) -> Self {
+            self$(.$field)?.source = source;
+            self
+        }
+
+        /// The header carrying the event type (default `ce_type`).
+        pub fn event_type_header(mut self, name: impl Into<String>) -> Self {
+            self$(.$field)?.event_type_header = name.into();
+            self
+        }
+
+        /// Retries of failed handler runs (default: 5 runs, 100 ms doubling to 30 s).
+        pub fn retry(mut self, retry: $crate::engine::RetryPolicy) -> Self {
+            self$(.$field)?.retry = retry;
+            self
+        }
+
+        /// What happens once retries are exhausted (default: dead letter).
+        pub fn on_exhausted(mut self, on_exhausted: $crate::engine::OnExhausted) -> Self {
+            self$(.$field)?.on_exhausted = on_exhausted;
+            self
+        }
+
+        /// What happens to event types the group has no handler for (default: dead letter;
+        /// `Skip` for a topic shared with other consumers).
+        pub fn unknown_event(mut self, unknown: $crate::engine::UnknownEvent) -> Self {
+            self$(.$field)?.unknown_event = unknown;
+            self
+        }
+
+        /// Payloads over this size are dead-lettered unread (default 1 MiB).
+        pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+            self$(.$field)?.max_payload_bytes = bytes;
+            self
+        }
+
+        /// Messages of one partition handled in one transaction at most (default 500; 1 turns
+        /// batching off).
+        pub fn max_batch(mut self, messages: usize) -> Self {
+            self$(.$field)?.max_batch = messages.max(1);
+            self
+        }
+
+        /// How long a batch waits for more messages before it closes (default 2 ms).
+        pub fn max_wait(mut self, wait: std::time::Duration) -> Self {
+            self$(.$field)?.max_wait = wait;
+            self
+        }
+
+        /// The order of handling inside a partition (default
+        /// [`Ordering::Partition`](crate::engine::Ordering::Partition)).
+        pub fn ordering(mut self, ordering: $crate::engine::Ordering) -> Self {
+            self$(.$field)?.ordering = ordering;
+            self
+        }
+
+        /// Concurrent lanes per partition with
+        /// [`Ordering::Key`](crate::engine::Ordering::Key) (default 8).
+        pub fn key_lanes(mut self, lanes: usize) -> Self {
+            self$(.$field)?.key_lanes = lanes.max(1);
+            self
+        }
+
+        /// The longest one transaction may take before it is abandoned as an outage (default
+        /// 60 s).
+        pub fn transaction_timeout(mut self, limit: std::time::Duration) -> Self {
+            self$(.$field)?.transaction_timeout = limit;
+            self
+        }
+
+        /// How processed inbox rows are purged (default: those processed over 7 days ago,
+        /// 1000 rows per statement, every minute); `None` turns the purge off.
+        pub fn retention(mut self, retention: Option<$crate::message::Retention>) -> Self {
+            self$(.$field)?.retention = retention;
+            self
+        }
+
+        /// How long a business key refuses other events with the same key (default: as long
+        /// as its inbox row is kept).
+        pub fn business_key_window(mut self, window: std::time::Duration) -> Self {
+            self$(.$field)?.business_key_window = Some(window);
+            self
+        }
+
+        /// Workers per process running two-phase handlers (default 4). Any number of
+        /// processes may run them.
+        pub fn two_phase_workers(mut self, workers: usize) -> Self {
+            self$(.$field)?.two_phase_workers = workers.max(1);
+            self
+        }
+
+        /// How long a worker's claim on a received row holds unless renewed (default 30 s,
+        /// at least 300 ms).
+        pub fn lease(mut self, lease: std::time::Duration) -> Self {
+            self$(.$field)?.lease = lease.max(std::time::Duration::from_millis(300));
+            self
+        }
+
+        /// How often idle workers look for rows other processes received (default 500 ms).
+        pub fn two_phase_poll(mut self, every: std::time::Duration) -> Self {
+            self$(.$field)?.two_phase_poll = every;
+            self
+        }
+    };
+}
+pub(crate) use inbox_setters;
+
+impl InboxConfig {
+    inbox_setters!();
 }

@@ -1,8 +1,9 @@
 //! Before a handler runs: the message's inbox key, event type and handler, or why it is bad.
 
-use super::{Delivery, Inbox};
-use crate::engine::config::{EventId, Source, UnknownEvent};
+use super::config::{EventId, Source, UnknownEvent};
+use super::Inbox;
 use crate::handler::HandlerRegistration;
+use crate::message::Delivery;
 use crate::store::{text, InboxKey, InboxStore};
 
 /// A message ready for its handler.

@@ -14,14 +14,12 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
-
 use super::prepare::{Prepared, Ready};
-use super::{
-    wait_outage, AckStrategy, Inbox, InboxConfig, Outcome, SetupError,
-    REJECTIONS_BEFORE_DEAD_LETTER,
-};
+use super::process::{wait_outage, REJECTIONS_BEFORE_DEAD_LETTER};
+use super::{AckStrategy, Inbox, InboxConfig, SetupError};
 use crate::handler::DispatchTable;
+use crate::message::Outcome;
+use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError};
 
 /// Checks that a group with two-phase handlers runs on a store that supports them, with the

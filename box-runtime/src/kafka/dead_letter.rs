@@ -6,7 +6,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::backoff::Backoff;
-use crate::engine::Delivery;
+use crate::message::Delivery;
 
 /// Publishes dead letters to a topic, besides the dead-letter table.
 pub(super) struct DeadLetterTopic {

@@ -29,7 +29,7 @@ impl std::fmt::Debug for InProcessKafka {
 }
 
 /// Consumer settings that suit the in-process cluster: quick joins and rebalances.
-pub const CONSUMER_SETTINGS: &[(&str, &str)] = &[
+pub(crate) const CONSUMER_SETTINGS: &[(&str, &str)] = &[
     ("session.timeout.ms", "1500"),
     ("heartbeat.interval.ms", "300"),
     // The mock cluster answers a fetch only when its wait ends, not when a message arrives:
@@ -64,6 +64,25 @@ impl InProcessKafka {
     /// The bootstrap servers of the cluster.
     pub fn brokers(&self) -> &str {
         &self.brokers
+    }
+
+    /// The librdkafka consumer settings this cluster needs (short session timeouts, frequent
+    /// metadata refreshes), for a consumer of your own; [`consumer_config`](Self::consumer_config)
+    /// applies them.
+    pub fn consumer_settings() -> &'static [(&'static str, &'static str)] {
+        CONSUMER_SETTINGS
+    }
+
+    /// A consumer of `topics` on this cluster, with the settings the mock cluster needs
+    /// (short session timeouts, frequent metadata refreshes).
+    pub fn consumer_config(
+        &self,
+        topics: impl IntoIterator<Item = impl Into<String>>,
+    ) -> super::KafkaConfig {
+        CONSUMER_SETTINGS.iter().fold(
+            super::KafkaConfig::new(self.brokers.clone(), topics),
+            |config, (k, v)| config.set(*k, *v),
+        )
     }
 
     /// Creates a topic (producing to an unknown topic also creates one, with 4 partitions).

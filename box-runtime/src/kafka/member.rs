@@ -1,5 +1,5 @@
 //! The consumer group member: subscribes, routes each message to its partition's run (one task
-//! per owned partition, see [`crate::engine::partition`]), and shuts down gracefully.
+//! per owned partition, started through [`Partitions`]), and shuts down gracefully.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -10,18 +10,17 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
-
-use crate::shutdown::CancellationToken;
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 
 use super::dead_letter::DeadLetterTopic;
 use super::lag::{self, LagGauges};
 use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceContext};
 use super::{KafkaConfig, KafkaTransportError};
-use crate::engine::{partition, Delivery, Inbox, Report};
-use crate::store::{text, InboxStore};
-use crate::consumer::sampler::Sampling;
+use crate::message::Delivery;
+use crate::shutdown::{finish_within, CancellationToken};
+use crate::store::text;
 use crate::telemetry::MIN_SAMPLE_INTERVAL;
+use crate::transport::{Partitions, Transport};
 
 /// The task running one partition of one ownership generation.
 struct PartitionTask {
@@ -31,13 +30,14 @@ struct PartitionTask {
 }
 
 /// A member of the consumer group and the partition tasks it runs.
-struct Member<S> {
-    inbox: Arc<Inbox<S>>,
+struct Member<P> {
+    partitions: P,
+    /// The consumer's shutdown: each partition run gets a child of it, cancelled on revocation.
+    shutdown: CancellationToken,
     config: KafkaConfig,
     consumer: Arc<StreamConsumer<RebalanceContext>>,
     ownership: Arc<Mutex<Ownership>>,
     dead_letters: Option<Arc<DeadLetterTopic>>,
-    reports: Option<mpsc::UnboundedSender<Report>>,
     tasks: HashMap<PartitionKey, PartitionTask>,
     /// Tasks of revoked partitions, finishing the message in hand; reaped at shutdown.
     retired: Vec<(PartitionKey, JoinHandle<()>)>,
@@ -53,22 +53,34 @@ struct Member<S> {
 /// [`Member::wake_fetchers`]): the dispatcher waits for it.
 const WAKE_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// Runs `inbox` on Kafka until `shutdown` becomes true: then finishes the message each partition
-/// has in hand, commits what is resolved, and leaves the group.
-pub(crate) async fn run<S: InboxStore>(
-    inbox: Arc<Inbox<S>>,
+/// A consumer group member on Kafka: the partitions librdkafka assigns, each run by the engine
+/// from its own task.
+impl Transport for KafkaConfig {
+    type Error = KafkaTransportError;
+
+    fn run<P: Partitions>(
+        self,
+        partitions: P,
+        shutdown: CancellationToken,
+    ) -> impl std::future::Future<Output = Result<(), KafkaTransportError>> + Send {
+        run(partitions, self, shutdown)
+    }
+}
+
+/// Runs the group's partitions on Kafka until `shutdown` is cancelled: then finishes the
+/// message each partition has in hand, commits what is resolved, and leaves the group.
+async fn run<P: Partitions>(
+    partitions: P,
     config: KafkaConfig,
     shutdown: CancellationToken,
-    reports: Option<mpsc::UnboundedSender<Report>>,
-    sampling: Sampling,
 ) -> Result<(), KafkaTransportError> {
-    let mut member = Member::join(inbox, config, reports).await?;
+    let every = partitions.sample_interval().max(MIN_SAMPLE_INTERVAL);
+    let mut member = Member::join(partitions, config, shutdown.clone()).await?;
     let mut errors = ErrorLog::default();
     let mut retry_waiting = tokio::time::interval(Duration::from_millis(5));
-    let lag = LagGauges::new(member.inbox.group());
+    let lag = LagGauges::new(member.partitions.group());
     // The first sample comes one interval after joining, not at once: a consumer that lives
     // shorter than that never queries the broker for its lag.
-    let every = sampling.interval.max(MIN_SAMPLE_INTERVAL);
     let mut sample = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     sample.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -77,7 +89,7 @@ pub(crate) async fn run<S: InboxStore>(
         // whatever one partition does.
         let message = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => break,
+            () = shutdown.cancelled() => break,
             _ = retry_waiting.tick(), if !member.waiting.is_empty() => {
                 member.drain_waiting();
                 continue;
@@ -102,17 +114,17 @@ pub(crate) async fn run<S: InboxStore>(
     member.leave().await
 }
 
-impl<S: InboxStore> Member<S> {
+impl<P: Partitions> Member<P> {
     async fn join(
-        inbox: Arc<Inbox<S>>,
+        partitions: P,
         config: KafkaConfig,
-        reports: Option<mpsc::UnboundedSender<Report>>,
+        shutdown: CancellationToken,
     ) -> Result<Self, KafkaTransportError> {
         let ownership = Arc::new(Mutex::new(Ownership::default()));
         let group_id = config
             .group_id
             .clone()
-            .unwrap_or_else(|| inbox.group().to_owned());
+            .unwrap_or_else(|| partitions.group().to_owned());
         let mut client = ClientConfig::new();
         client
             .set("bootstrap.servers", &config.brokers)
@@ -130,7 +142,7 @@ impl<S: InboxStore> Member<S> {
         let consumer: StreamConsumer<RebalanceContext> = client
             .create_with_context(RebalanceContext {
                 ownership: ownership.clone(),
-                health: inbox.health(),
+                health: partitions.health(),
             })
             .map_err(KafkaTransportError::Setup)?;
         let consumer = Arc::new(consumer);
@@ -139,16 +151,16 @@ impl<S: InboxStore> Member<S> {
         consumer
             .subscribe(&topics)
             .map_err(KafkaTransportError::Setup)?;
-        tracing::info!(target: "inoutbox::kafka", group = inbox.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
+        tracing::info!(target: "inoutbox::kafka", group = partitions.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
             topics: config.topics.iter().map(|t| t.as_str().into()).collect(),
-            inbox,
+            partitions,
+            shutdown,
             config,
             consumer,
             ownership,
             dead_letters,
-            reports,
             tasks: HashMap::new(),
             retired: Vec::new(),
             waiting: HashMap::new(),
@@ -274,8 +286,10 @@ impl<S: InboxStore> Member<S> {
 
     fn start(&self, key: PartitionKey, generation: u64) -> PartitionTask {
         let (sender, deliveries) = mpsc::channel(self.config.partition_buffer.max(1));
-        let stop = CancellationToken::new();
-        lock(&self.ownership).stops.insert(key.clone(), stop.clone());
+        let stop = self.shutdown.child_token();
+        lock(&self.ownership)
+            .stops
+            .insert(key.clone(), stop.clone());
         let link = KafkaPartition {
             consumer: self.consumer.clone(),
             ownership: self.ownership.clone(),
@@ -283,13 +297,7 @@ impl<S: InboxStore> Member<S> {
             generation,
             dead_letters: self.dead_letters.clone(),
         };
-        let handle = tokio::spawn(partition::run(
-            self.inbox.clone(),
-            deliveries,
-            link,
-            stop,
-            self.reports.clone(),
-        ));
+        let handle = self.partitions.start(link, deliveries, stop);
         PartitionTask {
             generation,
             sender,
@@ -297,48 +305,39 @@ impl<S: InboxStore> Member<S> {
         }
     }
 
-    async fn reap(&mut self, handle: JoinHandle<()>, pk: &PartitionKey) {
-        if let Err(e) = handle.await {
-            let error = KafkaTransportError::Task {
-                topic: pk.0.to_string(),
-                partition: pk.1,
-                message: e.to_string(),
-            };
-            tracing::error!(target: "inoutbox::kafka", %error);
-            self.first_error.get_or_insert(error);
-        }
-    }
-
     /// Finishes the messages in hand, commits and leaves the group.
     async fn leave(mut self) -> Result<(), KafkaTransportError> {
-        tracing::info!(target: "inoutbox::kafka",
-            group = self.inbox.group(),
-            "shutting down: finishing messages in hand"
-        );
+        let group = self.partitions.group().to_owned();
+        tracing::info!(target: "inoutbox::kafka", group, "shutting down: finishing messages in hand");
         lock(&self.ownership).stop_all();
         let deadline = tokio::time::Instant::now() + self.config.shutdown_grace;
-        let mut tasks: Vec<_> = self
+        let mut runs = JoinSet::new();
+        let mut aborts = Vec::new();
+        let retired = std::mem::take(&mut self.retired);
+        for (pk, handle) in self
             .tasks
             .drain()
-            .map(|(pk, t)| {
-                drop(t.sender);
-                (pk, t.handle)
-            })
-            .collect();
-        tasks.append(&mut self.retired);
-        for (pk, handle) in tasks {
-            let abort = handle.abort_handle();
-            match tokio::time::timeout_at(deadline, self.reap(handle, &pk)).await {
-                Ok(()) => {}
-                Err(_) => {
-                    // The grace period is over: the handler is dropped with its transaction
-                    // (rolled back) and its offset is not committed.
-                    tracing::warn!(target: "inoutbox::kafka", topic = %pk.0, partition = pk.1,
-                        grace = ?self.config.shutdown_grace,
-                        "a message was still in hand at the end of the grace period; abandoned");
-                    abort.abort();
-                }
+            .map(|(pk, t)| (pk, t.handle))
+            .chain(retired)
+        {
+            aborts.push(handle.abort_handle());
+            runs.spawn(async move { (pk, handle.await) });
+        }
+        let mut first_error = self.first_error.take();
+        let in_time = finish_within(&mut runs, self.config.shutdown_grace, |done| {
+            if let Ok((pk, Err(e))) = done {
+                let error = task_error(&pk, &e);
+                tracing::error!(target: "inoutbox::kafka", %error);
+                first_error.get_or_insert(error);
             }
+        })
+        .await;
+        if !in_time {
+            // The grace period is over: the handlers still running are dropped with their
+            // transactions (rolled back) and their offsets are not committed.
+            tracing::warn!(target: "inoutbox::kafka", group, grace = ?self.config.shutdown_grace,
+                "messages were still in hand at the end of the grace period; abandoned");
+            aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
         // Leaving the group waits for the group coordinator (and closing flushes the queued
         // commits): with the broker gone that could take for ever, so it gets what is left of
@@ -356,12 +355,12 @@ impl<S: InboxStore> Member<S> {
             .max(Duration::from_secs(5));
         if tokio::time::timeout(left, is_closed).await.is_err() {
             tracing::warn!(target: "inoutbox::kafka",
-                group = self.inbox.group(),
+                group,
                 "leaving the group did not finish within the grace period (broker unreachable?)"
             );
         }
-        tracing::info!(target: "inoutbox::kafka", group = self.inbox.group(), "consumer stopped");
-        self.first_error.map_or(Ok(()), Err)
+        tracing::info!(target: "inoutbox::kafka", group, "consumer stopped");
+        first_error.map_or(Ok(()), Err)
     }
 }
 
@@ -481,4 +480,12 @@ fn headers(m: &BorrowedMessage<'_>) -> Vec<(String, Option<Vec<u8>>)> {
         out.push((text::header_name(name), value));
     }
     out
+}
+
+fn task_error(pk: &PartitionKey, e: &tokio::task::JoinError) -> KafkaTransportError {
+    KafkaTransportError::Task {
+        topic: pk.0.to_string(),
+        partition: pk.1,
+        message: e.to_string(),
+    }
 }

@@ -14,11 +14,14 @@ mod config;
 mod dead_letter;
 mod in_process;
 mod lag;
-pub(crate) mod member;
+mod member;
 mod ownership;
+mod producer;
 
 pub use config::KafkaConfig;
-pub use in_process::{InProcessKafka, CONSUMER_SETTINGS};
+pub use in_process::InProcessKafka;
+pub(crate) use in_process::CONSUMER_SETTINGS;
+pub use producer::{is_message_error, KafkaProducer, KafkaPublisher};
 
 /// A failure of the Kafka consumer itself.
 #[derive(Debug, thiserror::Error)]

@@ -4,15 +4,16 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::shutdown::CancellationToken;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use crate::shutdown::CancellationToken;
 
 use super::dead_letter::DeadLetterTopic;
-use crate::engine::{Delivery, PartitionLink};
+use crate::message::Delivery;
 use crate::telemetry::Health;
+use crate::transport::PartitionLink;
 
 pub(super) type PartitionKey = (Arc<str>, i32);
 

@@ -86,7 +86,6 @@ use crate::event::OutboxEvent;
 use crate::names;
 use crate::store::StoreError;
 
-
 pub use crate::message::Retention;
 
 /// What went wrong while enqueueing an event.

@@ -3,7 +3,7 @@
 use sqlx::{Postgres, Row};
 
 use super::PgStore;
-use crate::engine::Delivery;
+use crate::message::Delivery;
 use crate::store::{
     Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError,
     StoredDeadLetter, StoredEffect, Tables,

@@ -19,6 +19,9 @@ mod two_phase;
 pub use outbox::Outbox as PgOutbox;
 pub use partitions::{DailyPartitions, PartitionChanges, Retire};
 pub use relay::PgRelayStore;
+
+/// The transaction type a PostgreSQL handler takes: `tx: &mut PgTx<'_>`.
+pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
 pub(crate) use two_phase::schedule_sql;
 
 /// The migrations this backend ships, in order.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::{Postgres, Row};
 
 use super::PgStore;
-use crate::engine::Delivery;
+use crate::message::Delivery;
 use crate::store::sql::{stmt, Stmt};
 use crate::store::{
     text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, StoredEffect, Tables,

@@ -4,18 +4,15 @@
 use std::collections::HashSet;
 use std::time::SystemTime;
 
-use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureRecord};
 use uuid::Uuid;
 
-use super::run::Shared;
-use super::{is_message_error, Failure, PendingRow, RelayReport, RelaySession, RelayStore};
-use crate::names;
-use crate::store::StoreError;
+use super::shared::Shared;
 use super::telemetry::TopicMetrics;
+use super::{Failure, PendingRow, RelayReport, RelaySession, RelayStore};
+use crate::store::StoreError;
+use crate::transport::{OutgoingMessage, PublishError, Publisher};
 
-impl<S: RelayStore> Shared<S> {
+impl<S: RelayStore, P: Publisher> Shared<S, P> {
     /// Publishes `rows` (a worker's batch, in the order read) and records the outcome.
     pub(super) async fn publish(
         &self,
@@ -25,7 +22,7 @@ impl<S: RelayStore> Shared<S> {
         // Keys whose row could not even be handed to librdkafka: their later rows wait.
         let mut blocked: HashSet<(&str, &str)> = HashSet::new();
         let mut in_flight = Vec::with_capacity(rows.len());
-        let mut failures: Vec<(&PendingRow, KafkaError)> = Vec::new();
+        let mut failures: Vec<(&PendingRow, PublishError)> = Vec::new();
         for row in rows {
             let key = row.key.as_deref();
             if let Some(k) = key.filter(|_| !blocked.is_empty()) {
@@ -48,7 +45,7 @@ impl<S: RelayStore> Shared<S> {
         let mut topic: Option<(&str, TopicMetrics)> = None;
         for (row, delivery) in in_flight {
             match delivery.await {
-                Ok(Ok(d)) => {
+                Ok(d) => {
                     published.push(row.id);
                     if topic.as_ref().is_none_or(|(t, _)| *t != row.topic) {
                         topic = Some((&row.topic, self.telemetry.topic(&row.topic)));
@@ -67,8 +64,7 @@ impl<S: RelayStore> Shared<S> {
                         });
                     }
                 }
-                Ok(Err((e, _))) => failures.push((row, e)),
-                Err(_canceled) => failures.push((row, KafkaError::Canceled)),
+                Err(e) => failures.push((row, e)),
             }
         }
         if !published.is_empty() {
@@ -86,7 +82,7 @@ impl<S: RelayStore> Shared<S> {
     async fn record_failures(
         &self,
         session: &mut S::Session,
-        mut failures: Vec<(&PendingRow, KafkaError)>,
+        mut failures: Vec<(&PendingRow, PublishError)>,
     ) -> Result<(), StoreError> {
         failures.sort_by_key(|(row, _)| row.seq);
         let mut seen = HashSet::new();
@@ -95,7 +91,7 @@ impl<S: RelayStore> Shared<S> {
             .iter()
             .map(|(row, error)| {
                 let attempts = u32::try_from(row.attempts).unwrap_or(0) + 1;
-                let park = is_message_error(error) && attempts >= self.config.max_attempts;
+                let park = error.is_rejected() && attempts >= self.config.max_attempts;
                 let message = format!(
                     "publishing event {} ({}) to topic `{}` failed: {error}",
                     row.id, row.event_type, row.topic
@@ -131,42 +127,23 @@ impl<S: RelayStore> Shared<S> {
         Ok(())
     }
 
-    fn send(&self, row: &PendingRow) -> Result<DeliveryFuture, KafkaError> {
+    fn send(
+        &self,
+        row: &PendingRow,
+    ) -> Result<
+        impl std::future::Future<Output = Result<crate::transport::Receipt, PublishError>> + use<S, P>,
+        PublishError,
+    > {
         let mut id = Uuid::encode_buffer();
         let id = row.id.hyphenated().encode_lower(&mut id);
-        let mut headers = OwnedHeaders::new_with_capacity(5 + row.headers.len())
-            .insert(Header {
-                key: names::HEADER_ID,
-                value: Some(&*id),
-            })
-            .insert(Header {
-                key: names::HEADER_TYPE,
-                value: Some(row.event_type.as_str()),
-            })
-            .insert(Header {
-                key: names::HEADER_SOURCE,
-                value: Some(self.config.source.as_str()),
-            })
-            .insert(Header {
-                key: names::HEADER_SPECVERSION,
-                value: Some(names::SPECVERSION),
-            })
-            .insert(Header {
-                key: names::HEADER_CONTENT_TYPE,
-                value: Some(names::CONTENT_TYPE_JSON),
-            });
-        for (k, v) in &row.headers {
-            headers = headers.insert(Header {
-                key: k.as_str(),
-                value: Some(v.as_str()),
-            });
-        }
-        let mut record: FutureRecord<'_, str, str> = FutureRecord::to(&row.topic)
-            .payload(row.payload.as_str())
-            .headers(headers);
-        if let Some(key) = &row.key {
-            record = record.key(key.as_str());
-        }
-        self.producer.send_result(record).map_err(|(e, _)| e)
+        self.publisher.send(&OutgoingMessage {
+            topic: &row.topic,
+            key: row.key.as_deref(),
+            payload: row.payload.as_bytes(),
+            id,
+            event_type: &row.event_type,
+            source: &self.config.source,
+            extra_headers: &row.headers,
+        })
     }
 }

@@ -5,39 +5,17 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
-use rdkafka::producer::FutureProducer;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::shutdown::{finish_within, CancellationToken};
 use tokio::task::JoinSet;
 
-use super::{worker, Relay, RelayConfig, RelayError, RelayReport, RelayStore};
+use super::shared::Shared;
 use super::telemetry::RelayTelemetry;
+use super::{worker, Relay, RelayConfig, RelayError, RelayStore};
 use crate::telemetry::MIN_SAMPLE_INTERVAL;
-
-/// What every task of one relay shares.
-pub(super) struct Shared<S> {
-    pub(super) store: Arc<S>,
-    pub(super) producer: FutureProducer,
-    pub(super) config: RelayConfig,
-    pub(super) reports: Option<mpsc::UnboundedSender<RelayReport>>,
-    /// `true` once the relay stops: no new batch is read.
-    pub(super) stop: CancellationToken,
-    /// Bumped by every notification (and every poll interval): idle workers read again.
-    pub(super) wake: watch::Sender<u64>,
-    pub(super) telemetry: RelayTelemetry,
-    sample_interval: Duration,
-}
-
-impl<S> Shared<S> {
-    pub(super) fn report(&self, report: RelayReport) {
-        if let Some(tx) = &self.reports {
-            let _ = tx.send(report);
-        }
-    }
-}
+use crate::transport::Publisher;
 
 type Tasks = JoinSet<Result<(), RelayError>>;
 
@@ -46,8 +24,8 @@ async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> bool {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await
 }
 
-pub(super) async fn run<S: RelayStore>(
-    relay: Relay<S>,
+pub(super) async fn run<S: RelayStore, P: Publisher>(
+    relay: Relay<S, P>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {
     tokio::pin!(shutdown);
@@ -58,7 +36,7 @@ pub(super) async fn run<S: RelayStore>(
     }
     let shared = Arc::new(Shared {
         store: relay.store,
-        producer: relay.producer,
+        publisher: relay.publisher,
         config: relay.config,
         reports: relay.reports,
         stop: CancellationToken::new(),
@@ -81,8 +59,8 @@ pub(super) async fn run<S: RelayStore>(
 }
 
 /// Starts the tasks and waits until one fails (a fatal error ends the relay).
-async fn supervise<S: RelayStore>(
-    shared: &Arc<Shared<S>>,
+async fn supervise<S: RelayStore, P: Publisher>(
+    shared: &Arc<Shared<S, P>>,
     tasks: &mut Tasks,
 ) -> Result<(), RelayError> {
     shared.store.listen().await?;
@@ -140,7 +118,7 @@ async fn finish(tasks: &mut Tasks, config: &RelayConfig) {
 }
 
 /// Turns notifications (and, failing those, the poll interval) into wake-ups of the workers.
-async fn wake_up<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
+async fn wake_up<S: RelayStore, P: Publisher>(shared: Arc<Shared<S, P>>) -> Result<(), RelayError> {
     let stop = shared.stop.clone();
     loop {
         tokio::select! {
@@ -154,7 +132,7 @@ async fn wake_up<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError
 
 /// Samples the backlog gauges every sample interval; the outcome also tells the relay's
 /// health whether the database answers.
-async fn sample<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
+async fn sample<S: RelayStore, P: Publisher>(shared: Arc<Shared<S, P>>) -> Result<(), RelayError> {
     let stop = shared.stop.clone();
     loop {
         match shared.store.backlog().await {
@@ -175,7 +153,7 @@ async fn sample<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError>
 }
 
 /// Deletes published rows older than the retention window, every `retention.interval`.
-async fn purge<S: RelayStore>(shared: Arc<Shared<S>>) -> Result<(), RelayError> {
+async fn purge<S: RelayStore, P: Publisher>(shared: Arc<Shared<S, P>>) -> Result<(), RelayError> {
     let Some(retention) = &shared.config.retention else {
         return Ok(());
     };

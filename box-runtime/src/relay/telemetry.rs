@@ -8,9 +8,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use metrics::{Counter, Gauge, Histogram, SharedString};
 use uuid::Uuid;
 
+use crate::relay::Backlog;
 use crate::telemetry::metric::{self as m, LABEL_TOPIC};
 use crate::telemetry::Health;
-use crate::relay::Backlog;
 
 /// The handles of one topic.
 #[derive(Clone)]

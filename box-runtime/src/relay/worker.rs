@@ -16,9 +16,10 @@ use crate::shutdown::CancellationToken;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::run::Shared;
+use super::shared::Shared;
 use super::{RelayError, RelaySession, RelayStore};
 use crate::store::StoreError;
+use crate::transport::Publisher;
 
 /// How soon a worker holding less than its share tries again to claim slots.
 const CLAIM_RETRY: Duration = Duration::from_millis(250);
@@ -109,8 +110,8 @@ impl Slots {
 /// Runs one worker until the relay stops. Store errors drop the session (and with it the
 /// slots) and open a new one after a backoff; a configuration error (a session that cannot
 /// hold its locks) ends the relay.
-pub(super) async fn run<S: RelayStore>(
-    shared: Arc<Shared<S>>,
+pub(super) async fn run<S: RelayStore, P: Publisher>(
+    shared: Arc<Shared<S, P>>,
     session: S::Session,
     n: usize,
 ) -> Result<(), RelayError> {
@@ -169,8 +170,8 @@ pub(super) async fn run<S: RelayStore>(
     Ok(())
 }
 
-async fn reopen<S: RelayStore>(
-    shared: &Shared<S>,
+async fn reopen<S: RelayStore, P: Publisher>(
+    shared: &Shared<S, P>,
     stop: &CancellationToken,
 ) -> Option<Result<S::Session, StoreError>> {
     tokio::select! {
@@ -179,8 +180,8 @@ async fn reopen<S: RelayStore>(
     }
 }
 
-async fn pause<S>(
-    shared: &Shared<S>,
+async fn pause<S, P>(
+    shared: &Shared<S, P>,
     stop: &CancellationToken,
     errors: u32,
     error: &StoreError,
@@ -195,8 +196,8 @@ async fn pause<S>(
 }
 
 /// One step: rebalance if due, then read, publish and mark one batch.
-async fn step<S: RelayStore>(
-    shared: &Shared<S>,
+async fn step<S: RelayStore, P: Publisher>(
+    shared: &Shared<S, P>,
     session: &mut S::Session,
     slots: &mut Slots,
     wake: &mut watch::Receiver<u64>,

@@ -3,7 +3,7 @@
 use sqlx::{Row, Sqlite};
 
 use super::SqliteStore;
-use crate::engine::Delivery;
+use crate::message::Delivery;
 use crate::store::{
     Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
 };

@@ -23,6 +23,9 @@ pub(crate) mod relay;
 pub use outbox::SqliteOutbox;
 pub use relay::SqliteRelayStore;
 
+/// The transaction type a SQLite handler takes: `tx: &mut SqliteTx<'_>`.
+pub type SqliteTx<'c> = sqlx::Transaction<'c, sqlx::Sqlite>;
+
 /// What went wrong setting up a SQLite store.
 #[derive(Debug, thiserror::Error)]
 #[error("SQLite keeps every table in one database: configure table names without a schema (got schema `{0}`)")]

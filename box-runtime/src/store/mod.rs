@@ -15,6 +15,7 @@ pub(crate) mod tables;
 pub mod text;
 mod two_phase;
 
+pub use crate::ident::IdentError;
 pub(crate) use connect::{bounded, check_scheme};
 pub use connect::{redact_url, CONNECT_TIMEOUT};
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};

@@ -10,9 +10,12 @@ use tokio::sync::mpsc;
 
 use crate::shutdown::CancellationToken;
 
-use super::partition::{next_batch, reminder, warn_if_held, Partition, PartitionLink};
-use super::{Delivery, Inbox, Outcome};
+use super::intake::{next_batch, reminder, warn_if_held};
+use super::state::Partition;
+use crate::engine::Inbox;
+use crate::message::{Delivery, Outcome};
 use crate::store::InboxStore;
+use crate::transport::PartitionLink;
 
 type Results = Vec<(Arc<Delivery>, Outcome)>;
 

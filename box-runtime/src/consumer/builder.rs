@@ -1,0 +1,95 @@
+//! [`ConsumerBuilder`]: a consumer's settings, every one with a safe default.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::run::Consumer;
+use super::sampler::Sampling;
+use crate::effects::{self, Effect, Executors};
+use crate::engine::{inbox_setters, Inbox, InboxConfig, Report, SetupError};
+use crate::store::InboxStore;
+use crate::transport::Transport;
+
+/// Builds a [`Consumer`]; every setting has a safe default.
+#[must_use]
+pub struct ConsumerBuilder<S, T> {
+    group: String,
+    store: S,
+    transport: T,
+    config: InboxConfig,
+    reports: Option<mpsc::UnboundedSender<Report>>,
+    sampling: Sampling,
+    effects: Executors,
+}
+
+impl<S: InboxStore, T: Transport> ConsumerBuilder<S, T> {
+    pub(super) fn new(group: String, store: S, transport: T) -> Self {
+        Self {
+            group,
+            store,
+            transport,
+            config: InboxConfig::default(),
+            reports: None,
+            sampling: Sampling::default(),
+            effects: Executors::default(),
+        }
+    }
+
+    inbox_setters!(config);
+
+    /// Replaces the whole inbox configuration.
+    pub fn config(mut self, config: InboxConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Registers the executor of effects of `kind`, scheduled by handlers with
+    /// [`effects::after_commit`](crate::effects::after_commit); the consumer then drains the
+    /// effects table after each commit and at start-up (see [`crate::effects`]). The executor
+    /// must be idempotent on [`Effect::idempotency_key`]: an effect runs at least once.
+    pub fn effect<F, Fut>(mut self, kind: impl Into<String>, executor: F) -> Self
+    where
+        F: Fn(Effect) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<(), crate::handler::HandlerError>> + Send + 'static,
+    {
+        let executor: effects::Executor =
+            Arc::new(move |effect: Effect| Box::pin(executor(effect)) as effects::EffectFuture);
+        self.effects.by_kind.insert(kind.into(), executor);
+        self
+    }
+
+    /// How often the consumer samples its gauges (dead letters, stuck rows, lag per partition)
+    /// and probes its database (default 15 s; see [`crate::telemetry`]).
+    pub fn sample_interval(mut self, interval: std::time::Duration) -> Self {
+        self.sampling.interval = interval;
+        self
+    }
+
+    /// After how long a received inbox row still not processed counts as stuck (default
+    /// 5 minutes).
+    pub fn stuck_after(mut self, after: std::time::Duration) -> Self {
+        self.sampling.stuck_after = after;
+        self
+    }
+
+    /// Sends a [`Report`] for every message handled (for tests and metrics).
+    pub fn reports(mut self, sender: mpsc::UnboundedSender<Report>) -> Self {
+        self.reports = Some(sender);
+        self
+    }
+
+    /// Builds the dispatch table of the group from every handler linked into the binary; fails
+    /// on two handlers for one event type, or none for the group.
+    pub fn build(self) -> Result<Consumer<S, T>, SetupError> {
+        let inbox = Inbox::new(self.store, &self.group, self.config)?;
+        Ok(Consumer {
+            inbox: Arc::new(inbox),
+            transport: self.transport,
+            reports: self.reports,
+            sampling: self.sampling,
+            effects: self.effects,
+        })
+    }
+}

@@ -1,0 +1,98 @@
+//! [`Inbox`]: one consumer group's handlers on a store, with its settings and telemetry, and
+//! how it is set up.
+
+use super::config::{AckStrategy, InboxConfig};
+use super::telemetry::InboxTelemetry;
+use super::two_phase;
+use crate::handler::DispatchTable;
+use crate::store::InboxStore;
+use crate::telemetry::Health;
+
+/// One consumer group's inbox on a store.
+#[derive(Debug)]
+pub struct Inbox<S> {
+    pub(super) store: S,
+    pub(super) handlers: DispatchTable,
+    pub(super) config: InboxConfig,
+    pub(super) telemetry: InboxTelemetry,
+    /// Wakes this process's two-phase workers when rows were received.
+    pub(super) wake: tokio::sync::Notify,
+    /// Wakes the effects drain when a handler's transaction committed.
+    pub(crate) committed: tokio::sync::Notify,
+    /// The store's effects table, rendered once for every message's metadata.
+    pub(super) effects_table: std::sync::Arc<str>,
+}
+
+/// Why an inbox could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// The handlers of the group are inconsistent.
+    #[error(transparent)]
+    Registry(#[from] crate::handler::RegistryError),
+    /// The configuration is invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl<S: InboxStore> Inbox<S> {
+    /// The inbox of `group` on `store`, with the handlers linked into the binary.
+    pub fn new(store: S, group: &str, config: InboxConfig) -> Result<Self, SetupError> {
+        let handlers = DispatchTable::for_store::<S::Tx>(group, S::NAME)?;
+        Self::with_handlers(store, handlers, config)
+    }
+
+    /// The inbox with an explicit dispatch table.
+    #[doc(hidden)]
+    pub fn with_handlers(
+        store: S,
+        handlers: DispatchTable,
+        config: InboxConfig,
+    ) -> Result<Self, SetupError> {
+        handlers.check_tx_type::<S::Tx>(S::NAME)?;
+        if config.retry.max_attempts == 0 {
+            return Err(SetupError::Config(
+                "retry.max_attempts must be at least 1".into(),
+            ));
+        }
+        if let Err(e) = store.tables().validate() {
+            return Err(SetupError::Config(e.to_string()));
+        }
+        two_phase::check_setup::<S>(&handlers, &config)?;
+        Ok(Self {
+            effects_table: store.tables().effects.to_string().into(),
+            telemetry: InboxTelemetry::new(handlers.group(), handlers.event_types()),
+            store,
+            handlers,
+            config,
+            wake: tokio::sync::Notify::new(),
+            committed: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &InboxConfig {
+        &self.config
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        self.handlers.group()
+    }
+
+    /// The inbox's health: see [`Health`] (the consumer running it sets liveness and
+    /// membership; the inbox records its cycles).
+    pub fn health(&self) -> Health {
+        self.telemetry.health.clone()
+    }
+
+    /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
+    pub fn acknowledges_before_processing(&self) -> bool {
+        self.config.ack == AckStrategy::AtMostOnce
+    }
+}

@@ -1,0 +1,75 @@
+//! [`RelayBuilder`]: a relay's settings, every one with a safe default.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::service::Relay;
+use super::{relay_setters, RelayConfig, RelayError, RelayReport, RelayStore};
+use crate::telemetry::DEFAULT_SAMPLE_INTERVAL;
+use crate::transport::IntoPublisher;
+
+/// Builds a [`Relay`] on a PostgreSQL or SQLite store; every setting has a safe default.
+#[must_use]
+pub struct RelayBuilder<S, I> {
+    store: S,
+    pub(crate) publisher: I,
+    config: RelayConfig,
+    reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    sample_interval: Duration,
+}
+
+impl<S: RelayStore, I: IntoPublisher> RelayBuilder<S, I> {
+    pub(super) fn new(store: S, publisher: I) -> Self {
+        Self {
+            store,
+            publisher,
+            config: RelayConfig::default(),
+            reports: None,
+            sample_interval: DEFAULT_SAMPLE_INTERVAL,
+        }
+    }
+
+    relay_setters!(config);
+
+    /// Replaces every setting at once.
+    pub fn config(mut self, config: RelayConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Sends a [`RelayReport`] per row to `sender`.
+    pub fn reports(mut self, sender: mpsc::UnboundedSender<RelayReport>) -> Self {
+        self.reports = Some(sender);
+        self
+    }
+
+    /// How often the backlog gauges are sampled (one statement; default 15 s, see
+    /// [`crate::telemetry`]).
+    pub fn sample_interval(mut self, interval: Duration) -> Self {
+        self.sample_interval = interval;
+        self
+    }
+
+    /// Creates the publisher.
+    pub fn build(self) -> Result<Relay<S, I::Publisher>, RelayError> {
+        let publisher = self
+            .publisher
+            .into_publisher()
+            .map_err(RelayError::Publisher)?;
+        let mut relay = Relay::with_store(self.store, publisher, self.config);
+        relay.reports = self.reports;
+        relay.sample_interval = self.sample_interval;
+        Ok(relay)
+    }
+}
+
+/// A store a relay can be built on: the backend's [`RelayStore`], or the inbox store of the
+/// same database ([`PgStore`](crate::postgres::PgStore), [`SqliteStore`](crate::sqlite::SqliteStore)), whose table
+/// names it takes.
+pub trait IntoRelayStore {
+    /// The relay store.
+    type Store: RelayStore;
+    /// Converts.
+    fn into_relay_store(self) -> Self::Store;
+}
