@@ -195,7 +195,7 @@ mod tests {
 
     #[test]
     fn debug_hides_every_secret_setting() {
-        let mut producer = KafkaProducer::new("user:pw-url@b:9092");
+        let mut producer = KafkaProducer::new("b:9092");
         for (k, v) in [
             ("sasl.password", "pw-sasl"),
             ("ssl.key.password", "pw-key"),
