@@ -24,8 +24,16 @@ pub struct ConsumerBuilder<S, T> {
     effects: Executors,
 }
 
+impl<S: InboxStore, T: Transport> Consumer<S, T> {
+    /// A consumer for `group` (the `group = "..."` of its handlers), on `store`, fed by
+    /// `transport` (for Kafka, a [`KafkaConfig`](crate::kafka::KafkaConfig)).
+    pub fn builder(group: impl Into<String>, store: S, transport: T) -> ConsumerBuilder<S, T> {
+        ConsumerBuilder::new(group.into(), store, transport)
+    }
+}
+
 impl<S: InboxStore, T: Transport> ConsumerBuilder<S, T> {
-    pub(super) fn new(group: String, store: S, transport: T) -> Self {
+    fn new(group: String, store: S, transport: T) -> Self {
         Self {
             group,
             store,

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::builder::ConsumerBuilder;
 use super::sampler::{sample_inbox, Sampling};
 use crate::effects::{self, Executors};
 use crate::engine::partition::Starter;
@@ -39,12 +38,6 @@ pub struct Consumer<S, T> {
 }
 
 impl<S: InboxStore, T: Transport> Consumer<S, T> {
-    /// A consumer for `group` (the `group = "..."` of its handlers), on `store`, fed by
-    /// `transport` (for Kafka, a [`KafkaConfig`](crate::kafka::KafkaConfig)).
-    pub fn builder(group: impl Into<String>, store: S, transport: T) -> ConsumerBuilder<S, T> {
-        ConsumerBuilder::new(group.into(), store, transport)
-    }
-
     /// The group's settings.
     pub fn config(&self) -> &InboxConfig {
         self.inbox.config()

@@ -2,8 +2,8 @@
 //! how it is set up.
 
 use super::config::{AckStrategy, InboxConfig};
+use super::setup::{self, SetupError};
 use super::telemetry::InboxTelemetry;
-use super::two_phase;
 use crate::handler::DispatchTable;
 use crate::store::InboxStore;
 use crate::telemetry::Health;
@@ -21,18 +21,6 @@ pub struct Inbox<S> {
     pub(crate) committed: tokio::sync::Notify,
     /// The store's effects table, rendered once for every message's metadata.
     pub(super) effects_table: std::sync::Arc<str>,
-}
-
-/// Why an inbox could not be set up.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SetupError {
-    /// The handlers of the group are inconsistent.
-    #[error(transparent)]
-    Registry(#[from] crate::handler::RegistryError),
-    /// The configuration is invalid.
-    #[error("invalid configuration: {0}")]
-    Config(String),
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -58,7 +46,7 @@ impl<S: InboxStore> Inbox<S> {
         if let Err(e) = store.tables().validate() {
             return Err(SetupError::Config(e.to_string()));
         }
-        two_phase::check_setup::<S>(&handlers, &config)?;
+        setup::check_two_phase::<S>(&handlers, &config)?;
         Ok(Self {
             effects_table: store.tables().effects.to_string().into(),
             telemetry: InboxTelemetry::new(handlers.group(), handlers.event_types()),

@@ -16,6 +16,7 @@ mod offsets;
 pub(crate) mod partition;
 mod prepare;
 mod process;
+mod setup;
 mod telemetry;
 mod two_phase;
 
@@ -25,9 +26,10 @@ pub use config::{
     UnknownEvent,
 };
 pub use dead_letters::ReplayError;
-pub use inbox::{Inbox, SetupError};
+pub use inbox::Inbox;
 pub use offsets::OffsetTracker;
 pub use partition::Report;
+pub use setup::SetupError;
 
 /// How long processed inbox rows are kept by default: 7 days.
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);

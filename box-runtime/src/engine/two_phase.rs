@@ -16,52 +16,10 @@ use std::sync::Arc;
 
 use super::prepare::{Prepared, Ready};
 use super::process::{wait_outage, REJECTIONS_BEFORE_DEAD_LETTER};
-use super::{AckStrategy, Inbox, InboxConfig, SetupError};
-use crate::handler::DispatchTable;
+use super::Inbox;
 use crate::message::Outcome;
 use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError};
-
-/// Checks that a group with two-phase handlers runs on a store that supports them, with the
-/// inbox acknowledgement strategy.
-pub(super) fn check_setup<S: InboxStore>(
-    handlers: &DispatchTable,
-    config: &InboxConfig,
-) -> Result<(), SetupError> {
-    let (two_phase, _) = handlers.two_phase_types();
-    let Some(first) = two_phase.first().and_then(|t| handlers.get(t)) else {
-        return Ok(());
-    };
-    // The received row is stored before any handler code runs: a business key (read from
-    // the payload for the one-phase claim) is not checked there.
-    if let Some(keyed) =
-        (two_phase.iter().filter_map(|t| handlers.get(t))).find(|r| r.business_key.is_some())
-    {
-        return Err(SetupError::Config(format!(
-            "handler {} is two-phase (`mode = \"two_phase\"`) and deduplicates by a business key \
-             (`dedup_by` or the event's `idempotency_key`), which the two-phase inbox does not \
-             support: drop one of them",
-            keyed.location()
-        )));
-    }
-    if !S::TWO_PHASE {
-        return Err(SetupError::Config(format!(
-            "handler {} is two-phase (`mode = \"two_phase\"`), which the {} store does not \
-             support; use PostgreSQL or remove `mode = \"two_phase\"`",
-            first.location(),
-            S::NAME
-        )));
-    }
-    if config.ack != AckStrategy::ExactlyOnceInbox {
-        return Err(SetupError::Config(format!(
-            "handler {} is two-phase (`mode = \"two_phase\"`), which needs the inbox: use \
-             `AckStrategy::ExactlyOnceInbox` (the default), not {:?}",
-            first.location(),
-            config.ack
-        )));
-    }
-    Ok(())
-}
 
 /// A worker's name: unique per process and worker.
 fn owner_name(worker: usize) -> String {
@@ -139,7 +97,7 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
-    /// Runs the group's two-phase workers ([`InboxConfig::two_phase_workers`] of them) until
+    /// Runs the group's two-phase workers ([`InboxConfig::two_phase_workers`](crate::engine::InboxConfig::two_phase_workers) of them) until
     /// `shutdown` becomes true; each finishes the message in hand first. Returns at once when
     /// the group has no two-phase handler. Any number of processes may run workers of a group
     /// at once: a row is claimed by one worker at a time.

@@ -7,7 +7,7 @@ use tokio::sync::mpsc;
 use super::service::Relay;
 use super::{relay_setters, RelayConfig, RelayError, RelayReport, RelayStore};
 use crate::telemetry::DEFAULT_SAMPLE_INTERVAL;
-use crate::transport::IntoPublisher;
+use crate::transport::{IntoPublisher, Publisher};
 
 /// Builds a [`Relay`] on a PostgreSQL or SQLite store; every setting has a safe default.
 #[must_use]
@@ -19,8 +19,22 @@ pub struct RelayBuilder<S, I> {
     sample_interval: Duration,
 }
 
+impl<S: RelayStore, P: Publisher> Relay<S, P> {
+    /// A relay on `store`'s outbox, publishing through `publisher` (for Kafka, a
+    /// [`KafkaProducer`](crate::kafka::KafkaProducer)); `store` is the
+    /// [`PgStore`](crate::postgres::PgStore) or [`SqliteStore`](crate::sqlite::SqliteStore) of
+    /// the consumer, or a relay store.
+    pub fn builder<T, I>(store: T, publisher: I) -> RelayBuilder<S, I>
+    where
+        T: IntoRelayStore<Store = S>,
+        I: IntoPublisher<Publisher = P>,
+    {
+        RelayBuilder::new(store.into_relay_store(), publisher)
+    }
+}
+
 impl<S: RelayStore, I: IntoPublisher> RelayBuilder<S, I> {
-    pub(super) fn new(store: S, publisher: I) -> Self {
+    fn new(store: S, publisher: I) -> Self {
         Self {
             store,
             publisher,

@@ -24,7 +24,21 @@ async fn poll_once<F: Future>(mut fut: Pin<&mut F>) -> bool {
     std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx).is_ready())).await
 }
 
-pub(super) async fn run<S: RelayStore, P: Publisher>(
+impl<S: RelayStore, P: Publisher> Relay<S, P> {
+    /// Publishes until `shutdown` completes, then stops within [`RelayBuilder::grace`].
+    ///
+    /// `shutdown` is polled once before anything else (so [`shutdown_signal`](crate::shutdown_signal)
+    /// has its handlers installed from the start) and then throughout, however busy the relay
+    /// is. On shutdown no new batch is read; batches in flight get until the grace period's
+    /// end to be acknowledged and marked, and whatever is still unacknowledged then is
+    /// abandoned unmarked (it is published again later: at least once). A graceful stop
+    /// therefore publishes nothing twice unless the broker is slower than the grace period.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
+        run(self, shutdown).await
+    }
+}
+
+async fn run<S: RelayStore, P: Publisher>(
     relay: Relay<S, P>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RelayError> {

@@ -1,16 +1,14 @@
 //! [`Relay`]: built, then run until shutdown or drained.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::builder::{IntoRelayStore, RelayBuilder};
-use super::{run, RelayConfig, RelayError, RelayReport, RelayStore};
+use super::{RelayConfig, RelayError, RelayReport, RelayStore};
 use crate::shutdown::shutdown_signal;
 use crate::telemetry::{Health, DEFAULT_SAMPLE_INTERVAL};
-use crate::transport::{IntoPublisher, Publisher};
+use crate::transport::Publisher;
 
 /// A relay: a store, a publisher and settings. Build one with [`Relay::builder`].
 #[must_use = "a relay does nothing until `run` or `run_until_signal` is awaited"]
@@ -24,18 +22,6 @@ pub struct Relay<S, P> {
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
-    /// A relay on `store`'s outbox, publishing through `publisher` (for Kafka, a
-    /// [`KafkaProducer`](crate::kafka::KafkaProducer)); `store` is the
-    /// [`PgStore`](crate::postgres::PgStore) or [`SqliteStore`](crate::sqlite::SqliteStore) of
-    /// the consumer, or a relay store.
-    pub fn builder<T, I>(store: T, publisher: I) -> RelayBuilder<S, I>
-    where
-        T: IntoRelayStore<Store = S>,
-        I: IntoPublisher<Publisher = P>,
-    {
-        RelayBuilder::new(store.into_relay_store(), publisher)
-    }
-
     /// A relay on any [`RelayStore`] and [`Publisher`], with `config`.
     pub fn with_store(store: S, publisher: P, config: RelayConfig) -> Self {
         Self {
@@ -64,18 +50,6 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
     /// Publishes until SIGINT or SIGTERM (see [`Relay::run`]).
     pub async fn run_until_signal(self) -> Result<(), RelayError> {
         self.run(shutdown_signal()).await
-    }
-
-    /// Publishes until `shutdown` completes, then stops within [`RelayBuilder::grace`].
-    ///
-    /// `shutdown` is polled once before anything else (so [`shutdown_signal`](crate::shutdown_signal)
-    /// has its handlers installed from the start) and then throughout, however busy the relay
-    /// is. On shutdown no new batch is read; batches in flight get until the grace period's
-    /// end to be acknowledged and marked, and whatever is still unacknowledged then is
-    /// abandoned unmarked (it is published again later: at least once). A graceful stop
-    /// therefore publishes nothing twice unless the broker is slower than the grace period.
-    pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> Result<(), RelayError> {
-        run::run(self, shutdown).await
     }
 
     /// Publishes every row committed so far and the rows committed while it runs, and returns

@@ -148,7 +148,6 @@ fn holds(check: Result<(), String>) {
 /// Each top-level module of `src` is on exactly one row of the table of rooms, and each room
 /// of the table exists.
 #[test]
-#[ignore = "enabled with the restructured tree"]
 fn every_room_is_on_the_map() {
     holds(rooms::check_every_room_on_the_map(
         &src_tree(),
@@ -158,7 +157,6 @@ fn every_room_is_on_the_map() {
 
 /// A room imports only the rooms its row names in "may import".
 #[test]
-#[ignore = "enabled with the restructured tree"]
 fn each_room_imports_only_what_its_row_allows() {
     holds(rooms::check_imports_allowed(&src_tree(), &architecture()));
 }
@@ -166,21 +164,18 @@ fn each_room_imports_only_what_its_row_allows() {
 /// Imports run down the floors of the table, except the upward arrows it lists (at most two,
 /// each present in the code).
 #[test]
-#[ignore = "enabled with the restructured tree"]
 fn arrows_run_down_except_the_named_ones() {
     holds(rooms::check_arrows_run_down(&src_tree(), &architecture()));
 }
 
 /// No room imports, through other rooms, itself.
 #[test]
-#[ignore = "enabled with the restructured tree"]
 fn no_cycle_between_rooms() {
     holds(rooms::check_no_room_cycle(&src_tree()));
 }
 
 /// No module of a room imports, through other modules of the room, itself.
 #[test]
-#[ignore = "enabled with the restructured tree"]
 fn no_cycle_between_the_modules_of_a_room() {
     holds(rooms::check_no_module_cycle(&src_tree()));
 }

@@ -214,6 +214,13 @@ pub fn is_unavailable(error: &(dyn StdError + 'static)) -> bool {
     class_of(error) == Some(ErrorClass::Unavailable)
 }
 
+/// The error of a store that lacks a feature.
+pub(crate) fn unsupported(store: &str, what: &str) -> StoreError {
+    StoreError::Config(format!(
+        "the {store} store does not support {what} (PostgreSQL does)"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -18,9 +18,9 @@ mod two_phase;
 pub use crate::ident::IdentError;
 pub(crate) use connect::{bounded, check_scheme};
 pub use connect::{redact_url, CONNECT_TIMEOUT};
+use error::unsupported;
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
-use two_phase::unsupported;
 pub use two_phase::{LeaseRequest, ReceivedRow, StoredEffect};
 
 /// The identity of a message in a consumer group's inbox.

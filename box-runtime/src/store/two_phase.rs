@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::{InboxKey, StoreError};
+use super::InboxKey;
 use crate::message::Delivery;
 
 /// What a worker asks for when it claims a received row.
@@ -48,11 +48,4 @@ pub struct StoredEffect {
     pub payload: Vec<u8>,
     /// Earlier failed runs.
     pub attempts: u32,
-}
-
-/// The error of a store that lacks a feature.
-pub(crate) fn unsupported(store: &str, what: &str) -> StoreError {
-    StoreError::Config(format!(
-        "the {store} store does not support {what} (PostgreSQL does)"
-    ))
 }
