@@ -3,8 +3,6 @@
 
 use std::fmt;
 
-use crate::store::redact_url;
-
 /// What a secret value is shown as.
 pub const REDACTED: &str = "***";
 
@@ -56,6 +54,30 @@ impl fmt::Debug for Settings<'_> {
         f.debug_list()
             .entries(self.0.iter().map(|(k, v)| (k, redact_setting(k, v))))
             .finish()
+    }
+}
+
+/// `url` with the password (the part between `user:` and `@`) replaced by `***`.
+///
+/// ```
+/// use inoutbox::store::redact_url;
+/// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
+/// assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
+/// ```
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 

@@ -1,36 +1,13 @@
 //! Connecting a store from a URL: the scheme must match the store, connecting is bounded in
 //! time, and every message names the target with its password hidden.
 
+pub use crate::redact::redact_url;
 use std::time::Duration;
 
 use super::StoreError;
 
 /// How long connecting may take before it fails with the target and the cause.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// `url` with the password (the part between `user:` and `@`) replaced by `***`.
-///
-/// ```
-/// use inoutbox::store::redact_url;
-/// assert_eq!(redact_url("postgres://app:s3cret@db:5432/x"), "postgres://app:***@db:5432/x");
-/// assert_eq!(redact_url("postgres://db/x"), "postgres://db/x");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let (authority, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
-    };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
 
 /// Checks that `url` is one of `schemes` (`"postgres"`, ...), for the store named `store`.
 pub(crate) fn check_scheme(url: &str, schemes: &[&str], store: &str) -> Result<(), StoreError> {
