@@ -101,9 +101,7 @@ pub mod inbox {
     #[doc(inline)]
     pub use inoutbox_runtime::message::{Delivery, Outcome};
     #[doc(inline)]
-    pub use inoutbox_runtime::{
-        Backoff, ConsumerBuilder, ErrorKind, HandlerMode, IntoHandlerError,
-    };
+    pub use inoutbox_runtime::{Backoff, ErrorKind, HandlerMode, IntoHandlerError};
 }
 
 /// Effects after commit: work a handler schedules to run only if its transaction commits, at
@@ -149,9 +147,11 @@ pub mod relay {
 /// implementing it over another.
 pub mod store {
     #[doc(inline)]
+    pub use inoutbox_runtime::redact::redact_url;
+    #[doc(inline)]
     pub use inoutbox_runtime::store::{
         Claim, ClaimRequest, DeadLetter, ErrorClass, InboxKey, InboxStore, LeaseRequest,
-        ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables,
+        ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables, CONNECT_TIMEOUT,
     };
 }
 

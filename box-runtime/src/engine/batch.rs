@@ -35,7 +35,9 @@ enum BatchEnd {
 
 impl<S: InboxStore> Inbox<S> {
     /// Takes messages of one partition (in offset order) through the strategy, sharing
-    /// transactions where the strategy allows; returns one outcome per message, in order.
+    /// transactions where the strategy allows; returns one outcome per message, in order. (A
+    /// partition's run calls it; public for tests of the batch path only.)
+    #[doc(hidden)]
     pub async fn process_batch(
         &self,
         batch: &[&Delivery],

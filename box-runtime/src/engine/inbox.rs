@@ -31,8 +31,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// The inbox with an explicit dispatch table.
-    #[doc(hidden)]
-    pub fn with_handlers(
+    pub(crate) fn with_handlers(
         store: S,
         handlers: DispatchTable,
         config: InboxConfig,
@@ -80,7 +79,7 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
-    pub fn acknowledges_before_processing(&self) -> bool {
+    pub(crate) fn acknowledges_before_processing(&self) -> bool {
         self.config.ack == AckStrategy::AtMostOnce
     }
 }

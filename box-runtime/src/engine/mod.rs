@@ -27,7 +27,6 @@ pub use config::{
 };
 pub use dead_letters::ReplayError;
 pub use inbox::Inbox;
-pub use offsets::OffsetTracker;
 pub use partition::Report;
 pub use setup::SetupError;
 

@@ -101,7 +101,7 @@ impl<S: InboxStore> Inbox<S> {
     /// `shutdown` becomes true; each finishes the message in hand first. Returns at once when
     /// the group has no two-phase handler. Any number of processes may run workers of a group
     /// at once: a row is claimed by one worker at a time.
-    pub async fn run_two_phase(self: Arc<Self>, shutdown: CancellationToken)
+    pub(crate) async fn run_two_phase(self: Arc<Self>, shutdown: CancellationToken)
     where
         S: 'static,
     {

@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 ///   of messages resolved; a relay, a read (and publication) of its outbox.
 ///
 /// ```no_run
-/// # async fn demo(consumer: inoutbox::Consumer<inoutbox::PgStore>) {
+/// # async fn demo(consumer: inoutbox::Consumer<inoutbox::PgStore, inoutbox::KafkaConfig>) {
 /// let health = consumer.health();
 /// tokio::spawn(consumer.run_until_signal());
 /// // later, in an HTTP handler:
