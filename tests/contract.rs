@@ -40,6 +40,10 @@ contract_tests!(
     outbox_retention_deletes_old_published_rows_only,
 );
 
+/// The same contract on an in-memory broker implemented outside the crate (`memory::*`).
+#[path = "contract/memory.rs"]
+mod memory;
+
 /// Per-store counters: `[postgres, sqlite]`.
 type Counter = [AtomicU32; 2];
 

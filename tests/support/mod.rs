@@ -6,6 +6,7 @@
 
 pub mod child;
 pub mod kit;
+pub mod memory;
 pub mod net;
 pub mod observe;
 pub mod raw;
