@@ -212,8 +212,18 @@ where
     relay.published(events.len(), WITHIN).await;
     consumer.until(WITHIN, |r| r.len() >= events.len()).await;
     let committed = broker.wait_settled(group, "orders", WITHIN).await;
+    assert!(
+        consumer.health.live() && consumer.health.joined(),
+        "a consumer on an outside transport is live and joined: {:?}",
+        consumer.health
+    );
+    let health = consumer.health.clone();
     relay.stop().await;
     let reports = consumer.stop().await;
+    assert!(
+        !health.live() && !health.joined(),
+        "a stopped consumer is neither live nor joined: {health:?}"
+    );
 
     assert_eq!(reports.len(), events.len(), "one delivery per event");
     for r in &reports {

@@ -861,9 +861,8 @@ impl Transport for MemoryTransport {
     ) -> Result<(), MemoryTransportError> {
         let group = partitions.group().to_owned();
         let id = self.broker.join(&group, &self.topics);
-        // The contract asks a transport to set `partitions.health().set_joined(true)` while it
-        // holds an assignment, but `Health::set_joined` is not public: a transport outside the
-        // crate cannot, so a consumer on it never reports itself ready.
+        // Joined from the first assignment (the broker assigns at once) until it leaves.
+        partitions.health().set_joined(true);
         let member = Member {
             settings: self,
             partitions,
@@ -1187,6 +1186,8 @@ pub struct RunningConsumer {
     reports: mpsc::UnboundedReceiver<Report>,
     /// Every report received so far.
     pub seen: Vec<Report>,
+    /// The consumer's health, as its transport and engine set it.
+    pub health: inoutbox::telemetry::Health,
     stop: CancellationToken,
     handle: Option<JoinHandle<Result<(), MemoryTransportError>>>,
 }
@@ -1197,11 +1198,13 @@ impl RunningConsumer {
         super::init_logging();
         let (tx, reports) = mpsc::unbounded_channel();
         let consumer = builder.reports(tx).build().expect("build consumer");
+        let health = consumer.health();
         let stop = CancellationToken::new();
         let handle = tokio::spawn(consumer.run_until_cancelled(stop.clone()));
         Self {
             reports,
             seen: Vec::new(),
+            health,
             stop,
             handle: Some(handle),
         }

@@ -83,7 +83,10 @@ impl Health {
         self.0.live.store(live, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_joined(&self, joined: bool) {
+    /// Sets whether the consumer or relay is joined: for a [`Transport`](crate::transport::Transport),
+    /// whether its member holds an assignment of the group (even of no partition); the
+    /// consumer clears it when it stops.
+    pub fn set_joined(&self, joined: bool) {
         self.0.joined.store(joined, Ordering::Relaxed);
     }
 

@@ -35,7 +35,9 @@ pub trait Transport: Send + 'static {
 }
 
 /// What the engine gives a transport: the group it serves, and the start of one partition's
-/// run. Implemented by the engine only (sealed); a transport calls it.
+/// run. Implemented by the engine only (sealed); a transport calls it. To test a transport,
+/// run a real [`Consumer`](crate::Consumer) on it (an in-memory SQLite store from
+/// `inoutbox::testing::sqlite_memory` needs no service).
 pub trait Partitions: Sealed + Clone + Send + Sync + 'static {
     /// The consumer group (the `group = "..."` of the handlers).
     fn group(&self) -> &str;

@@ -67,6 +67,38 @@ pub struct OutgoingMessage<'a> {
 }
 
 impl<'a> OutgoingMessage<'a> {
+    /// A message to `topic` without a key or headers of its own (for a publisher's tests; the
+    /// relay fills every field from the outbox row).
+    pub fn new(
+        topic: &'a str,
+        payload: &'a [u8],
+        id: &'a str,
+        event_type: &'a str,
+        source: &'a str,
+    ) -> Self {
+        Self {
+            topic,
+            key: None,
+            payload,
+            id,
+            event_type,
+            source,
+            extra_headers: &[],
+        }
+    }
+
+    /// The same message with `key`.
+    pub fn with_key(mut self, key: &'a str) -> Self {
+        self.key = Some(key);
+        self
+    }
+
+    /// The same message with the row's own headers.
+    pub fn with_headers(mut self, headers: &'a [(String, String)]) -> Self {
+        self.extra_headers = headers;
+        self
+    }
+
     /// Every header, in the order they are sent: `ce_id`, `ce_type`, `ce_source`,
     /// `ce_specversion`, `content-type`, then the row's own.
     pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
