@@ -755,11 +755,12 @@ mod prop {
         run("#[inbox_handler(..)] arguments", |t| {
             let cx = Ctxt::new();
             let parsed = attr::HandlerAttr::from_tokens(&cx, t);
+            // Checked before the assertions, which return early on failure.
+            let _ = cx.check();
             // A value is kept only when it is valid.
             for lit in [parsed.event, parsed.group].into_iter().flatten() {
                 prop_assert!(crate::names::invalid_name("event", &lit.value(), "x").is_none());
             }
-            let _ = cx.check();
             Ok(())
         });
     }
