@@ -15,13 +15,12 @@ pub(crate) mod outbox;
 mod partitions;
 pub(crate) mod relay;
 mod two_phase;
+mod tx;
 
 pub use outbox::Outbox as PgOutbox;
 pub use partitions::{DailyPartitions, PartitionChanges, Retire};
 pub use relay::PgRelayStore;
-
-/// The transaction type a PostgreSQL handler takes: `tx: &mut PgTx<'_>`.
-pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
+pub use tx::PgTx;
 pub(crate) use two_phase::schedule_sql;
 
 /// The migrations this backend ships, in order.
