@@ -9,6 +9,7 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod effects;
 mod inbox;
 mod legacy;
 pub(crate) mod outbox;
@@ -21,7 +22,6 @@ pub use outbox::Outbox as PgOutbox;
 pub use partitions::{DailyPartitions, PartitionChanges, Retire};
 pub use relay::PgRelayStore;
 pub use tx::PgTx;
-pub(crate) use two_phase::schedule_sql;
 
 /// The migrations this backend ships, in order.
 pub(crate) const MIGRATIONS: &[Migration] = &[
