@@ -6,19 +6,17 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
-use crate::shutdown::CancellationToken;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::engine::{InboxConfig, Report, RetryPolicy, SetupError, UnknownEvent};
 use crate::kafka::{
-    InProcessKafka, KafkaConfig, KafkaProducer, KafkaTransportError, CONSUMER_SETTINGS,
+    create_topic, InProcessKafka, KafkaConfig, KafkaError, KafkaProducer, KafkaTransportError,
+    CONSUMER_SETTINGS,
 };
 use crate::postgres::PgStore;
 use crate::relay::{IntoRelayStore, Relay, RelayConfig, RelayError, RelayReport};
+use crate::shutdown::CancellationToken;
 use crate::store::{InboxStore, StoreError};
 use crate::Consumer;
 
@@ -388,7 +386,7 @@ impl App {
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), AppError> {
         match &self.broker {
             Broker::InProcess(kafka) => Ok(kafka.create_topic(topic, partitions)?),
-            Broker::External(brokers) => create_topic(brokers, topic, partitions).await,
+            Broker::External(brokers) => Ok(create_topic(brokers, topic, partitions).await?),
         }
     }
 
@@ -622,20 +620,4 @@ async fn open_store(
             crate::store::redact_url(url)
         ))),
     }
-}
-
-/// Creates `topic` on a broker outside unless it exists (replication 1).
-async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), AppError> {
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()?;
-    let new_topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    for result in admin.create_topics([&new_topic], &options).await? {
-        match result {
-            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-            Err((_, code)) => return Err(KafkaError::AdminOp(code).into()),
-        }
-    }
-    Ok(())
 }
