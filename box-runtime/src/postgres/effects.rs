@@ -50,3 +50,19 @@ fn schedule_sql(effects: &str) -> Stmt {
     rendered.insert(effects.to_owned(), sql.clone());
     sql
 }
+
+#[cfg(test)]
+mod tests {
+    use super::schedule_sql;
+
+    #[test]
+    fn the_insert_is_rendered_once_per_effects_table() {
+        let first = schedule_sql("\"app\".\"inoutbox_effects\"");
+        let again = schedule_sql("\"app\".\"inoutbox_effects\"");
+        let other = schedule_sql("\"inoutbox_effects\"");
+        assert!(std::ptr::eq(first.as_str(), again.as_str()));
+        assert!(other
+            .as_str()
+            .starts_with("INSERT INTO \"inoutbox_effects\" (consumer_group, "));
+    }
+}
