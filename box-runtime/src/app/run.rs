@@ -21,8 +21,8 @@ enum Broker {
 /// [`App::from_env`] chooses like the quickstart: `DATABASE_URL` (`postgres://...` or
 /// `sqlite:...`) or else a SQLite file in a temporary directory (removed when the app is
 /// dropped); `KAFKA_BROKERS` or else an in-process Kafka (librdkafka's mock cluster, whose
-/// consumers get [`CONSUMER_SETTINGS`]). [`App::run`] returns the first error of any part, after
-/// stopping the others.
+/// consumers get the settings it needs, `kafka::CONSUMER_SETTINGS`). [`App::run`] returns the
+/// first error of any part, after stopping the others.
 ///
 /// ```no_run
 /// use inoutbox::prelude::*;
