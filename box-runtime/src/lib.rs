@@ -43,13 +43,15 @@ pub use handler::{ErrorKind, HandlerError, HandlerMode, IntoHandlerError, Messag
 #[doc(hidden)]
 pub mod __private {
     pub use crate::event::{key_string, BusinessKey, KeyField, OutboxEvent};
-    pub use crate::handler::{
-        check_event_type, decode, decode_all, downcast_tx, fail, into_future, meta_param,
-        registrations, tx_type_id, BusinessKeyFn, DispatchTable, HandlerFuture, HandlerOutput,
-        HandlerRegistration, HandlerTx, IntoHandlerError, MessageMeta, MetaParam, Probe,
-        ProbeFallback, RegistryError,
+    pub use crate::handler::event_check::{check_event_type, event_type_mismatch, ConstMessage};
+    pub use crate::handler::glue::{
+        decode, decode_all, downcast_tx, fail, into_future, meta_param, tx_type_id, HandlerOutput,
+        MetaParam, Probe, ProbeFallback,
     };
-    pub use crate::handler::{event_type_mismatch, ConstMessage};
+    pub use crate::handler::{
+        registrations, BusinessKeyFn, DispatchTable, HandlerFuture, HandlerRegistration, HandlerTx,
+        IntoHandlerError, MessageMeta, RegistryError,
+    };
     pub use inventory;
     pub use sqlx::Postgres;
     #[cfg(feature = "sqlite")]

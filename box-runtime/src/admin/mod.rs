@@ -30,7 +30,8 @@ use crate::store::{self, InboxStore, StoreError, StoredDeadLetter, Tables};
 mod lag;
 mod sql;
 
-pub use lag::{consumer_lag, PartitionLag};
+pub use crate::kafka::PartitionLag;
+pub use lag::consumer_lag;
 
 /// Why an operation failed.
 #[derive(Debug, thiserror::Error)]

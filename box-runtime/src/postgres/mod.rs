@@ -9,20 +9,19 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod effects;
 mod inbox;
 mod legacy;
 pub(crate) mod outbox;
 mod partitions;
 pub(crate) mod relay;
 mod two_phase;
+mod tx;
 
 pub use outbox::Outbox as PgOutbox;
 pub use partitions::{DailyPartitions, PartitionChanges, Retire};
 pub use relay::PgRelayStore;
-
-/// The transaction type a PostgreSQL handler takes: `tx: &mut PgTx<'_>`.
-pub type PgTx<'c> = sqlx::Transaction<'c, sqlx::Postgres>;
-pub(crate) use two_phase::schedule_sql;
+pub use tx::PgTx;
 
 /// The migrations this backend ships, in order.
 pub(crate) const MIGRATIONS: &[Migration] = &[

@@ -30,7 +30,7 @@ pub const SLOTS: u32 = 64;
 
 /// The PostgreSQL relay store.
 ///
-/// Each relay worker opens a [`PgRelaySession`](crate::relay::PgRelaySession): a dedicated connection that holds the
+/// Each relay worker opens a `PgRelaySession`: a dedicated connection that holds the
 /// session-level advisory locks of its slots (`pg_try_advisory_lock`, never waited for) and
 /// runs every read and mark of those slots. PostgreSQL releases the locks when that connection
 /// ends, so a relay that crashes (or is SIGKILLed) never leaves a slot held.

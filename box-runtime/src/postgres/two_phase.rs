@@ -107,16 +107,6 @@ impl Sql {
     }
 }
 
-/// The statement that schedules an effect in a handler's transaction (`effects::after_commit`):
-/// the same effect scheduled twice (a handler run again after a rollback cannot have left one,
-/// but a handler may call it twice) is one effect.
-pub(crate) fn schedule_sql(effects: &str) -> Stmt {
-    stmt(format!(
-        "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
-    ))
-}
-
 fn bind_owned<'q>(
     sql: &Stmt,
     key: &'q InboxKey,

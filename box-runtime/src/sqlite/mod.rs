@@ -19,12 +19,11 @@ mod inbox;
 mod legacy;
 pub(crate) mod outbox;
 pub(crate) mod relay;
+mod tx;
 
 pub use outbox::SqliteOutbox;
 pub use relay::SqliteRelayStore;
-
-/// The transaction type a SQLite handler takes: `tx: &mut SqliteTx<'_>`.
-pub type SqliteTx<'c> = sqlx::Transaction<'c, sqlx::Sqlite>;
+pub use tx::SqliteTx;
 
 /// What went wrong setting up a SQLite store.
 #[derive(Debug, thiserror::Error)]
@@ -243,8 +242,4 @@ impl SqliteStore {
             sql: &self.sql.shared,
         }
     }
-}
-
-impl crate::handler::HandlerTx for sqlx::Transaction<'_, Sqlite> {
-    type Static = sqlx::Transaction<'static, Sqlite>;
 }

@@ -1,45 +1,5 @@
-//! Effects after commit: work a handler schedules (an e-mail, a call to another service) that
-//! runs only if the handler's transaction commits, at least once, with a stable idempotency key.
-//!
-//! [`after_commit`] writes the effect into the effects table *in the handler's transaction*:
-//! a rollback (a failed or retried run) leaves nothing, a commit leaves a durable row. The
-//! consumer drains the table after each commit (and at start-up, which picks up rows a dead
-//! process left) and runs the executor registered for the effect's kind
-//! ([`ConsumerBuilder::effect`](crate::ConsumerBuilder::effect)). A process may die after the
-//! external call and before the row is marked done: the effect then runs again, with the same
-//! [`Effect::idempotency_key`], so the receiving side must deduplicate on it.
-//!
-//! ```no_run
-//! use serde::{Deserialize, Serialize};
-//! use inoutbox::prelude::*;
-//!
-//! #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
-//! #[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
-//! pub struct OrderCreated { pub order_id: u64, pub email: String }
-//!
-//! #[derive(Serialize, Deserialize)]
-//! struct Receipt { to: String, order_id: u64 }
-//!
-//! #[inbox_handler(event = "OrderCreated", group = "mailing")]
-//! async fn send_receipt(event: OrderCreated, tx: &mut PgTx<'_>, meta: &MessageMeta) -> Result<(), HandlerError> {
-//!     // ... database writes through `tx` ...
-//!     let receipt = Receipt { to: event.email, order_id: event.order_id };
-//!     inoutbox::effects::after_commit(tx, meta, "send_receipt", &receipt).await?;
-//!     Ok(())
-//! }
-//!
-//! # async fn demo(store: inoutbox::PgStore, kafka: inoutbox::KafkaConfig) -> Result<(), Box<dyn std::error::Error>> {
-//! let consumer = inoutbox::Consumer::builder("mailing", store, kafka)
-//!     .effect("send_receipt", |effect: inoutbox::effects::Effect| async move {
-//!         let receipt: Receipt = effect.payload_as()?;
-//!         // Call the mail service with `effect.idempotency_key` (e.g. an `Idempotency-Key`
-//!         // header): a retried effect must not send a second e-mail.
-//!         let _ = (receipt.to, effect.idempotency_key);
-//!         Ok(())
-//!     })
-//!     .build()?;
-//! # Ok(()) }
-//! ```
+//! Running effects: [`Effect`] as an executor receives it, the executors of a consumer, and the
+//! drain that claims committed effects, runs them and marks them done or failed.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -48,59 +8,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 use tokio::sync::Notify;
 
-use crate::handler::{HandlerError, MessageMeta};
+use crate::handler::HandlerError;
 use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
-use crate::store::{text, InboxStore, StoredEffect};
-
-/// Schedules an effect of `kind` with `payload` (serialized as JSON) to run after the handler's
-/// transaction `tx` commits; returns its idempotency key (see [`idempotency_key`]). Scheduling
-/// the same kind twice in one run is one effect: give each a distinct kind (`"email:welcome"`,
-/// `"email:receipt"`) to have several.
-pub async fn after_commit<T: Serialize + ?Sized>(
-    tx: &mut crate::postgres::PgTx<'_>,
-    meta: &MessageMeta,
-    kind: &str,
-    payload: &T,
-) -> Result<String, HandlerError> {
-    let payload = serde_json::to_vec(payload).map_err(HandlerError::permanent)?;
-    let source = meta.source.as_deref().unwrap_or("");
-    let key = idempotency_key(&meta.group, source, &meta.event_id, kind);
-    let table = match &meta.effects_table {
-        Some(table) => table.to_string(),
-        None => crate::store::Tables::default().effects.to_string(),
-    };
-    sqlx::query(crate::postgres::schedule_sql(&table))
-        .bind(&meta.group)
-        .bind(source)
-        .bind(text::inbox_id(&meta.event_id))
-        .bind(text::safe_text(kind, text::MAX_LABEL_BYTES))
-        .bind(&key)
-        .bind(payload)
-        .execute(&mut **tx)
-        .await?;
-    Ok(key)
-}
-
-/// The idempotency key of an effect: the same for every run of the same (group, source, event
-/// id, kind), whatever the delivery, retry or process: `inoutbox-` and the SHA-256 of the four,
-/// in hex.
-pub fn idempotency_key(group: &str, source: &str, event_id: &str, kind: &str) -> String {
-    let mut material = Vec::new();
-    for part in [group, source, event_id, kind] {
-        material.extend_from_slice(&(part.len() as u64).to_be_bytes());
-        material.extend_from_slice(part.as_bytes());
-    }
-    format!("inoutbox-{}", text::sha256_hex(&material))
-}
+use crate::store::{InboxStore, StoredEffect};
 
 /// One effect, as its executor receives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Effect {
-    /// What to run (the name given to [`after_commit`]).
+    /// What to run (the name given to [`after_commit`](super::after_commit)).
     pub kind: String,
     /// The key the receiving side deduplicates on: the same for every run of this effect.
     pub idempotency_key: String,

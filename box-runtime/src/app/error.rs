@@ -1,0 +1,71 @@
+//! [`AppError`]: why an [`App`](super::App) could not start, or the first error of one of its
+//! parts.
+
+use std::path::PathBuf;
+
+use crate::engine::SetupError;
+use crate::kafka::{KafkaError, KafkaTransportError};
+use crate::relay::RelayError;
+use crate::store::StoreError;
+
+/// Why an [`App`](super::App) could not start, or the first error of one of its parts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AppError {
+    /// The configuration is unusable (e.g. `DATABASE_URL` of an unknown scheme).
+    #[error("{0}")]
+    Config(String),
+    /// The store could not be opened or migrated.
+    #[error(transparent)]
+    Store(Box<StoreError>),
+    /// The in-process Kafka could not start, or a topic could not be created.
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    /// A temporary directory for the zero-setup database could not be made.
+    #[error("cannot create the zero-setup database directory {path}: {source}")]
+    TempDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A consumer group could not be set up (no handler, two handlers for one event, ...).
+    #[error("consumer group `{group}`: {source}")]
+    Setup {
+        /// The group.
+        group: String,
+        /// The cause.
+        source: Box<SetupError>,
+    },
+    /// A consumer group member failed.
+    #[error("consumer group `{group}`: {source}")]
+    Consumer {
+        /// The group.
+        group: String,
+        /// The cause.
+        source: Box<KafkaTransportError>,
+    },
+    /// A relay failed.
+    #[error("relay: {0}")]
+    Relay(Box<RelayError>),
+    /// A part panicked.
+    #[error("{part} panicked: {message}")]
+    Panicked {
+        /// `consumer group `..`` or `relay`.
+        part: String,
+        /// The panic's message, when it has one.
+        message: String,
+    },
+}
+
+impl From<StoreError> for AppError {
+    fn from(error: StoreError) -> Self {
+        AppError::Store(Box::new(error))
+    }
+}
+
+impl From<RelayError> for AppError {
+    fn from(error: RelayError) -> Self {
+        AppError::Relay(Box::new(error))
+    }
+}

@@ -1,0 +1,20 @@
+//! One runner for a service: the store and the broker chosen from the environment, and every
+//! consumer group and relay of the process run together under one shutdown token.
+//!
+//! - `env`: what `DATABASE_URL` and `KAFKA_BROKERS` name;
+//! - `store`: [`Store`], opened from a URL or the zero-setup SQLite file;
+//! - `spec`: [`ConsumerSpec`] and [`RelaySpec`], the parts to run;
+//! - `run`: [`App`] and its run; `parts`: each part as a future;
+//! - `error`: [`AppError`].
+
+mod env;
+mod error;
+mod parts;
+mod run;
+mod spec;
+mod store;
+
+pub use error::AppError;
+pub use run::App;
+pub use spec::{ConsumerSpec, RelaySpec};
+pub use store::Store;

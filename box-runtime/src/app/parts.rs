@@ -1,0 +1,118 @@
+//! Each part of an [`App`]: a consumer group or a relay as a future that ends with the part,
+//! and the panic of a part as an [`AppError`].
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::mpsc;
+
+use super::{App, AppError, ConsumerSpec, RelaySpec, Store};
+use crate::kafka::{KafkaConfig, KafkaProducer, CONSUMER_SETTINGS};
+use crate::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
+use crate::shutdown::CancellationToken;
+use crate::store::InboxStore;
+use crate::Consumer;
+
+/// A part's future.
+type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
+
+impl App {
+    /// The consumer group `spec` names, on the app's store and broker.
+    pub(super) fn consumer_part(&self, spec: ConsumerSpec) -> Result<Part, AppError> {
+        let mut kafka = KafkaConfig::new(self.brokers(), spec.topics.iter().map(String::as_str));
+        if self.is_in_process() {
+            for (key, value) in CONSUMER_SETTINGS {
+                kafka = kafka.set(*key, *value);
+            }
+        }
+        for (key, value) in &spec.settings {
+            kafka = kafka.set(key.as_str(), value.as_str());
+        }
+        if let Some(group_id) = &spec.group_id {
+            kafka = kafka.group_id(group_id.as_str());
+        }
+        if let Some(timeout) = spec.startup_timeout {
+            kafka.startup_timeout = timeout;
+        }
+        match &self.store {
+            Store::Postgres(store) => consumer(store.clone(), kafka, spec, &self.token),
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(store) => consumer(store.clone(), kafka, spec, &self.token),
+        }
+    }
+
+    /// A relay of the app's store to its broker, as `spec` says.
+    pub(super) fn relay_part(&self, spec: RelaySpec) -> Result<Part, AppError> {
+        let producer = KafkaProducer::new(self.brokers()).idempotence(spec.idempotence);
+        let (config, reports, token) = (spec.config, spec.reports, &self.token);
+        match &self.store {
+            Store::Postgres(store) => relay(store.clone(), producer, config, reports, token),
+            #[cfg(feature = "sqlite")]
+            Store::Sqlite(store) => relay(store.clone(), producer, config, reports, token),
+        }
+    }
+}
+
+/// A part whose panic becomes [`AppError::Panicked`] naming it.
+pub(super) async fn named(part: String, future: Part) -> Result<(), AppError> {
+    match tokio::spawn(future).await {
+        Ok(result) => result,
+        Err(error) => {
+            let message = match error.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default(),
+                Err(_) => "cancelled".to_owned(),
+            };
+            Err(AppError::Panicked { part, message })
+        }
+    }
+}
+
+fn consumer<S: InboxStore>(
+    store: S,
+    kafka: KafkaConfig,
+    spec: ConsumerSpec,
+    token: &CancellationToken,
+) -> Result<Part, AppError> {
+    let group = spec.group;
+    let mut builder = Consumer::builder(group.clone(), store, kafka).config(spec.config);
+    if let Some(reports) = spec.reports {
+        builder = builder.reports(reports);
+    }
+    let consumer = builder.build().map_err(|source| AppError::Setup {
+        group: group.clone(),
+        source: Box::new(source),
+    })?;
+    let shutdown = token.clone().cancelled_owned();
+    Ok(Box::pin(async move {
+        consumer
+            .run(shutdown)
+            .await
+            .map_err(|source| AppError::Consumer {
+                group,
+                source: Box::new(source),
+            })
+    }))
+}
+
+fn relay<T: IntoRelayStore>(
+    store: T,
+    producer: KafkaProducer,
+    config: RelayConfig,
+    reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    token: &CancellationToken,
+) -> Result<Part, AppError>
+where
+    T::Store: Send + Sync + 'static,
+{
+    let mut builder = Relay::builder(store, producer).config(config);
+    if let Some(reports) = reports {
+        builder = builder.reports(reports);
+    }
+    let relay = builder.build()?;
+    let shutdown = token.clone().cancelled_owned();
+    Ok(Box::pin(async move { Ok(relay.run(shutdown).await?) }))
+}
