@@ -14,7 +14,7 @@ use crate::store::InboxStore;
 use crate::Consumer;
 
 /// A part's future.
-type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
+pub(super) type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
 
 impl App {
     /// The consumer group `spec` names, on the app's store and broker.
@@ -49,24 +49,6 @@ impl App {
             Store::Postgres(store) => relay(store.clone(), producer, config, reports, token),
             #[cfg(feature = "sqlite")]
             Store::Sqlite(store) => relay(store.clone(), producer, config, reports, token),
-        }
-    }
-}
-
-/// A part whose panic becomes [`AppError::Panicked`] naming it.
-pub(super) async fn named(part: String, future: Part) -> Result<(), AppError> {
-    match tokio::spawn(future).await {
-        Ok(result) => result,
-        Err(error) => {
-            let message = match error.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default(),
-                Err(_) => "cancelled".to_owned(),
-            };
-            Err(AppError::Panicked { part, message })
         }
     }
 }

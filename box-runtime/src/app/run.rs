@@ -1,9 +1,11 @@
 //! [`App`]: a service's store, broker and parts, run until a signal or its token stops them.
 
+use std::future::Future;
+use std::pin::Pin;
+
 use tokio::task::JoinSet;
 
 use super::env::Env;
-use super::parts::named;
 use super::store::{open_store, TempDir};
 use super::{AppError, ConsumerSpec, RelaySpec, Store};
 use crate::kafka::{create_topic, InProcessKafka};
@@ -218,5 +220,26 @@ impl App {
         self.token.cancel();
         while parts.join_next().await.is_some() {}
         Err(error)
+    }
+}
+
+/// A part whose panic becomes [`AppError::Panicked`] naming it.
+pub(super) async fn named(
+    part: String,
+    future: Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>,
+) -> Result<(), AppError> {
+    match tokio::spawn(future).await {
+        Ok(result) => result,
+        Err(error) => {
+            let message = match error.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default(),
+                Err(_) => "cancelled".to_owned(),
+            };
+            Err(AppError::Panicked { part, message })
+        }
     }
 }

@@ -18,7 +18,7 @@ use sqlx::Row;
 
 use super::PgStore;
 use crate::store::sql::stmt;
-use crate::store::{legacy, migrate, StoreError, Tables};
+use crate::store::{legacy, migrate, StoreError};
 
 /// How [`PgStore::partitioned_by_day`] lays out the inbox.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,16 +80,6 @@ pub struct PartitionChanges {
     pub retired: Vec<String>,
     /// Expired partitions kept because they still hold unprocessed rows.
     pub kept: Vec<String>,
-}
-
-/// The statement locking a claim's keys: every key text of `$1`, in one order (no deadlock).
-pub(super) fn lock_keys_sql(t: &Tables) -> String {
-    format!(
-        "SELECT pg_advisory_xact_lock(hashtext('{}{}'), k) \
-         FROM (SELECT DISTINCT hashtext(k) AS k FROM unnest($1::text[]) AS u(k) ORDER BY 1) AS s",
-        legacy::LOCK_NAMESPACE,
-        t.inbox.name().as_str()
-    )
 }
 
 /// The text of an event id's lock key.

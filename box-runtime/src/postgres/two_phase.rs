@@ -7,105 +7,12 @@ use sqlx::{Postgres, Row};
 
 use super::PgStore;
 use crate::message::Delivery;
-use crate::store::sql::{stmt, Stmt};
+use crate::store::sql::Stmt;
 use crate::store::{
-    text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, StoredEffect, Tables,
+    text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, StoredEffect,
 };
 
 type Tx = sqlx::Transaction<'static, Postgres>;
-
-/// The statements, rendered once from the table names.
-#[derive(Debug)]
-pub(super) struct Sql {
-    receive: Stmt,
-    claim: Stmt,
-    renew: Stmt,
-    release: Stmt,
-    drop_row: Stmt,
-    check: Stmt,
-    finish: Stmt,
-    pub(super) count_stuck: Stmt,
-    claim_effects: Stmt,
-    effect_done: Stmt,
-    effect_failed: Stmt,
-}
-
-/// `consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4`.
-const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4 \
-                     AND processed_at IS NULL";
-
-impl Sql {
-    pub(super) fn new(t: &Tables) -> Self {
-        let (inbox, attempts, effects) = (&t.inbox, &t.attempts, &t.effects);
-        Self {
-            receive: stmt(format!(
-                "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \
-                   \"offset\", message_key, header_names, header_values, payload) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT DO NOTHING RETURNING 1"
-            )),
-            // The oldest received row of the group whose lease is free or expired; rows other
-            // workers are claiming right now are skipped, not waited for. A row of an ordered
-            // handler waits while an earlier row of its key is unprocessed.
-            claim: stmt(format!(
-                "UPDATE {inbox} AS i SET lease_owner = $2, lease_until = now() + make_interval(secs => $3), \
-                   claims = i.claims + 1 \
-                 FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
-                   WHERE c.consumer_group = $1 AND c.processed_at IS NULL AND c.event_type = ANY($4) \
-                     AND (c.lease_until IS NULL OR c.lease_until < now()) \
-                     AND (NOT (c.event_type = ANY($5)) OR NOT EXISTS (SELECT 1 FROM {inbox} o \
-                       WHERE o.consumer_group = c.consumer_group AND o.processed_at IS NULL \
-                         AND o.topic = c.topic AND o.\"partition\" = c.\"partition\" \
-                         AND o.message_key = c.message_key AND o.\"offset\" < c.\"offset\")) \
-                   ORDER BY c.received_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick \
-                 WHERE i.consumer_group = pick.consumer_group AND i.source = pick.source \
-                   AND i.event_id = pick.event_id \
-                 RETURNING i.source, i.event_id, i.topic, i.\"partition\", i.\"offset\", i.message_key, \
-                   i.header_names, i.header_values, i.payload"
-            )),
-            renew: stmt(format!(
-                "UPDATE {inbox} SET lease_until = now() + make_interval(secs => $5) WHERE {OWNED} RETURNING 1"
-            )),
-            release: stmt(format!(
-                "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
-            )),
-            drop_row: stmt(format!("DELETE FROM {inbox} WHERE {OWNED}")),
-            check: stmt(format!(
-                "SELECT COALESCE((SELECT a.attempts FROM {attempts} a WHERE a.consumer_group = $1 \
-                   AND a.source = $2 AND a.event_id = $3), 0) AS attempts \
-                 FROM {inbox} WHERE {OWNED}"
-            )),
-            finish: stmt(format!(
-                "UPDATE {inbox} SET processed_at = now(), lease_owner = NULL, lease_until = NULL \
-                 WHERE {OWNED} RETURNING 1"
-            )),
-            // Received and not processed for longer than $1, and not held by a live claim, or
-            // claimed more than once (claims that keep failing or dying).
-            count_stuck: stmt(format!(
-                "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL \
-                   AND i.received_at < now() - make_interval(secs => $1) \
-                   AND (i.lease_until IS NULL OR i.lease_until < now() OR i.claims > 1 \
-                     OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
-                       AND a.source = i.source AND a.event_id = i.event_id))"
-            )),
-            claim_effects: stmt(format!(
-                "UPDATE {effects} AS e SET lease_owner = $1, lease_until = now() + make_interval(secs => $2) \
-                 FROM (SELECT id FROM {effects} WHERE done_at IS NULL \
-                   AND (lease_until IS NULL OR lease_until < now()) \
-                   ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) AS pick \
-                 WHERE e.id = pick.id \
-                 RETURNING e.id, e.consumer_group, e.event_id, e.kind, e.idempotency_key, e.payload, e.attempts"
-            )),
-            effect_done: stmt(format!(
-                "UPDATE {effects} SET done_at = now(), lease_owner = NULL, lease_until = NULL \
-                 WHERE id = $1 AND lease_owner = $2"
-            )),
-            effect_failed: stmt(format!(
-                "UPDATE {effects} SET attempts = attempts + 1, last_error = $3, \
-                   lease_until = now() + make_interval(secs => $4) WHERE id = $1 AND lease_owner = $2"
-            )),
-        }
-    }
-}
 
 fn bind_owned<'q>(
     sql: &Stmt,
