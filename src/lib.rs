@@ -108,7 +108,9 @@ pub mod inbox {
 /// least once, with a stable idempotency key (PostgreSQL).
 pub mod effects {
     #[doc(inline)]
-    pub use inoutbox_runtime::effects::{after_commit, idempotency_key, Effect, EffectFuture};
+    pub use inoutbox_runtime::effects::{
+        after_commit, idempotency_key, Effect, EffectFuture, EffectsDb,
+    };
 }
 
 /// The producer side: enqueue events in the caller's transaction.

@@ -63,6 +63,9 @@ pub trait Db: sqlx::Database + sealed::Sealed {
     ) -> BoxFuture<'_, Result<Vec<Uuid>, EnqueueError>>;
 }
 
+impl<D: Db> crate::sealed::Sealed for sqlx::Transaction<'_, D> {}
+impl<D: Db> crate::sealed::Sealed for sqlx::pool::PoolConnection<D> {}
+
 impl<D: Db> OutboxTx for sqlx::Transaction<'_, D> {
     fn insert_rows(
         &mut self,
@@ -274,7 +277,7 @@ impl<T: FromColumn> FromColumn for Option<T> {
     note = "in a handler, pass its transaction as it is: `.execute(tx)`; with a transaction \
             you own, `.execute(&mut tx)`"
 )]
-pub trait Executes: Send {
+pub trait Executes: crate::sealed::Sealed + Send {
     /// The database.
     type Db: Db;
     /// The connection to run on.

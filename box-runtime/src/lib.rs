@@ -24,6 +24,7 @@ pub mod outbox;
 pub mod postgres;
 pub mod redact;
 pub mod relay;
+mod sealed;
 pub mod shutdown;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

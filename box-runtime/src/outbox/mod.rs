@@ -84,6 +84,7 @@ use uuid::Uuid;
 
 use crate::event::OutboxEvent;
 use crate::names;
+use crate::sealed::Sealed;
 use crate::store::StoreError;
 
 pub use crate::message::Retention;
@@ -219,7 +220,7 @@ impl NewRow {
     note = "pass the transaction of the business write: `&mut tx` where `tx` is a \
             `sqlx::Transaction` of PostgreSQL or SQLite (or `&mut PgConnection`)"
 )]
-pub trait OutboxTx: Send {
+pub trait OutboxTx: Sealed + Send {
     /// Inserts the rows in order; returns their ids.
     fn insert_rows(
         &mut self,

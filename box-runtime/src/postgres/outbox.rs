@@ -243,6 +243,8 @@ fn default_outbox() -> &'static Outbox {
     DEFAULT.get_or_init(Outbox::default)
 }
 
+impl crate::sealed::Sealed for PgConnection {}
+
 impl OutboxTx for PgConnection {
     async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
         if rows.len() == 1 {

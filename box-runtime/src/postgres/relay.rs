@@ -249,6 +249,10 @@ fn runs(slots: &[u32], start: u32) -> (Vec<i32>, Vec<i32>) {
     runs.into_iter().unzip()
 }
 
+impl crate::sealed::Sealed for PgRelaySession {}
+impl crate::sealed::Sealed for PgRelayStore {}
+impl crate::sealed::Sealed for PgStore {}
+
 impl RelaySession for PgRelaySession {
     async fn members(&mut self) -> Result<Members, StoreError> {
         let (count, rank): (i64, i64) = sqlx::query_as(MEMBERS)

@@ -6,6 +6,7 @@ use tokio::sync::mpsc;
 
 use super::service::Relay;
 use super::{relay_setters, RelayConfig, RelayError, RelayReport, RelayStore};
+use crate::sealed::Sealed;
 use crate::telemetry::DEFAULT_SAMPLE_INTERVAL;
 use crate::transport::{IntoPublisher, Publisher};
 
@@ -81,7 +82,7 @@ impl<S: RelayStore, I: IntoPublisher> RelayBuilder<S, I> {
 /// A store a relay can be built on: the backend's [`RelayStore`], or the inbox store of the
 /// same database ([`PgStore`](crate::postgres::PgStore), [`SqliteStore`](crate::sqlite::SqliteStore)), whose table
 /// names it takes.
-pub trait IntoRelayStore {
+pub trait IntoRelayStore: Sealed {
     /// The relay store.
     type Store: RelayStore;
     /// Converts.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::outbox::Retention;
+use crate::sealed::Sealed;
 use crate::store::StoreError;
 
 /// The ordering unit: events of one `(topic, key)` are published in `seq` order. An event
@@ -112,7 +113,7 @@ pub struct Failure<'a> {
 /// * [`RelaySession::read`] returns, per slot, the slot's publishable rows from its oldest on,
 ///   in `seq` order, read in one snapshot; rows of a key that is backing off are left out, and
 ///   so are the later rows of that key.
-pub trait RelayStore: Send + Sync + 'static {
+pub trait RelayStore: Sealed + Send + Sync + 'static {
     /// A worker's hold on the store: its claimed slots and the connection it reads through.
     type Session: RelaySession;
 
@@ -173,7 +174,7 @@ impl Backlog {
 /// rows of those slots. Every call is made on the session's own connection (PostgreSQL), so a
 /// lost connection, which also loses the slots, fails the next call before anything of its
 /// slots is published.
-pub trait RelaySession: Send + 'static {
+pub trait RelaySession: Sealed + Send + 'static {
     /// The sessions (of every relay on this table) sharing the slots, and this one's rank.
     fn members(&mut self) -> impl Future<Output = Result<Members, StoreError>> + Send + '_;
 

@@ -73,6 +73,8 @@ fn default_sqlite_outbox() -> &'static SqliteOutbox {
     DEFAULT.get_or_init(SqliteOutbox::default)
 }
 
+impl crate::sealed::Sealed for sqlx::SqliteConnection {}
+
 impl OutboxTx for sqlx::SqliteConnection {
     async fn insert_rows(&mut self, rows: Vec<NewRow>) -> Result<Vec<Uuid>, EnqueueError> {
         default_sqlite_outbox().insert_rows(self, rows).await

@@ -137,6 +137,10 @@ fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> 
     })
 }
 
+impl crate::sealed::Sealed for SqliteRelaySession {}
+impl crate::sealed::Sealed for SqliteRelayStore {}
+impl crate::sealed::Sealed for SqliteStore {}
+
 impl RelaySession for SqliteRelaySession {
     async fn members(&mut self) -> Result<Members, StoreError> {
         // One slot: every session wants it, one holds it.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::sealed::Sealed;
 use crate::message::Delivery;
+use crate::sealed::Sealed;
 use crate::shutdown::CancellationToken;
 use crate::telemetry::Health;
 

@@ -22,9 +22,3 @@ mod publish;
 
 pub use consume::{PartitionLink, Partitions, Transport};
 pub use publish::{IntoPublisher, OutgoingMessage, PublishError, Publisher, Receipt};
-
-/// Traits the crate implements and users call, but do not implement.
-pub(crate) mod sealed {
-    /// The seal of [`Partitions`](super::Partitions).
-    pub trait Sealed {}
-}

@@ -13,10 +13,11 @@ use crate::engine::config::Ordering;
 use crate::engine::offsets::OffsetTracker;
 use crate::engine::Inbox;
 use crate::message::Delivery;
+use crate::sealed::Sealed;
 use crate::shutdown::CancellationToken;
 use crate::store::InboxStore;
 use crate::telemetry::Health;
-use crate::transport::{sealed::Sealed, PartitionLink, Partitions};
+use crate::transport::{PartitionLink, Partitions};
 
 mod batches;
 mod intake;

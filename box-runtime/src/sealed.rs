@@ -1,0 +1,7 @@
+//! The seal of traits users call, name as bounds, but do not implement: `Partitions`,
+//! `OutboxTx`, `RelayStore`, `RelaySession`, `IntoRelayStore`, `Executes`. Only this crate can
+//! implement `Sealed`, so only this crate can implement them, and they may grow methods without
+//! a breaking change.
+
+/// Implemented by the crate's own types only.
+pub trait Sealed {}
