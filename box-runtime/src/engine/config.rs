@@ -297,6 +297,9 @@ impl InboxConfig {
     }
 }
 
+/// How long processed inbox rows are kept by default: 7 days.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The setters of an [`InboxConfig`], written once: expanded in `impl InboxConfig` and in the
 /// builders that hold one (`inbox_setters!(config)` sets `self.config.<field>`).
 macro_rules! inbox_setters {

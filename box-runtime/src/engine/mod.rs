@@ -6,8 +6,6 @@
 //! knows neither Kafka nor PostgreSQL: stores implement [`InboxStore`], transports feed
 //! `partition::run` through a [`PartitionLink`].
 
-use std::time::Duration;
-
 mod batch;
 pub(crate) mod config;
 mod dead_letters;
@@ -23,12 +21,9 @@ mod two_phase;
 pub(crate) use config::inbox_setters;
 pub use config::{
     AckStrategy, CommitOn, EventId, InboxConfig, OnExhausted, Ordering, RetryPolicy, Source,
-    UnknownEvent,
+    UnknownEvent, DEFAULT_RETENTION,
 };
 pub use dead_letters::ReplayError;
 pub use inbox::Inbox;
 pub use partition::Report;
 pub use setup::SetupError;
-
-/// How long processed inbox rows are kept by default: 7 days.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
