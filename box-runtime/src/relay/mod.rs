@@ -66,9 +66,9 @@
 //! Limits, stated plainly: if a worker's connection breaks while its batch is in flight,
 //! another worker can take the slot and publish the same rows again at the same moment
 //! (duplicates; the first copies stay in order). If a delivery fails asynchronously while later
-//! messages of the same key were already handed to librdkafka, those later messages may be
-//! published before the failed one is retried (with the idempotent producer librdkafka fails
-//! them together, which avoids this).
+//! messages of the same key were already handed to the publisher, those later messages may be
+//! published before the failed one is retried (Kafka's idempotent producer fails them
+//! together, which avoids this).
 //!
 //! # Failures
 //!

@@ -19,7 +19,7 @@ impl<S: RelayStore, P: Publisher> Shared<S, P> {
         session: &mut S::Session,
         rows: &[PendingRow],
     ) -> Result<(), StoreError> {
-        // Keys whose row could not even be handed to librdkafka: their later rows wait.
+        // Keys whose row the publisher could not even queue: their later rows wait.
         let mut blocked: HashSet<(&str, &str)> = HashSet::new();
         let mut in_flight = Vec::with_capacity(rows.len());
         let mut failures: Vec<(&PendingRow, PublishError)> = Vec::new();
