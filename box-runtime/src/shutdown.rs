@@ -17,6 +17,7 @@
 use std::time::Duration;
 
 use tokio::task::{JoinError, JoinSet};
+use tokio::time::Instant;
 pub use tokio_util::sync::CancellationToken;
 
 /// Completes on SIGINT or SIGTERM.
@@ -53,14 +54,14 @@ pub(crate) async fn sleep_unless_cancelled(wait: Duration, token: &CancellationT
     }
 }
 
-/// Lets `tasks` finish until `grace` has passed, handing each result to `done`; then aborts
-/// the rest and waits for them to unwind. `true` when every task finished in time.
+/// Lets `tasks` finish until `deadline` (the end of the grace period), handing each result to
+/// `done`; then aborts the rest and waits for them to unwind. `true` when every task finished
+/// in time.
 pub(crate) async fn finish_within<T: 'static>(
     tasks: &mut JoinSet<T>,
-    grace: Duration,
+    deadline: Instant,
     mut done: impl FnMut(Result<T, JoinError>),
 ) -> bool {
-    let deadline = tokio::time::Instant::now() + grace;
     loop {
         match tokio::time::timeout_at(deadline, tasks.join_next()).await {
             Ok(Some(result)) => done(result),
@@ -71,5 +72,63 @@ pub(crate) async fn finish_within<T: 'static>(
                 return false;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use tokio::task::JoinSet;
+    use tokio::time::Instant;
+
+    use super::finish_within;
+
+    #[tokio::test]
+    async fn work_in_hand_finishes_within_the_grace_period_and_the_rest_is_aborted() {
+        let mut tasks = JoinSet::new();
+        tasks.spawn(async { 1 });
+        tasks.spawn(async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            2
+        });
+        let mut finished = Vec::new();
+        let in_time = finish_within(
+            &mut tasks,
+            Instant::now() + Duration::from_secs(5),
+            |done| finished.push(done.expect("finished")),
+        )
+        .await;
+        assert!(in_time);
+        finished.sort_unstable();
+        assert_eq!(finished, [1, 2]);
+
+        let stuck_ran_on = Arc::new(AtomicBool::new(false));
+        let flag = stuck_ran_on.clone();
+        tasks.spawn(async { 3 });
+        tasks.spawn(async move {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            flag.store(true, Ordering::SeqCst);
+            4
+        });
+        let mut finished = Vec::new();
+        let started = Instant::now();
+        let in_time = finish_within(
+            &mut tasks,
+            Instant::now() + Duration::from_millis(50),
+            |done| finished.push(done.expect("finished")),
+        )
+        .await;
+        assert!(!in_time, "a task was still running at the deadline");
+        assert_eq!(
+            finished,
+            [3],
+            "only the task that finished in time is handed over"
+        );
+        assert!(tasks.is_empty(), "the rest is aborted and reaped");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(!stuck_ran_on.load(Ordering::SeqCst));
     }
 }

@@ -108,6 +108,18 @@ async fn enqueue<K: Kit>(kit: &K, events: &[(Uuid, i64)]) -> Vec<Uuid> {
 }
 
 /// A relay on the kit's outbox publishing through `publisher`, through the public builder.
+/// A relay publishing `kit`'s outbox to `broker`, running in a task.
+fn running_relay<K: Kit>(kit: &K, broker: &MemoryBroker) -> RunningRelay
+where
+    K::RelayStore: IntoRelayStore<Store = K::RelayStore>,
+{
+    RunningRelay::spawn(
+        relay(kit, MemoryPublisher::new(broker))
+            .build()
+            .expect("relay"),
+    )
+}
+
 fn relay<K: Kit>(
     kit: &K,
     publisher: MemoryPublisher,
@@ -201,11 +213,7 @@ where
     broker.create_topic("orders", 3);
     let transport = MemoryTransport::new(&broker, ["orders"]);
     let mut consumer = RunningConsumer::start(Consumer::builder(group, kit.store(), transport));
-    let mut relay = RunningRelay::spawn(
-        relay(&kit, MemoryPublisher::new(&broker))
-            .build()
-            .expect("relay"),
-    );
+    let mut relay = running_relay(&kit, &broker);
 
     let events = keyed_events(&keys_on_every_partition(2, 3), 8);
     let ids = enqueue(&kit, &events).await;
@@ -267,11 +275,7 @@ where
     broker.create_topic("orders", 3);
     let transport = MemoryTransport::new(&broker, ["orders"]).redeliver(3);
     let mut consumer = RunningConsumer::start(Consumer::builder(group, kit.store(), transport));
-    let mut relay = RunningRelay::spawn(
-        relay(&kit, MemoryPublisher::new(&broker))
-            .build()
-            .expect("relay"),
-    );
+    let mut relay = running_relay(&kit, &broker);
 
     let events = keyed_events(&keys_on_every_partition(2, 3), 8);
     let ids = enqueue(&kit, &events).await;
@@ -350,11 +354,7 @@ where
             MemoryTransport::new(&broker, ["orders"]),
         ))
     };
-    let mut relay = RunningRelay::spawn(
-        relay(&kit, MemoryPublisher::new(&broker))
-            .build()
-            .expect("relay"),
-    );
+    let mut relay = running_relay(&kit, &broker);
     let events = keyed_events(&keys_on_every_partition(3, partitions), 10);
     let phases: Vec<&[(Uuid, i64)]> = events.chunks(events.len() / 3 + 1).collect();
     assert_eq!(phases.len(), 3);

@@ -223,6 +223,25 @@ struct Lease {
     restart: bool,
 }
 
+/// Removes the leases `ending` picks and cancels their runs' tokens; returns them.
+fn end_leases(
+    leases: &mut HashMap<PartitionKey, Lease>,
+    ending: impl Fn(&PartitionKey, &Lease) -> bool,
+) -> Vec<(PartitionKey, Lease)> {
+    let keys: Vec<PartitionKey> = leases
+        .iter()
+        .filter(|(key, lease)| ending(key, lease))
+        .map(|(key, _)| key.clone())
+        .collect();
+    keys.into_iter()
+        .map(|key| {
+            let lease = leases.remove(&key).expect("lease");
+            lease.stop.cancel();
+            (key, lease)
+        })
+        .collect()
+}
+
 /// A lease just granted.
 struct Grant {
     lease: u64,
@@ -486,15 +505,7 @@ impl MemoryBroker {
         let Some(g) = groups.get_mut(group) else {
             return;
         };
-        let mine: Vec<PartitionKey> = g
-            .leases
-            .iter()
-            .filter(|(_, lease)| lease.member == member)
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in mine {
-            let lease = g.leases.remove(&key).expect("lease");
-            lease.stop.cancel();
+        for (key, lease) in end_leases(&mut g.leases, |_, lease| lease.member == member) {
             events.push(Event::Released {
                 group: group.to_owned(),
                 partition: key,
@@ -698,15 +709,8 @@ impl State {
                 turn += 1;
             }
         }
-        let moved: Vec<PartitionKey> = g
-            .leases
-            .iter()
-            .filter(|(key, lease)| owners.get(*key) != Some(&lease.member))
-            .map(|(key, _)| key.clone())
-            .collect();
-        for key in moved {
-            let lease = g.leases.remove(&key).expect("lease");
-            lease.stop.cancel();
+        let moved = |key: &PartitionKey, lease: &Lease| owners.get(key) != Some(&lease.member);
+        for (key, lease) in end_leases(&mut g.leases, moved) {
             events.push(Event::Revoked {
                 group: group.to_owned(),
                 partition: key,

@@ -1,20 +1,15 @@
 //! Each part of an [`App`]: a consumer group or a relay as a future that ends with the part,
 //! and the panic of a part as an [`AppError`].
 
-use std::future::Future;
-use std::pin::Pin;
-
 use tokio::sync::mpsc;
 
+use super::run::Part;
 use super::{App, AppError, ConsumerSpec, RelaySpec, Store};
 use crate::kafka::{KafkaConfig, KafkaProducer, CONSUMER_SETTINGS};
 use crate::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
 use crate::shutdown::CancellationToken;
 use crate::store::InboxStore;
 use crate::Consumer;
-
-/// A part's future.
-pub(super) type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
 
 impl App {
     /// The consumer group `spec` names, on the app's store and broker.

@@ -223,6 +223,9 @@ impl App {
     }
 }
 
+/// A part's future: a consumer group or a relay, until the app's token is cancelled.
+pub(super) type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
+
 /// A part whose panic becomes [`AppError::Panicked`] naming it.
 pub(super) async fn named(
     part: String,

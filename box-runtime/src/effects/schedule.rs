@@ -24,9 +24,13 @@ pub async fn after_commit<T: Serialize + ?Sized>(
     let payload = serde_json::to_vec(payload).map_err(HandlerError::permanent)?;
     let source = meta.source.as_deref().unwrap_or("");
     let key = idempotency_key(&meta.group, source, &meta.event_id, kind);
+    let default;
     let table = match &meta.effects_table {
-        Some(table) => table.to_string(),
-        None => Tables::default().effects.to_string(),
+        Some(table) => &**table,
+        None => {
+            default = Tables::default().effects.to_string();
+            &default
+        }
     };
     let effect = ScheduledEffect {
         group: &meta.group,
@@ -36,7 +40,7 @@ pub async fn after_commit<T: Serialize + ?Sized>(
         idempotency_key: &key,
         payload,
     };
-    ScheduleEffect::schedule_effect(tx, &table, effect).await?;
+    ScheduleEffect::schedule_effect(tx, table, effect).await?;
     Ok(key)
 }
 

@@ -324,7 +324,7 @@ impl<P: Partitions> Member<P> {
             runs.spawn(async move { (pk, handle.await) });
         }
         let mut first_error = self.first_error.take();
-        let in_time = finish_within(&mut runs, self.config.shutdown_grace, |done| {
+        let in_time = finish_within(&mut runs, deadline, |done| {
             if let Ok((pk, Err(e))) = done {
                 let error = task_error(&pk, &e);
                 tracing::error!(target: "inoutbox::kafka", %error);

@@ -116,7 +116,8 @@ async fn supervise<S: RelayStore, P: Publisher>(
 /// Lets the tasks finish their batches in flight until the grace period ends; then abandons
 /// what is left (unmarked rows are published again later).
 async fn finish(tasks: &mut Tasks, config: &RelayConfig) {
-    let in_time = finish_within(tasks, config.grace, |done| {
+    let deadline = tokio::time::Instant::now() + config.grace;
+    let in_time = finish_within(tasks, deadline, |done| {
         if let Ok(Err(e)) = done {
             tracing::warn!(target: "inoutbox::relay", error = %e, "relay task failed while stopping");
         }

@@ -1,7 +1,7 @@
 //! Connecting a store from a URL: the scheme must match the store, connecting is bounded in
 //! time, and every message names the target with its password hidden.
 
-pub use crate::redact::redact_url;
+use crate::redact::redact_url;
 use std::time::Duration;
 
 use super::StoreError;

@@ -16,8 +16,9 @@ pub mod text;
 mod two_phase;
 
 pub use crate::ident::IdentError;
+pub use crate::redact::redact_url;
+pub use connect::CONNECT_TIMEOUT;
 pub(crate) use connect::{bounded, check_scheme};
-pub use connect::{redact_url, CONNECT_TIMEOUT};
 use error::unsupported;
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;

@@ -102,22 +102,26 @@ impl<'a> OutgoingMessage<'a> {
     /// Every header, in the order they are sent: `ce_id`, `ce_type`, `ce_source`,
     /// `ce_specversion`, `content-type`, then the row's own.
     pub fn headers(&self) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
-        let attributes = [
-            (names::HEADER_ID, self.id),
-            (names::HEADER_TYPE, self.event_type),
-            (names::HEADER_SOURCE, self.source),
-            (names::HEADER_SPECVERSION, names::SPECVERSION),
-            (names::HEADER_CONTENT_TYPE, names::CONTENT_TYPE_JSON),
-        ];
         let extra = self.extra_headers;
-        attributes
+        self.attributes()
             .into_iter()
             .chain(extra.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     /// The number of headers [`headers`](Self::headers) yields.
     pub fn header_count(&self) -> usize {
-        5 + self.extra_headers.len()
+        self.attributes().len() + self.extra_headers.len()
+    }
+
+    /// The CloudEvents attributes, as headers.
+    fn attributes(&self) -> [(&'a str, &'a str); 5] {
+        [
+            (names::HEADER_ID, self.id),
+            (names::HEADER_TYPE, self.event_type),
+            (names::HEADER_SOURCE, self.source),
+            (names::HEADER_SPECVERSION, names::SPECVERSION),
+            (names::HEADER_CONTENT_TYPE, names::CONTENT_TYPE_JSON),
+        ]
     }
 }
 
@@ -169,5 +173,31 @@ impl PublishError {
     /// Whether the message itself was refused (see [`PublishError::rejected`]).
     pub fn is_rejected(&self) -> bool {
         self.rejected
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OutgoingMessage;
+
+    #[test]
+    fn the_cloudevents_attributes_come_first_then_the_rows_own_headers() {
+        let extra = [("traceparent".to_owned(), "00-ab-cd-01".to_owned())];
+        let message = OutgoingMessage::new("orders", b"{}", "id-1", "OrderCreated", "shop")
+            .with_key("k")
+            .with_headers(&extra);
+        let headers: Vec<_> = message.headers().collect();
+        assert_eq!(headers.len(), message.header_count());
+        assert_eq!(
+            headers,
+            [
+                ("ce_id", "id-1"),
+                ("ce_type", "OrderCreated"),
+                ("ce_source", "shop"),
+                ("ce_specversion", "1.0"),
+                ("content-type", "application/json"),
+                ("traceparent", "00-ab-cd-01"),
+            ]
+        );
     }
 }
