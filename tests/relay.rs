@@ -1,7 +1,7 @@
 //! The relay's guarantees under load, against a real PostgreSQL and a real Kafka-protocol
 //! broker (Tansu): per-key commit order across three relays with writers that take no lock of
 //! their own; a stop within 2 s of SIGTERM under a backlog, with everything acknowledged
-//! marked; parked rows that starve no one; and a SIGKILL, or lost connections, in the middle of
+//! marked; parked rows that hold their key until unparked, and no other key; and a SIGKILL, or lost connections, in the middle of
 //! publishing, losing nothing and keeping the first copies of each key in order.
 //!
 //! Topics are read until they go quiet, never up to a count, so duplicates and strays are seen.
@@ -404,21 +404,21 @@ async fn a_relay_whose_connections_are_killed_mid_backlog_reconnects_and_loses_n
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parked rows starve no one.
+// Parked rows hold their key, and starve no other.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_keys() {
+async fn parked_rows_beyond_the_batch_size_hold_their_key_until_unparked_and_starve_no_other() {
     let broker = Broker::start();
     broker.create_topic(TOPIC, 2).await;
     let db = TestDb::new("parked").await;
-    db.migrated_store().await;
+    let store = db.migrated_store().await;
     let event = |key: &str, seq| Sequenced {
         key: key.to_owned(),
         seq,
     };
     // 30 rows of key a, parked (given up on), more than three batches of 10 ...
     let mut tx = db.pool.begin().await.expect("begin");
-    let parked: Vec<Sequenced> = (1..=30).map(|n| event("a", -n)).collect();
+    let parked: Vec<Sequenced> = (-30..=-1).map(|n| event("a", n)).collect();
     outbox::enqueue_all(&mut tx, &parked)
         .await
         .expect("enqueue");
@@ -436,18 +436,26 @@ async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_ke
     tx.commit().await.expect("commit");
 
     let mut relay = RunningRelay::start(relay_builder(&db, &broker.brokers).batch_size(10));
-    relay.published(10, Duration::from_secs(30)).await;
+    relay.published(5, Duration::from_secs(30)).await;
     relay.stop().await;
-
     assert_eq!(
         count(&db, "WHERE published_at IS NULL AND parked_at IS NULL").await,
-        0
+        5,
+        "a's later rows wait behind its parked rows"
     );
     assert_eq!(
         count(&db, "WHERE parked_at IS NOT NULL AND published_at IS NULL").await,
         30,
         "parked rows stay parked"
     );
+
+    // Unparked, a's rows all go out, in order.
+    let admin = inoutbox::admin::Admin::postgres(store);
+    assert_eq!(admin.unpark(Some("a"), None).await.expect("unpark"), 30);
+    let mut relay = RunningRelay::start(relay_builder(&db, &broker.brokers).batch_size(10));
+    relay.published(35, Duration::from_secs(60)).await;
+    relay.stop().await;
+
     let messages =
         read_topic_until_quiet(&broker.brokers, TOPIC, 2, QUIET, Duration::from_secs(60)).await;
     let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
@@ -457,9 +465,10 @@ async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_ke
             .or_default()
             .push(m.payload["seq"].as_i64().expect("seq"));
     }
-    assert_eq!(per_key["a"], [1, 2, 3, 4, 5], "a's later rows, in order");
+    let a: Vec<i64> = (-30..=-1).chain(1..=5).collect();
+    assert_eq!(per_key["a"], a, "a's rows, in order, after the unpark");
     assert_eq!(per_key["b"], [1, 2, 3, 4, 5], "b's rows, in order");
-    assert_eq!(messages.len(), 10);
+    assert_eq!(messages.len(), 40);
 }
 
 // ---------------------------------------------------------------------------------------------
