@@ -7,6 +7,7 @@ mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use inoutbox::inbox::{Backoff, UnknownEvent};
@@ -139,55 +140,90 @@ async fn enqueue_commits_and_rolls_back_with_the_business_transaction() {
 /// Per-key order is commit order because an enqueue holds its key until commit: a second
 /// transaction enqueueing for the same key waits, one for another key does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_enqueues_are_serialised_until_commit_other_keys_are_not() {
+async fn same_key_rows_take_their_seq_in_commit_order_and_no_enqueue_waits() {
     let db = TestDb::new("keylock").await;
     db.migrated_store().await;
-    let (k, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let k = Uuid::new_v4();
     let event = |order_id| OrderCreated {
         order_id,
         total_cents: 1,
     };
+    // The first transaction enqueues first and commits last.
     let mut first = db.pool.begin().await.expect("begin");
     let first_id = outbox::enqueue(&mut first, &event(k))
         .await
         .expect("enqueue");
-
-    // Another key: no wait.
-    let mut unrelated = db.pool.begin().await.expect("begin");
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        outbox::enqueue(&mut unrelated, &event(other)),
+    let mut second = db.pool.begin().await.expect("begin");
+    let second_id = tokio::time::timeout(
+        Duration::from_secs(10),
+        outbox::enqueue(&mut second, &event(k)),
     )
     .await
-    .expect("a different key does not wait")
+    .expect("an enqueue of the same key does not wait for the other transaction")
     .expect("enqueue");
-    unrelated.commit().await.expect("commit");
-
-    // The same key: waits for the first transaction to end.
-    let pool = db.pool.clone();
-    let second = tokio::spawn(async move {
-        let mut tx = pool.begin().await.expect("begin");
-        let id = outbox::enqueue(&mut tx, &event(k)).await.expect("enqueue");
-        tx.commit().await.expect("commit");
-        id
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !second.is_finished(),
-        "a second enqueue for the same key must wait for the first transaction"
-    );
+    second.commit().await.expect("commit");
     first.commit().await.expect("commit");
-    let second_id = tokio::time::timeout(Duration::from_secs(5), second)
-        .await
-        .expect("the second enqueue proceeds after the commit")
-        .expect("task");
     let order: Vec<Uuid> =
         sqlx::query_scalar("SELECT id FROM inoutbox_outbox WHERE message_key = $1 ORDER BY seq")
             .bind(k.to_string())
             .fetch_all(&db.pool)
             .await
             .expect("rows");
-    assert_eq!(order, [first_id, second_id], "seq order = commit order");
+    assert_eq!(order, [second_id, first_id], "seq order = commit order");
+}
+
+/// Two transactions enqueue keys A then B, and B then A, in separate calls, each call made
+/// while the other transaction holds its first enqueue: both commit (no deadlock, no abort),
+/// and per key the transaction that committed first has the smaller `seq`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_of_two_keys_in_opposite_orders_in_two_transactions_both_commit() {
+    let db = TestDb::new("deadlock").await;
+    db.migrated_store().await;
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let both_started = Arc::new(tokio::sync::Barrier::new(2));
+    let writer = |first: Uuid, then: Uuid| {
+        let pool = db.pool.clone();
+        let both_started = both_started.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("begin");
+            let event = |order_id| OrderCreated {
+                order_id,
+                total_cents: 1,
+            };
+            let one = outbox::enqueue(&mut tx, &event(first))
+                .await
+                .map_err(|e| e.to_string())?;
+            both_started.wait().await;
+            let two = outbox::enqueue(&mut tx, &event(then))
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((one, two))
+        })
+    };
+    let ab = writer(a, b);
+    let ba = writer(b, a);
+    let within = Duration::from_secs(30);
+    let ab = tokio::time::timeout(within, ab).await.expect("A, B ends").expect("task");
+    let ba = tokio::time::timeout(within, ba).await.expect("B, A ends").expect("task");
+    let (ab, ba) = (ab.expect("A, B commits"), ba.expect("B, A commits"));
+    let seq = |id: Uuid| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("row")
+        }
+    };
+    // ab = (A of the first, B of the first); ba = (B of the second, A of the second).
+    let a_first_ahead = seq(ab.0).await < seq(ba.1).await;
+    let b_first_ahead = seq(ab.1).await < seq(ba.0).await;
+    assert_eq!(
+        a_first_ahead, b_first_ahead,
+        "one transaction committed first: its rows are ahead on both keys"
+    );
 }
 
 async fn enqueue_order(db: &TestDb, order_id: Uuid, total_cents: i64) -> Uuid {

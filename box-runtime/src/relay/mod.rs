@@ -38,13 +38,14 @@
 //!
 //! # Why per-key order holds with several relays
 //!
-//! * **Commit order = `seq` order per key.** [`enqueue`](crate::outbox::enqueue) takes a
-//!   transaction-level advisory lock on `(topic, key)` before the row's `seq` is drawn and
-//!   keeps it until commit. Two transactions of one key are therefore serialised, and the one
-//!   that draws the smaller `seq` commits first. So in any snapshot in which a row is visible,
-//!   every row of its key with a smaller `seq` is visible too (or rolled back). Ordering by
-//!   `created_at` or by the UUID would not do: both are taken before commit, and a transaction
-//!   that started earlier can commit later.
+//! * **Commit order = `seq` order per key.** A transaction that enqueued takes the
+//!   transaction-level advisory locks of its `(topic, key)`s at commit, in ascending order,
+//!   before its rows draw their `seq` (see [`crate::outbox`]), and keeps them until the commit
+//!   ends. Two transactions of one key are therefore serialised, and the one that draws the
+//!   smaller `seq` commits first. So in any snapshot in which a row is visible, every row of its
+//!   key with a smaller `seq` is visible too (or rolled back). Ordering by `created_at` or by
+//!   the UUID would not do: both are taken before commit, and a transaction that started
+//!   earlier can commit later.
 //! * **One worker per key at a time.** A key's rows are all in one slot, and a slot is held by
 //!   one session; it is given back only between batches, with nothing in flight.
 //! * **From the oldest row, in one snapshot.** Each read starts at the slot's oldest
