@@ -204,8 +204,14 @@ async fn enqueues_of_two_keys_in_opposite_orders_in_two_transactions_both_commit
     let ab = writer(a, b);
     let ba = writer(b, a);
     let within = Duration::from_secs(30);
-    let ab = tokio::time::timeout(within, ab).await.expect("A, B ends").expect("task");
-    let ba = tokio::time::timeout(within, ba).await.expect("B, A ends").expect("task");
+    let ab = tokio::time::timeout(within, ab)
+        .await
+        .expect("A, B ends")
+        .expect("task");
+    let ba = tokio::time::timeout(within, ba)
+        .await
+        .expect("B, A ends")
+        .expect("task");
     let (ab, ba) = (ab.expect("A, B commits"), ba.expect("B, A commits"));
     let seq = |id: Uuid| {
         let pool = db.pool.clone();

@@ -587,7 +587,11 @@ async fn a_parked_row_holds_its_key<S: RelayStore>(
         .iter()
         .map(|r| r.id)
         .collect();
-    assert_eq!(read, [b1], "a's second row waits behind its parked first row");
+    assert_eq!(
+        read,
+        [b1],
+        "a's second row waits behind its parked first row"
+    );
 
     let backlog = store.backlog().await.expect("backlog");
     assert_eq!((backlog.parked, backlog.held_keys), (1, 1), "{backlog:?}");
@@ -687,7 +691,8 @@ impl inoutbox::transport::Publisher for FailsOneDelivery {
     ) -> Result<
         impl std::future::Future<
                 Output = Result<inoutbox::transport::Receipt, inoutbox::transport::PublishError>,
-            > + Send
+            >
+            + Send
             + 'static
             + use<>,
         inoutbox::transport::PublishError,
@@ -793,7 +798,10 @@ async fn a_sqlite_row_whose_id_is_not_a_uuid_is_parked_with_the_reason() {
     .await
     .expect("row");
     let error = error.unwrap_or_default();
-    assert!(parked && error.contains("`order-17` is not a UUID"), "{error}");
+    assert!(
+        parked && error.contains("`order-17` is not a UUID"),
+        "{error}"
+    );
     session.close().await;
 }
 
@@ -813,7 +821,8 @@ impl inoutbox::transport::Publisher for SlowBroker {
     ) -> Result<
         impl std::future::Future<
                 Output = Result<inoutbox::transport::Receipt, inoutbox::transport::PublishError>,
-            > + Send
+            >
+            + Send
             + 'static
             + use<>,
         inoutbox::transport::PublishError,
@@ -852,7 +861,8 @@ async fn a_sqlite_relay_keeps_its_lease_while_a_batch_waits_for_the_broker() {
     handed.notified().await;
     // The batch is in flight for three leases' time: another relay must not get the outbox.
     tokio::time::sleep(LEASE * 3).await;
-    let other = inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables()).lease(LEASE);
+    let other =
+        inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables()).lease(LEASE);
     let mut session = other.open().await.expect("open");
     assert_eq!(
         session.claim(&[0], 1).await.expect("claim"),

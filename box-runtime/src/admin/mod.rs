@@ -249,7 +249,14 @@ impl std::fmt::Debug for Admin {
 }
 
 /// A row of the parked-keys query: topic, key, rows, last error, parked at, rows held.
-type ParkedKeyRow = (String, Option<String>, i64, Option<String>, Option<String>, i64);
+type ParkedKeyRow = (
+    String,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<String>,
+    i64,
+);
 
 fn store_name<S: InboxStore>(_: &S) -> &'static str {
     S::NAME
@@ -341,14 +348,16 @@ impl Admin {
                 held: outbox.3,
                 parked_keys: parked_keys
                     .into_iter()
-                    .map(|(topic, key, rows, last_error, parked_at, held)| ParkedKey {
-                        topic,
-                        key,
-                        rows,
-                        last_error,
-                        parked_at,
-                        held,
-                    })
+                    .map(
+                        |(topic, key, rows, last_error, parked_at, held)| ParkedKey {
+                            topic,
+                            key,
+                            rows,
+                            last_error,
+                            parked_at,
+                            held,
+                        },
+                    )
                     .collect(),
             },
         })

@@ -76,8 +76,13 @@ impl DeadLetterTopic {
         let partition = d.partition.to_string();
         let offset = d.offset.to_string();
         let id = id.to_string();
-        let omitted = omitted.map(|n| format!("{n} bytes, in the dead-letter table (inoutbox_dlq_id)"));
-        let names: Vec<_> = d.headers.iter().map(|(n, _)| header_name_bytes(n)).collect();
+        let omitted =
+            omitted.map(|n| format!("{n} bytes, in the dead-letter table (inoutbox_dlq_id)"));
+        let names: Vec<_> = d
+            .headers
+            .iter()
+            .map(|(n, _)| header_name_bytes(n))
+            .collect();
         let ours = [
             ("inoutbox_dlq_reason", Some(reason)),
             ("inoutbox_dlq_group", Some(self.group.as_str())),
@@ -87,13 +92,14 @@ impl DeadLetterTopic {
             ("inoutbox_dlq_id", Some(id.as_str())),
             ("inoutbox_dlq_payload_omitted", omitted.as_deref()),
         ];
-        let all = names
-            .iter()
-            .zip(&d.headers)
-            .map(|(name, (_, value))| (&**name, value.as_deref()))
-            .chain(ours.into_iter().filter_map(|(name, value)| {
-                value.map(|v| (name.as_bytes(), Some(v.as_bytes())))
-            }));
+        let all =
+            names
+                .iter()
+                .zip(&d.headers)
+                .map(|(name, (_, value))| (&**name, value.as_deref()))
+                .chain(ours.into_iter().filter_map(|(name, value)| {
+                    value.map(|v| (name.as_bytes(), Some(v.as_bytes())))
+                }));
         headers::owned(all, d.headers.len() + ours.len())
     }
 

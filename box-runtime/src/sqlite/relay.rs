@@ -152,7 +152,9 @@ pub struct SqliteRelaySession {
 }
 
 /// A row as read, or the `seq` and the reason of a row that cannot be published as it is.
-fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<Result<PendingRow, (i64, String)>, StoreError> {
+fn pending_row(
+    row: &sqlx::sqlite::SqliteRow,
+) -> Result<Result<PendingRow, (i64, String)>, StoreError> {
     let id: String = row.try_get("id")?;
     let seq: i64 = row.try_get("seq")?;
     let Ok(uuid) = Uuid::parse_str(&id) else {

@@ -100,7 +100,9 @@ pub fn header_name_bytes(name: &str) -> Cow<'_, [u8]> {
                 i += 2;
             }
             (b'\\', Some(b'x')) => {
-                let hex = bytes.get(i + 2..i + 4).and_then(|h| std::str::from_utf8(h).ok());
+                let hex = bytes
+                    .get(i + 2..i + 4)
+                    .and_then(|h| std::str::from_utf8(h).ok());
                 match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
                     Some(b) => {
                         out.push(b);
