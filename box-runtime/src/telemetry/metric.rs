@@ -231,6 +231,6 @@ mod tests {
                 m.name
             );
         }
-        assert_eq!(ALL.len(), 17);
+        assert_eq!(ALL.len(), 18);
     }
 }

@@ -9,12 +9,12 @@
 -- order (a transaction waits only for keys above those it holds, so no cycle can form), and
 -- each row then draws its `seq`, in the order the rows were inserted. A key's lock is thus held
 -- from its rows' `seq` to the commit, and per key `seq` order stays commit order. Rows inserted
--- by other means (their `seq` from the sequence) are left alone.
+-- by other means (their `seq` from the sequence) are left alone. The function names no table
+-- (the trigger's own), so a renamed table keeps it working.
 DO $$
 DECLARE
     s text := (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                WHERE c.oid = '{outbox}'::regclass);
-    seq text := pg_get_serial_sequence('{outbox}', 'seq');
 BEGIN
     EXECUTE format(
         'CREATE OR REPLACE FUNCTION %I.%s() RETURNS trigger LANGUAGE plpgsql AS $f$ '
@@ -26,9 +26,10 @@ BEGIN
         '      SELECT DISTINCT k FROM unnest(string_to_array(keys, '','')::int8[]) AS k '
         '      ORDER BY k) AS sorted; '
         '  END IF; '
-        '  UPDATE {outbox} SET seq = nextval(%L::regclass) WHERE id = NEW.id AND seq = 0; '
+        '  EXECUTE format(''UPDATE %%I.%%I SET seq = DEFAULT WHERE id = $1 AND seq = 0'', '
+        '                 TG_TABLE_SCHEMA, TG_TABLE_NAME) USING NEW.id; '
         '  RETURN NULL; '
-        'END $f$', s, '{outbox:order}', seq);
+        'END $f$', s, '{outbox:order}');
     IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgrelid = '{outbox}'::regclass
                    AND tgname = btrim('{outbox:order}', '"')) THEN
         EXECUTE format('CREATE CONSTRAINT TRIGGER %s AFTER INSERT ON {outbox} '
