@@ -232,6 +232,81 @@ async fn enqueues_of_two_keys_in_opposite_orders_in_two_transactions_both_commit
     );
 }
 
+/// The lock of a key is held from the moment a committing transaction draws its row's `seq` to
+/// the end of its commit: a second transaction of the key that commits meanwhile waits, so it
+/// never becomes visible with a larger `seq` while the first row is still invisible. The first
+/// transaction's commit is slowed down (a deferred trigger of the test's own that sleeps after
+/// the outbox's); the second commits while the first sleeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_seq_of_a_key_never_becomes_visible_before_an_earlier_one() {
+    let db = TestDb::new("commitlock").await;
+    db.migrated_store().await;
+    db.exec(
+        "CREATE TABLE slow_commit (x int); \
+         CREATE FUNCTION slow_commit_sleep() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit_sleep AFTER INSERT ON slow_commit \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit_sleep()",
+    )
+    .await;
+    let k = Uuid::new_v4();
+    let event = OrderCreated {
+        order_id: k,
+        total_cents: 1,
+    };
+    let mut first = db.pool.begin().await.expect("begin");
+    let first_id = outbox::enqueue(&mut first, &event).await.expect("enqueue");
+    sqlx::query("INSERT INTO slow_commit VALUES (1)")
+        .execute(&mut *first)
+        .await
+        .expect("slow");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *first)
+        .await
+        .expect("pid");
+    let first_commit = tokio::spawn(async move { first.commit().await.expect("commit") });
+    // The first transaction has drawn its seq and sleeps in its commit.
+    loop {
+        let sleeping: bool = sqlx::query_scalar(
+            "SELECT coalesce(bool_or(wait_event = 'PgSleep'), false) FROM pg_stat_activity \
+             WHERE pid = $1",
+        )
+        .bind(pid)
+        .fetch_one(&db.pool)
+        .await
+        .expect("activity");
+        if sleeping {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut second = db.pool.begin().await.expect("begin");
+    let second_id = outbox::enqueue(&mut second, &event).await.expect("enqueue");
+    second.commit().await.expect("commit");
+    let first_visible = db
+        .count(&format!(
+            "SELECT count(*) FROM inoutbox_outbox WHERE id = '{first_id}'"
+        ))
+        .await;
+    first_commit.await.expect("first commit");
+    let seq = |id: Uuid| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("row")
+        }
+    };
+    let (first_seq, second_seq) = (seq(first_id).await, seq(second_id).await);
+    assert!(
+        first_visible == 1 || second_seq < first_seq,
+        "the second row (seq {second_seq}) was visible while the first (seq {first_seq}) was not"
+    );
+    assert!(first_seq < second_seq, "seq order = commit order");
+}
+
 async fn enqueue_order(db: &TestDb, order_id: Uuid, total_cents: i64) -> Uuid {
     let mut tx = db.pool.begin().await.expect("begin");
     let id = outbox::enqueue(
