@@ -7,6 +7,7 @@ mod support;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use inoutbox::inbox::{Backoff, UnknownEvent};
@@ -139,55 +140,171 @@ async fn enqueue_commits_and_rolls_back_with_the_business_transaction() {
 /// Per-key order is commit order because an enqueue holds its key until commit: a second
 /// transaction enqueueing for the same key waits, one for another key does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn same_key_enqueues_are_serialised_until_commit_other_keys_are_not() {
+async fn same_key_rows_take_their_seq_in_commit_order_and_no_enqueue_waits() {
     let db = TestDb::new("keylock").await;
     db.migrated_store().await;
-    let (k, other) = (Uuid::new_v4(), Uuid::new_v4());
+    let k = Uuid::new_v4();
     let event = |order_id| OrderCreated {
         order_id,
         total_cents: 1,
     };
+    // The first transaction enqueues first and commits last.
     let mut first = db.pool.begin().await.expect("begin");
     let first_id = outbox::enqueue(&mut first, &event(k))
         .await
         .expect("enqueue");
-
-    // Another key: no wait.
-    let mut unrelated = db.pool.begin().await.expect("begin");
-    tokio::time::timeout(
-        Duration::from_secs(2),
-        outbox::enqueue(&mut unrelated, &event(other)),
+    let mut second = db.pool.begin().await.expect("begin");
+    let second_id = tokio::time::timeout(
+        Duration::from_secs(10),
+        outbox::enqueue(&mut second, &event(k)),
     )
     .await
-    .expect("a different key does not wait")
+    .expect("an enqueue of the same key does not wait for the other transaction")
     .expect("enqueue");
-    unrelated.commit().await.expect("commit");
-
-    // The same key: waits for the first transaction to end.
-    let pool = db.pool.clone();
-    let second = tokio::spawn(async move {
-        let mut tx = pool.begin().await.expect("begin");
-        let id = outbox::enqueue(&mut tx, &event(k)).await.expect("enqueue");
-        tx.commit().await.expect("commit");
-        id
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !second.is_finished(),
-        "a second enqueue for the same key must wait for the first transaction"
-    );
+    second.commit().await.expect("commit");
     first.commit().await.expect("commit");
-    let second_id = tokio::time::timeout(Duration::from_secs(5), second)
-        .await
-        .expect("the second enqueue proceeds after the commit")
-        .expect("task");
     let order: Vec<Uuid> =
         sqlx::query_scalar("SELECT id FROM inoutbox_outbox WHERE message_key = $1 ORDER BY seq")
             .bind(k.to_string())
             .fetch_all(&db.pool)
             .await
             .expect("rows");
-    assert_eq!(order, [first_id, second_id], "seq order = commit order");
+    assert_eq!(order, [second_id, first_id], "seq order = commit order");
+}
+
+/// Two transactions enqueue keys A then B, and B then A, in separate calls, each call made
+/// while the other transaction holds its first enqueue: both commit (no deadlock, no abort),
+/// and per key the transaction that committed first has the smaller `seq`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_of_two_keys_in_opposite_orders_in_two_transactions_both_commit() {
+    let db = TestDb::new("deadlock").await;
+    db.migrated_store().await;
+    let (a, b) = (Uuid::new_v4(), Uuid::new_v4());
+    let both_started = Arc::new(tokio::sync::Barrier::new(2));
+    let writer = |first: Uuid, then: Uuid| {
+        let pool = db.pool.clone();
+        let both_started = both_started.clone();
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("begin");
+            let event = |order_id| OrderCreated {
+                order_id,
+                total_cents: 1,
+            };
+            let one = outbox::enqueue(&mut tx, &event(first))
+                .await
+                .map_err(|e| e.to_string())?;
+            both_started.wait().await;
+            let two = outbox::enqueue(&mut tx, &event(then))
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((one, two))
+        })
+    };
+    let ab = writer(a, b);
+    let ba = writer(b, a);
+    let within = Duration::from_secs(30);
+    let ab = tokio::time::timeout(within, ab)
+        .await
+        .expect("A, B ends")
+        .expect("task");
+    let ba = tokio::time::timeout(within, ba)
+        .await
+        .expect("B, A ends")
+        .expect("task");
+    let (ab, ba) = (ab.expect("A, B commits"), ba.expect("B, A commits"));
+    let seq = |id: Uuid| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("row")
+        }
+    };
+    // ab = (A of the first, B of the first); ba = (B of the second, A of the second).
+    let a_first_ahead = seq(ab.0).await < seq(ba.1).await;
+    let b_first_ahead = seq(ab.1).await < seq(ba.0).await;
+    assert_eq!(
+        a_first_ahead, b_first_ahead,
+        "one transaction committed first: its rows are ahead on both keys"
+    );
+}
+
+/// The lock of a key is held from the moment a committing transaction draws its row's `seq` to
+/// the end of its commit: a second transaction of the key that commits meanwhile waits, so it
+/// never becomes visible with a larger `seq` while the first row is still invisible. The first
+/// transaction's commit is slowed down (a deferred trigger of the test's own that sleeps after
+/// the outbox's); the second commits while the first sleeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_later_seq_of_a_key_never_becomes_visible_before_an_earlier_one() {
+    let db = TestDb::new("commitlock").await;
+    db.migrated_store().await;
+    db.exec(
+        "CREATE TABLE slow_commit (x int); \
+         CREATE FUNCTION slow_commit_sleep() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN PERFORM pg_sleep(2); RETURN NULL; END $$; \
+         CREATE CONSTRAINT TRIGGER slow_commit_sleep AFTER INSERT ON slow_commit \
+           DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit_sleep()",
+    )
+    .await;
+    let k = Uuid::new_v4();
+    let event = OrderCreated {
+        order_id: k,
+        total_cents: 1,
+    };
+    let mut first = db.pool.begin().await.expect("begin");
+    let first_id = outbox::enqueue(&mut first, &event).await.expect("enqueue");
+    sqlx::query("INSERT INTO slow_commit VALUES (1)")
+        .execute(&mut *first)
+        .await
+        .expect("slow");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *first)
+        .await
+        .expect("pid");
+    let first_commit = tokio::spawn(async move { first.commit().await.expect("commit") });
+    // The first transaction has drawn its seq and sleeps in its commit.
+    loop {
+        let sleeping: bool = sqlx::query_scalar(
+            "SELECT coalesce(bool_or(wait_event = 'PgSleep'), false) FROM pg_stat_activity \
+             WHERE pid = $1",
+        )
+        .bind(pid)
+        .fetch_one(&db.pool)
+        .await
+        .expect("activity");
+        if sleeping {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut second = db.pool.begin().await.expect("begin");
+    let second_id = outbox::enqueue(&mut second, &event).await.expect("enqueue");
+    second.commit().await.expect("commit");
+    let first_visible = db
+        .count(&format!(
+            "SELECT count(*) FROM inoutbox_outbox WHERE id = '{first_id}'"
+        ))
+        .await;
+    first_commit.await.expect("first commit");
+    let seq = |id: Uuid| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("row")
+        }
+    };
+    let (first_seq, second_seq) = (seq(first_id).await, seq(second_id).await);
+    assert!(
+        first_visible == 1 || second_seq < first_seq,
+        "the second row (seq {second_seq}) was visible while the first (seq {first_seq}) was not"
+    );
+    assert!(first_seq < second_seq, "seq order = commit order");
 }
 
 async fn enqueue_order(db: &TestDb, order_id: Uuid, total_cents: i64) -> Uuid {
@@ -536,7 +653,7 @@ pub struct Blob {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn too_large_message_is_parked_and_other_rows_flow() {
+async fn too_large_message_is_parked_holds_its_key_and_other_keys_flow() {
     let broker = Broker::start();
     broker.create_topic("orders", 1).await;
     let db = TestDb::new("parking").await;
@@ -571,7 +688,7 @@ async fn too_large_message_is_parked_and_other_rows_flow() {
     );
     let mut published = Vec::new();
     let mut failures = Vec::new();
-    while published.len() < 3 {
+    while published.len() < 2 || failures.len() < 3 {
         match tokio::time::timeout(Duration::from_secs(30), relay.reports.recv()).await {
             Ok(Some(RelayReport::Published { id, .. })) => published.push(id),
             Ok(Some(RelayReport::Failed { id, parked, .. })) => failures.push((id, parked)),
@@ -584,8 +701,8 @@ async fn too_large_message_is_parked_and_other_rows_flow() {
         [(ids[0], false), (ids[0], false), (ids[0], true)],
         "three attempts, then parked"
     );
-    // b flowed regardless; a's second row only after a's first was parked, never before.
-    assert_eq!(published.iter().filter(|id| **id == ids[2]).count(), 1);
+    // b flowed regardless; a's second row waits behind a's parked first row.
+    assert!(!published.contains(&ids[2]), "{published:?}");
     assert!(published.contains(&ids[1]) && published.contains(&ids[3]));
     let (attempts, error, parked): (i32, Option<String>, bool) = sqlx::query_as(
         "SELECT attempts, last_error, parked_at IS NOT NULL FROM inoutbox_outbox WHERE id = $1",
@@ -598,7 +715,15 @@ async fn too_large_message_is_parked_and_other_rows_flow() {
     let error = error.expect("last_error");
     println!("parked with: {error}");
     assert!(error.contains(&ids[0].to_string()), "{error}");
-    let msgs = read_topic(&broker.brokers, "orders", 1, 3, Duration::from_secs(30)).await;
+    let held: (bool, bool) = sqlx::query_as(
+        "SELECT published_at IS NULL, parked_at IS NULL FROM inoutbox_outbox WHERE id = $1",
+    )
+    .bind(ids[2])
+    .fetch_one(&db.pool)
+    .await
+    .expect("row");
+    assert_eq!(held, (true, true), "a's second row is held, unpublished");
+    let msgs = read_topic(&broker.brokers, "orders", 1, 2, Duration::from_secs(30)).await;
     let order: Vec<(String, i64)> = msgs
         .iter()
         .map(|m| {
@@ -608,8 +733,7 @@ async fn too_large_message_is_parked_and_other_rows_flow() {
             )
         })
         .collect();
-    assert!(order.contains(&("a".to_owned(), 2)), "{order:?}");
-    assert!(!order.contains(&("a".to_owned(), 1)), "{order:?}");
+    assert_eq!(order, [("b".to_owned(), 1), ("b".to_owned(), 2)]);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! The relay's guarantees under load, against a real PostgreSQL and a real Kafka-protocol
 //! broker (Tansu): per-key commit order across three relays with writers that take no lock of
 //! their own; a stop within 2 s of SIGTERM under a backlog, with everything acknowledged
-//! marked; parked rows that starve no one; and a SIGKILL, or lost connections, in the middle of
+//! marked; parked rows that hold their key until unparked, and no other key; and a SIGKILL, or lost connections, in the middle of
 //! publishing, losing nothing and keeping the first copies of each key in order.
 //!
 //! Topics are read until they go quiet, never up to a count, so duplicates and strays are seen.
@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use inoutbox::inbox::Backoff;
 use inoutbox::outbox;
 use inoutbox::prelude::*;
 use inoutbox::relay::{RelayReport, RelaySession, RelayStore};
@@ -403,21 +404,21 @@ async fn a_relay_whose_connections_are_killed_mid_backlog_reconnects_and_loses_n
 }
 
 // ---------------------------------------------------------------------------------------------
-// Parked rows starve no one.
+// Parked rows hold their key, and starve no other.
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_keys() {
+async fn parked_rows_beyond_the_batch_size_hold_their_key_until_unparked_and_starve_no_other() {
     let broker = Broker::start();
     broker.create_topic(TOPIC, 2).await;
     let db = TestDb::new("parked").await;
-    db.migrated_store().await;
+    let store = db.migrated_store().await;
     let event = |key: &str, seq| Sequenced {
         key: key.to_owned(),
         seq,
     };
     // 30 rows of key a, parked (given up on), more than three batches of 10 ...
     let mut tx = db.pool.begin().await.expect("begin");
-    let parked: Vec<Sequenced> = (1..=30).map(|n| event("a", -n)).collect();
+    let parked: Vec<Sequenced> = (-30..=-1).map(|n| event("a", n)).collect();
     outbox::enqueue_all(&mut tx, &parked)
         .await
         .expect("enqueue");
@@ -435,18 +436,26 @@ async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_ke
     tx.commit().await.expect("commit");
 
     let mut relay = RunningRelay::start(relay_builder(&db, &broker.brokers).batch_size(10));
-    relay.published(10, Duration::from_secs(30)).await;
+    relay.published(5, Duration::from_secs(30)).await;
     relay.stop().await;
-
     assert_eq!(
         count(&db, "WHERE published_at IS NULL AND parked_at IS NULL").await,
-        0
+        5,
+        "a's later rows wait behind its parked rows"
     );
     assert_eq!(
         count(&db, "WHERE parked_at IS NOT NULL AND published_at IS NULL").await,
         30,
         "parked rows stay parked"
     );
+
+    // Unparked, a's rows all go out, in order.
+    let admin = inoutbox::admin::Admin::postgres(store);
+    assert_eq!(admin.unpark(Some("a"), None).await.expect("unpark"), 30);
+    let mut relay = RunningRelay::start(relay_builder(&db, &broker.brokers).batch_size(10));
+    relay.published(35, Duration::from_secs(60)).await;
+    relay.stop().await;
+
     let messages =
         read_topic_until_quiet(&broker.brokers, TOPIC, 2, QUIET, Duration::from_secs(60)).await;
     let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
@@ -456,9 +465,10 @@ async fn parked_rows_beyond_the_batch_size_starve_neither_their_key_nor_other_ke
             .or_default()
             .push(m.payload["seq"].as_i64().expect("seq"));
     }
-    assert_eq!(per_key["a"], [1, 2, 3, 4, 5], "a's later rows, in order");
+    let a: Vec<i64> = (-30..=-1).chain(1..=5).collect();
+    assert_eq!(per_key["a"], a, "a's rows, in order, after the unpark");
     assert_eq!(per_key["b"], [1, 2, 3, 4, 5], "b's rows, in order");
-    assert_eq!(messages.len(), 10);
+    assert_eq!(messages.len(), 40);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -549,4 +559,318 @@ async fn a_session_that_does_not_hold_its_slots_is_refused() {
         "a closed session's slots are free"
     );
     second.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-key order: a parked row holds its key until it is unparked, on both stores.
+
+/// Keys `a` (two rows) and `b` (one row); `a`'s first row is parked (by `park`): the relay's read
+/// leaves `a`'s second row behind it, status and the backlog show the held key, and `unpark`
+/// lets both go, in order.
+async fn a_parked_row_holds_its_key<S: RelayStore>(
+    store: &S,
+    admin: &inoutbox::admin::Admin,
+    ids: &[Uuid],
+    all_slots: &[u32],
+) {
+    let (a1, a2, b1) = (ids[0], ids[1], ids[2]);
+    let mut session = store.open().await.expect("open");
+    let held = session
+        .claim(all_slots, all_slots.len())
+        .await
+        .expect("claim");
+    assert_eq!(held.len(), all_slots.len());
+    let read: Vec<Uuid> = session
+        .read(&held, 0, 100)
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        read,
+        [b1],
+        "a's second row waits behind its parked first row"
+    );
+
+    let backlog = store.backlog().await.expect("backlog");
+    assert_eq!((backlog.parked, backlog.held_keys), (1, 1), "{backlog:?}");
+    let status = admin.status(Duration::from_secs(60)).await.expect("status");
+    assert_eq!(status.outbox.held, 1, "{:?}", status.outbox);
+    assert_eq!(status.outbox.parked_keys.len(), 1);
+    assert_eq!(status.outbox.parked_keys[0].key.as_deref(), Some("a"));
+    assert_eq!(status.outbox.parked_keys[0].held, 1);
+
+    assert_eq!(admin.unpark(Some("a"), None).await.expect("unpark"), 1);
+    let read: Vec<Uuid> = session
+        .read(&held, 0, 100)
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    let a_rows: Vec<Uuid> = read.iter().copied().filter(|id| *id != b1).collect();
+    assert_eq!(a_rows, [a1, a2], "unparked: a's rows go out, in order");
+    assert!(read.contains(&b1));
+    assert_eq!(store.backlog().await.expect("backlog").held_keys, 0);
+    session.close().await;
+}
+
+fn three_rows() -> [Sequenced; 3] {
+    let event = |key: &str, seq| Sequenced {
+        key: key.to_owned(),
+        seq,
+    };
+    [event("a", 1), event("a", 2), event("b", 1)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_row_holds_its_key_until_unparked_on_postgres() {
+    let db = TestDb::new("holds").await;
+    let store = db.migrated_store().await;
+    let mut tx = db.pool.begin().await.expect("begin");
+    let ids = outbox::enqueue_all(&mut tx, &three_rows())
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    sqlx::query("UPDATE inoutbox_outbox SET parked_at = now(), attempts = 3 WHERE id = $1")
+        .bind(ids[0])
+        .execute(&db.pool)
+        .await
+        .expect("park");
+    let relay_store = inoutbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone());
+    let admin = inoutbox::admin::Admin::postgres(store);
+    let slots: Vec<u32> = (0..relay_store.slots()).collect();
+    a_parked_row_holds_its_key(&relay_store, &admin, &ids, &slots).await;
+}
+
+/// A migrated SQLite store in a file of its own.
+async fn sqlite_store(name: &str) -> inoutbox::SqliteStore {
+    let dir = std::env::temp_dir().join(support::unique(&format!("inoutbox-{name}")));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let url = format!("sqlite:{}", dir.join("relay.db").display());
+    let store = inoutbox::SqliteStore::connect(&url).await.expect("sqlite");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_row_holds_its_key_until_unparked_on_sqlite() {
+    let store = sqlite_store("holds").await;
+    let mut tx = store.pool().begin().await.expect("begin");
+    let ids = outbox::enqueue_all(&mut tx, &three_rows())
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    sqlx::query(
+        "UPDATE inoutbox_outbox SET parked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+         attempts = 3 WHERE id = $1",
+    )
+    .bind(ids[0].to_string())
+    .execute(store.pool())
+    .await
+    .expect("park");
+    let relay_store = inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables());
+    let admin = inoutbox::admin::Admin::sqlite(store);
+    a_parked_row_holds_its_key(&relay_store, &admin, &ids, &[0]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-key order: a failed delivery holds the rest of its key in its batch.
+
+/// Acknowledges every message but the first copy of one event, whose delivery fails after it
+/// was handed over (asynchronously), as a broker refusing one message of a batch does.
+struct FailsOneDelivery {
+    fail: std::sync::Mutex<Option<String>>,
+}
+
+impl inoutbox::transport::Publisher for FailsOneDelivery {
+    fn send(
+        &self,
+        message: &inoutbox::transport::OutgoingMessage<'_>,
+    ) -> Result<
+        impl std::future::Future<
+                Output = Result<inoutbox::transport::Receipt, inoutbox::transport::PublishError>,
+            >
+            + Send
+            + 'static
+            + use<>,
+        inoutbox::transport::PublishError,
+    > {
+        let fail = {
+            let mut fail = self.fail.lock().expect("lock");
+            fail.take_if(|id| id == message.id).is_some()
+        };
+        Ok(async move {
+            tokio::task::yield_now().await;
+            if fail {
+                Err(inoutbox::transport::PublishError::unavailable(
+                    "the broker timed this message out",
+                ))
+            } else {
+                Ok(inoutbox::transport::Receipt::new(0, 0))
+            }
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_delivery_holds_the_rest_of_its_key_in_its_batch() {
+    let store = sqlite_store("failed-delivery").await;
+    let event = |key: &str, seq| Sequenced {
+        key: key.to_owned(),
+        seq,
+    };
+    let mut tx = store.pool().begin().await.expect("begin");
+    let ids = outbox::enqueue_all(
+        &mut tx,
+        &[event("a", 1), event("a", 2), event("b", 1), event("a", 3)],
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let publisher = FailsOneDelivery {
+        fail: std::sync::Mutex::new(Some(ids[0].to_string())),
+    };
+    let relay = inoutbox::Relay::builder(store.clone(), publisher)
+        .batch_size(10)
+        .poll_interval(Duration::from_millis(50))
+        .backoff(Backoff::new(
+            Duration::from_millis(20),
+            Duration::from_millis(50),
+        ))
+        .build()
+        .expect("relay");
+    let mut relay = RunningRelay::spawn(relay);
+    let published = relay.published(4, Duration::from_secs(30)).await;
+    relay.stop().await;
+    let a: Vec<Uuid> = published
+        .iter()
+        .copied()
+        .filter(|id| *id != ids[2])
+        .collect();
+    assert_eq!(
+        a,
+        [ids[0], ids[1], ids[3]],
+        "a's later rows are marked published only after its first"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQLite: a row whose id is not a UUID is parked, never published for ever.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_row_whose_id_is_not_a_uuid_is_parked_with_the_reason() {
+    let store = sqlite_store("bad-id").await;
+    // Written by hand, by another service: an id that is not a UUID, then a row of its key and
+    // one of another key.
+    sqlx::raw_sql(
+        "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload) \
+         VALUES ('order-17', 'Sequenced', 'sequenced', 'a', '{}')",
+    )
+    .execute(store.pool())
+    .await
+    .expect("insert by hand");
+    let mut tx = store.pool().begin().await.expect("begin");
+    let ids = outbox::enqueue_all(&mut tx, &three_rows()[1..])
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let relay_store = inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables());
+    let mut session = relay_store.open().await.expect("open");
+    let held = session.claim(&[0], 1).await.expect("claim");
+    let read: Vec<Uuid> = session
+        .read(&held, 0, 100)
+        .await
+        .expect("read")
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(
+        read,
+        [ids[1]],
+        "neither the row with the bad id nor the later row of its key is read"
+    );
+    let (parked, error): (bool, Option<String>) = sqlx::query_as(
+        "SELECT parked_at IS NOT NULL, last_error FROM inoutbox_outbox WHERE id = 'order-17'",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("row");
+    let error = error.unwrap_or_default();
+    assert!(
+        parked && error.contains("`order-17` is not a UUID"),
+        "{error}"
+    );
+    session.close().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SQLite: the lease is renewed while a batch is in flight.
+
+/// Hands each message over and acknowledges it only once `release` is notified.
+struct SlowBroker {
+    handed: Arc<tokio::sync::Notify>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl inoutbox::transport::Publisher for SlowBroker {
+    fn send(
+        &self,
+        _message: &inoutbox::transport::OutgoingMessage<'_>,
+    ) -> Result<
+        impl std::future::Future<
+                Output = Result<inoutbox::transport::Receipt, inoutbox::transport::PublishError>,
+            >
+            + Send
+            + 'static
+            + use<>,
+        inoutbox::transport::PublishError,
+    > {
+        self.handed.notify_one();
+        let release = self.release.clone();
+        Ok(async move {
+            release.notified().await;
+            Ok(inoutbox::transport::Receipt::new(0, 0))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_relay_keeps_its_lease_while_a_batch_waits_for_the_broker() {
+    const LEASE: Duration = Duration::from_millis(1200);
+    let store = sqlite_store("lease").await;
+    let mut tx = store.pool().begin().await.expect("begin");
+    outbox::enqueue_all(&mut tx, &three_rows()[..1])
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let handed = Arc::new(tokio::sync::Notify::new());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let relay_store =
+        inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables()).lease(LEASE);
+    let broker = SlowBroker {
+        handed: handed.clone(),
+        release: release.clone(),
+    };
+    let relay = inoutbox::Relay::builder(relay_store, broker)
+        .poll_interval(Duration::from_millis(50))
+        .build()
+        .expect("relay");
+    let mut relay = RunningRelay::spawn(relay);
+    handed.notified().await;
+    // The batch is in flight for three leases' time: another relay must not get the outbox.
+    tokio::time::sleep(LEASE * 3).await;
+    let other =
+        inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables()).lease(LEASE);
+    let mut session = other.open().await.expect("open");
+    assert_eq!(
+        session.claim(&[0], 1).await.expect("claim"),
+        Vec::<u32>::new(),
+        "the lease lapsed while the batch was in flight"
+    );
+    session.close().await;
+    release.notify_one();
+    relay.published(1, Duration::from_secs(30)).await;
+    relay.stop().await;
 }

@@ -348,3 +348,42 @@ async fn a_inoutbox_filter_catches_the_engine_logs() {
         "the engine's `processed` line for {id} under a inoutbox::engine target: {line:?}"
     );
 }
+
+/// The database refuses every dead letter, even stripped of its headers and type: the message
+/// is held, never acknowledged as skipped, until the consumer stops; it is then abandoned (and
+/// delivered again).
+#[tokio::test]
+async fn a_dead_letter_refused_even_stripped_holds_its_message_until_the_stop() {
+    let store = store_with_invoices().await;
+    sqlx::raw_sql(
+        "CREATE TRIGGER refuse_new_dead_letters BEFORE INSERT ON inoutbox_dead_letters \
+         BEGIN SELECT RAISE(ABORT, 'dead letters refused'); END; \
+         CREATE TRIGGER refuse_dead_letter_updates BEFORE UPDATE ON inoutbox_dead_letters \
+         BEGIN SELECT RAISE(ABORT, 'dead letters refused'); END;",
+    )
+    .execute(store.pool())
+    .await
+    .expect("triggers");
+    let mut config = InboxConfig::default();
+    config.outage_backoff = Backoff::new(Duration::from_millis(1), Duration::from_millis(10));
+    let kit = TestInbox::with_config(store, "kit", config).expect("inbox");
+    let mut bad = delivery(&KitOrder {
+        order_id: "o-1".into(),
+        total_cents: 1,
+    });
+    bad.payload = Some(b"not json".to_vec());
+    bad.offset = 0;
+    let stop = inoutbox::shutdown::CancellationToken::new();
+    let held = {
+        let stop = stop.clone();
+        tokio::spawn(async move { kit.inbox().process(&bad, &stop).await })
+    };
+    // Time for the three refusals and the stripped letter's (a few milliseconds each).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.cancel();
+    let outcome = held.await.expect("task");
+    assert!(
+        matches!(outcome, Outcome::Abandoned),
+        "the message must not be acknowledged: {outcome:?}"
+    );
+}

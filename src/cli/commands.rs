@@ -130,11 +130,13 @@ fn status_text(s: &Status) -> String {
         .map_or_else(String::new, |secs| format!(", oldest {}", age(secs)));
     let _ = write!(
         text,
-        "stuck rows (unprocessed for over {}): {}\n\nOUTBOX\nunpublished: {}{oldest}\nparked: {}\n",
+        "stuck rows (unprocessed for over {}): {}\n\nOUTBOX\nunpublished: {}{oldest}\nparked: {}\n\
+         held behind parked rows of their key (until unparked): {}\n",
         age(s.stuck_after.as_secs_f64()),
         s.stuck,
         o.unpublished,
-        o.parked
+        o.parked,
+        o.held
     );
     if !o.parked_keys.is_empty() {
         let rows: Vec<Vec<String>> = o
@@ -145,13 +147,14 @@ fn status_text(s: &Status) -> String {
                     cell(&k.topic, 40),
                     or_dash(k.key.as_deref(), 40),
                     k.rows.to_string(),
+                    k.held.to_string(),
                     or_dash(k.parked_at.as_deref(), 20),
                     or_dash(k.last_error.as_deref(), 100),
                 ]
             })
             .collect();
         text.push_str(&table(
-            &["TOPIC", "KEY", "ROWS", "PARKED AT", "LAST ERROR"],
+            &["TOPIC", "KEY", "ROWS", "HELD", "PARKED AT", "LAST ERROR"],
             &rows,
         ));
     }
@@ -172,8 +175,9 @@ fn status_json(s: &Status) -> Value {
             "unpublished": o.unpublished,
             "oldest_unpublished_secs": o.oldest_unpublished_secs,
             "parked": o.parked,
+            "held": o.held,
             "parked_keys": o.parked_keys.iter().map(|k| json!({
-                "topic": k.topic, "key": k.key, "rows": k.rows,
+                "topic": k.topic, "key": k.key, "rows": k.rows, "held": k.held,
                 "last_error": k.last_error, "parked_at": k.parked_at,
             })).collect::<Vec<_>>(),
         },

@@ -110,6 +110,9 @@ pub struct OutboxStatus {
     pub oldest_unpublished_secs: Option<f64>,
     /// Parked rows: given up on by the relay until unparked.
     pub parked: i64,
+    /// Rows held behind a parked row of their key: per-key order keeps them unpublished until
+    /// it is unparked.
+    pub held: i64,
     /// The keys with parked rows (the 50 with the most), with the last error of each.
     pub parked_keys: Vec<ParkedKey>,
 }
@@ -128,6 +131,8 @@ pub struct ParkedKey {
     pub last_error: Option<String>,
     /// When that row was parked (UTC, `YYYY-MM-DDTHH:MM:SSZ`).
     pub parked_at: Option<String>,
+    /// Later rows of the key held behind its parked rows (unpublished until they are unparked).
+    pub held: i64,
 }
 
 /// Which dead letters to list.
@@ -243,8 +248,15 @@ impl std::fmt::Debug for Admin {
     }
 }
 
-/// A row of the parked-keys query: topic, key, rows, last error, parked at.
-type ParkedKeyRow = (String, Option<String>, i64, Option<String>, Option<String>);
+/// A row of the parked-keys query: topic, key, rows, last error, parked at, rows held.
+type ParkedKeyRow = (
+    String,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<String>,
+    i64,
+);
 
 fn store_name<S: InboxStore>(_: &S) -> &'static str {
     S::NAME
@@ -310,7 +322,7 @@ impl Admin {
             let groups: Vec<(String, i64, i64, i64, i64)> =
                 sqlx::query_as(sql.groups.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
             let stuck = s.count_stuck(stuck_after).await?;
-            let outbox: (i64, Option<f64>, i64) =
+            let outbox: (i64, Option<f64>, i64, i64) =
                 sqlx::query_as(sql.outbox.clone()).fetch_one(s.pool()).await.map_err(StoreError::from)?;
             let keys: Vec<ParkedKeyRow> =
                 sqlx::query_as(sql.parked_keys.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
@@ -333,15 +345,19 @@ impl Admin {
                 unpublished: outbox.0,
                 oldest_unpublished_secs: outbox.1.map(|s| s.max(0.0)),
                 parked: outbox.2,
+                held: outbox.3,
                 parked_keys: parked_keys
                     .into_iter()
-                    .map(|(topic, key, rows, last_error, parked_at)| ParkedKey {
-                        topic,
-                        key,
-                        rows,
-                        last_error,
-                        parked_at,
-                    })
+                    .map(
+                        |(topic, key, rows, last_error, parked_at, held)| ParkedKey {
+                            topic,
+                            key,
+                            rows,
+                            last_error,
+                            parked_at,
+                            held,
+                        },
+                    )
                     .collect(),
             },
         })

@@ -70,18 +70,28 @@ impl AdminSql {
                 inbox = t.inbox,
                 dead = t.dead_letters,
             )),
+            // The last column: rows held behind a parked row of their key.
             outbox: stmt(format!(
                 "SELECT count(*) FILTER (WHERE parked_at IS NULL), \
-                   {oldest}, count(*) FILTER (WHERE parked_at IS NOT NULL) \
+                   {oldest}, count(*) FILTER (WHERE parked_at IS NOT NULL), \
+                   (SELECT count(*) FROM {outbox} h JOIN (\
+                      SELECT topic, message_key, min(seq) AS first FROM {outbox} \
+                      WHERE parked_at IS NOT NULL AND published_at IS NULL \
+                        AND message_key IS NOT NULL GROUP BY topic, message_key) AS p \
+                    ON h.topic = p.topic AND h.message_key = p.message_key AND h.seq > p.first \
+                    WHERE h.published_at IS NULL AND h.parked_at IS NULL) \
                  FROM {outbox} WHERE published_at IS NULL",
                 oldest = (f.age)("min(created_at) FILTER (WHERE parked_at IS NULL)"),
                 outbox = t.outbox,
             )),
-            // The error of each parked key's latest parked row.
+            // The error of each parked key's latest parked row, and the rows it holds.
             parked_keys: stmt(format!(
-                "SELECT p.topic, p.message_key, p.n, o.last_error, {parked} FROM (\
-                   SELECT topic, message_key, count(*) AS n, max(seq) AS last FROM {outbox} \
-                   WHERE parked_at IS NOT NULL AND published_at IS NULL \
+                "SELECT p.topic, p.message_key, p.n, o.last_error, {parked}, \
+                   (SELECT count(*) FROM {outbox} h WHERE h.topic = p.topic \
+                      AND h.message_key = p.message_key AND h.seq > p.first \
+                      AND h.published_at IS NULL AND h.parked_at IS NULL) FROM (\
+                   SELECT topic, message_key, count(*) AS n, max(seq) AS last, min(seq) AS first \
+                   FROM {outbox} WHERE parked_at IS NOT NULL AND published_at IS NULL \
                    GROUP BY topic, message_key) AS p \
                  JOIN {outbox} o ON o.seq = p.last \
                  ORDER BY p.n DESC, p.topic, p.message_key LIMIT {PARKED_KEYS}",

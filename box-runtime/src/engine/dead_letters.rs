@@ -1,6 +1,6 @@
 //! Dead letters and what an operator does with them: a failure recorded, a message
-//! dead-lettered (or, when the database rejects even that, logged and acknowledged), a dead
-//! letter replayed; and the purge of processed rows.
+//! dead-lettered (when the database rejects even its stripped letter, held and tried again,
+//! never acknowledged), a dead letter replayed; and the purge of processed rows.
 
 use std::time::Duration;
 
@@ -147,7 +147,7 @@ impl<S: InboxStore> Inbox<S> {
                     }
                 }
                 Err(e) if e.is_rejected() && rejections + 1 >= REJECTIONS_BEFORE_DEAD_LETTER => {
-                    return self.bare_dead_letter(&letter, &e).await;
+                    return self.bare_dead_letter(&letter, &e, shutdown).await;
                 }
                 Err(e) => {
                     rejections += u32::from(e.is_rejected());
@@ -160,12 +160,15 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// The last resort when the database rejects a dead letter: the same letter without its
-    /// headers and event type (the text most likely at fault); if even that is rejected, the
-    /// message is logged with every detail and acknowledged, so the partition moves on.
+    /// headers and event type (the text most likely at fault). If even that is not stored, the
+    /// message is held, never acknowledged: the stripped letter is tried again with the outage
+    /// backoff, an error logged each time, until it is stored or the consumer stops (the
+    /// message is then abandoned, and delivered again).
     pub(super) async fn bare_dead_letter(
         &self,
         letter: &DeadLetter<'_>,
         error: &StoreError,
+        shutdown: &CancellationToken,
     ) -> Outcome {
         let bare = Delivery {
             headers: Vec::new(),
@@ -181,14 +184,17 @@ impl<S: InboxStore> Inbox<S> {
             error: &reason,
             ..letter.clone()
         };
-        match self.store.dead_letter(&stripped).await {
-            Ok(id) => Outcome::DeadLettered { reason, id },
-            Err(e) => {
-                tracing::error!(target: "inoutbox::engine", group = self.group(), at = %letter.delivery.coordinates(),
-                    reason = reason.as_str(), error = e.to_string().as_str(),
-                    "a dead letter could not be stored; the message is skipped");
-                Outcome::Skipped {
-                    reason: format!("{reason}; the dead letter could not be stored: {e}"),
+        let mut outage = self.config.outage_backoff.start();
+        loop {
+            match self.store.dead_letter(&stripped).await {
+                Ok(id) => return Outcome::DeadLettered { reason, id },
+                Err(e) => {
+                    tracing::error!(target: "inoutbox::engine", group = self.group(), at = %letter.delivery.coordinates(),
+                        reason = reason.as_str(), error = e.to_string().as_str(),
+                        "a dead letter could not be stored, even without its headers; the message is held (not acknowledged) and the dead letter tried again");
+                    if !wait_outage(&mut outage, &e, shutdown).await {
+                        return Outcome::Abandoned;
+                    }
                 }
             }
         }

@@ -472,9 +472,9 @@ fn headers(m: &BorrowedMessage<'_>) -> Vec<(String, Option<Vec<u8>>)> {
         if err != rd::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR || name.is_null() {
             continue;
         }
-        // SAFETY: librdkafka returns a NUL-terminated name and `size` bytes of value, both
-        // owned by the message.
-        let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_bytes();
+        // SAFETY: as `rd_kafka_header_get_all` returned them: a name and `size` bytes of value,
+        // both owned by the message.
+        let name = unsafe { super::headers::name_bytes(name, value, size) };
         let value = (!value.is_null())
             .then(|| unsafe { std::slice::from_raw_parts(value.cast::<u8>(), size) }.to_vec());
         out.push((text::header_name(name), value));

@@ -15,6 +15,7 @@
 mod config;
 mod dead_letter;
 mod group_lag;
+mod headers;
 mod in_process;
 mod lag;
 mod member;

@@ -24,25 +24,28 @@
 //!
 //! One statement in the caller's transaction, nothing else (no broker call):
 //!
-//! 1. takes a transaction-level advisory lock on the event's `(topic, key)`
-//!    (`pg_advisory_xact_lock`, released at commit or rollback; events without a key take none);
-//! 2. inserts the row; its `seq` comes from a sequence *after* the lock is held;
-//! 3. queues a `NOTIFY` on the table's channel (delivered by PostgreSQL only if the transaction
+//! 1. inserts the row (PostgreSQL: with `seq` still to draw) and adds the lock id of the
+//!    event's `(topic, key)` to the locks the transaction takes at commit (events without a key
+//!    take none);
+//! 2. queues a `NOTIFY` on the table's channel (delivered by PostgreSQL only if the transaction
 //!    commits), which wakes the relays, unless another transaction in flight already will: only
 //!    the holder of the table's wake lock notifies, so notifying commits never queue behind
 //!    each other (see `postgres::outbox`).
 //!
-//! Step 1 is what makes per-key order well defined across transactions: two transactions that
-//! enqueue for the same key are serialised from the enqueue to their commit, so the one that
-//! takes its `seq` first also commits first (or rolls back, leaving no row). Hence, per key,
-//! **`seq` order is commit order**, and once a row of a key is visible no row of that key with
-//! a smaller `seq` can still appear. The relay publishes each key's rows in `seq` order (see
-//! [`crate::relay`]). [`enqueue_all`] draws its rows' `seq` in the order given. The cost:
-//! transactions enqueueing for the same key wait for each other
-//! between their enqueue and their commit; different keys never wait. A transaction that
-//! enqueues for several keys locks them in one order (sorted lock ids) inside one call; across
-//! separate calls, lock order is yours, and PostgreSQL resolves a deadlock by aborting one
-//! transaction (SQLSTATE 40P01, [`StoreError::Conflict`], retryable).
+//! At commit (a deferred trigger, migration outbox v4), the transaction takes its key locks
+//! (transaction-level advisory locks, `pg_advisory_xact_lock`) in ascending order, then each of
+//! its rows draws its `seq`, in the order the rows were enqueued. This is what makes per-key
+//! order well defined across transactions: two transactions that enqueued for the same key are
+//! serialised from the moment the first draws its `seq` to its commit, so the one that draws
+//! first also commits first. Hence, per key, **`seq` order is commit order**, and once a row of
+//! a key is visible no row of that key with a smaller `seq` can still appear. The relay
+//! publishes each key's rows in `seq` order (see [`crate::relay`]). [`enqueue_all`] draws its
+//! rows' `seq` in the order given. The cost: committing transactions that enqueued for the
+//! same key wait for each other's commit; different keys never wait, and nothing waits before
+//! the commit. Because every transaction takes its key locks at commit and in one order,
+//! enqueues for several keys, in any order and in any number of calls, never deadlock each
+//! other. (With `SET CONSTRAINTS ALL IMMEDIATE`, the locks are taken at the end of each
+//! enqueue statement instead, as before: lock order across calls is then yours.)
 //!
 //! # The row
 //!

@@ -67,6 +67,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "business keys: a second unique key per group",
         sql: include_str!("migrations/inbox_v4.sql"),
     },
+    Migration {
+        component: "outbox",
+        version: 4,
+        description: "per-key order taken at commit (key locks in ascending order): no deadlock",
+        sql: include_str!("migrations/outbox_v4.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {

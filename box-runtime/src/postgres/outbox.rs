@@ -1,6 +1,6 @@
-//! The PostgreSQL outbox writer: one statement per enqueue (advisory lock on the key, insert,
-//! a coalesced `NOTIFY`), in the caller's transaction. Why the lock: see the outbox module's
-//! docs.
+//! The PostgreSQL outbox writer: one statement per enqueue (the insert, the key's lock id added
+//! to the locks its transaction takes at commit, a coalesced `NOTIFY`), in the caller's
+//! transaction. Why the lock, and why at commit: see the outbox module's docs.
 //!
 //! **Wake-ups that do not serialise writers.** PostgreSQL commits the transactions that queued a
 //! `NOTIFY` one at a time, under one cluster-wide lock held through the commit's WAL flush: if
@@ -39,6 +39,10 @@ impl Default for Outbox {
         Self::new(&Tables::default())
     }
 }
+
+/// The transaction-local setting that lists the key locks (ids, comma-separated) its
+/// transaction takes at commit (migration outbox v4 reads it).
+pub(crate) const KEYS_SETTING: &str = "inoutbox.enqueue_keys";
 
 /// FNV-1a, 64 bits: a stable hash for advisory lock ids (the same in every process and version).
 pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
@@ -88,11 +92,19 @@ impl Outbox {
     pub fn new(tables: &Tables) -> Self {
         let table = tables.outbox.to_string();
         // The quals have no column in them, so PostgreSQL checks them once, before the first
-        // row is produced: the key locks are held before `seq` (the column default) is drawn.
-        // The wake lock ($11) decides whether this transaction notifies.
+        // row is produced. `seq` is 0: the row draws it at commit, after its transaction has
+        // taken the listed key locks in ascending order (migration outbox v4). The wake lock
+        // ($11) decides whether this transaction notifies.
         let wake = "(NOT pg_try_advisory_xact_lock($11) OR pg_notify($1, '')::text = '')";
         let columns =
-            "id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, slot";
+            "id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, slot, seq";
+        // Appends lock ids (text, comma-separated) to the transaction's list.
+        let listed = |ids: &str| {
+            format!(
+                "set_config('{KEYS_SETTING}', concat_ws(',', \
+                   nullif(current_setting('{KEYS_SETTING}', true), ''), {ids}), true) IS NOT NULL"
+            )
+        };
         let lock_scope = tables.outbox.name().as_str().to_owned();
         Self {
             channel: notify_channel(tables),
@@ -100,23 +112,24 @@ impl Outbox {
             lock_scope,
             insert_one: stmt(format!(
                 "INSERT INTO {table} ({columns}) \
-                 SELECT $3, $4, $5, $6, $7, $8, $9::text::json, $10, {slot} \
-                 WHERE ($2::int8 IS NULL OR pg_advisory_xact_lock($2)::text = '') AND {wake}",
+                 SELECT $3, $4, $5, $6, $7, $8, $9::text::json, $10, {slot}, 0 \
+                 WHERE ($2::int8 IS NULL OR {key}) AND {wake}",
                 slot = slot_expr("$8::text", "$3::uuid"),
+                key = listed("$2::int8::text"),
             )),
             // `seq` is drawn per row in the order the rows come; ORDER BY the ordinality makes
             // that the caller's order.
             insert_many: stmt(format!(
                 "INSERT INTO {table} ({columns}) \
                  SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, \
-                        r.payload::json, r.headers, {slot} \
+                        r.payload::json, r.headers, {slot}, 0 \
                  FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], \
                              $8::text[], $9::text[], $10::jsonb[]) WITH ORDINALITY \
                    AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
-                 WHERE (SELECT count(pg_advisory_xact_lock(k)) FROM unnest($2::int8[]) AS k) >= 0 \
-                   AND {wake} \
+                 WHERE (cardinality($2::int8[]) = 0 OR {keys}) AND {wake} \
                  ORDER BY r.ord",
                 slot = slot_expr("r.message_key", "r.id"),
+                keys = listed("array_to_string($2::int8[], ',')"),
             )),
             table,
         }
@@ -189,8 +202,7 @@ impl Outbox {
         if rows.is_empty() {
             return Ok(Vec::new());
         }
-        // Sorted and deduplicated, so two transactions never take the same locks in opposite
-        // orders within one call.
+        // Sorted and deduplicated: the list stays short (the commit sorts the whole list).
         let locks: Vec<i64> = rows
             .iter()
             .filter_map(|r| {
@@ -283,6 +295,15 @@ mod tests {
                 "{expr} missing from outbox_v2.sql"
             );
         }
+    }
+
+    #[test]
+    fn the_commit_trigger_reads_the_list_the_writer_fills() {
+        let migration = include_str!("migrations/outbox_v4.sql");
+        assert!(
+            migration.contains(&format!("''{KEYS_SETTING}''")),
+            "{KEYS_SETTING} missing from outbox_v4.sql"
+        );
     }
 
     #[test]

@@ -87,23 +87,28 @@ impl Statements {
                SELECT {cols} FROM {t} o \
                WHERE slot >= r.lo AND slot < r.hi AND published_at IS NULL AND parked_at IS NULL \
                  AND next_attempt_at IS NULL \
-                 AND NOT EXISTS (SELECT 1 FROM blocked b \
-                                 WHERE b.topic = o.topic AND b.message_key = o.message_key) \
+                 AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.topic = o.topic \
+                                 AND b.message_key = o.message_key AND b.seq < o.seq) \
                ORDER BY seq LIMIT $4) AS f)"
         );
         Self {
             table: t.to_string(),
             // Rows that failed carry their retry time (`next_attempt_at`) and sit in the retry
-            // index (normally empty). A row waiting for its retry blocks the later rows of its
-            // key; due retries come first.
+            // index (normally empty); parked rows sit in the parked index (normally small). A
+            // row waiting for its retry, or parked, blocks the later rows of its key (a parked
+            // row until it is unparked); due retries come first.
             read: stmt(format!(
                 "WITH retry AS MATERIALIZED ( \
                    SELECT id, seq, topic, message_key, next_attempt_at <= now() AS due FROM {t} \
                    WHERE slot = ANY($1) AND published_at IS NULL AND parked_at IS NULL \
                      AND next_attempt_at IS NOT NULL), \
-                 blocked AS ( \
+                 blocked AS MATERIALIZED ( \
                    SELECT topic, message_key, min(seq) AS seq FROM retry \
-                   WHERE NOT due AND message_key IS NOT NULL GROUP BY topic, message_key) \
+                   WHERE NOT due AND message_key IS NOT NULL GROUP BY topic, message_key \
+                   UNION ALL \
+                   SELECT topic, message_key, min(seq) FROM {t} \
+                   WHERE parked_at IS NOT NULL AND published_at IS NULL AND slot = ANY($1) \
+                     AND message_key IS NOT NULL GROUP BY topic, message_key) \
                  (SELECT {cols} FROM {t} WHERE id IN ( \
                     SELECT r.id FROM retry r WHERE r.due AND NOT EXISTS ( \
                       SELECT 1 FROM blocked b WHERE b.topic = r.topic \
@@ -412,17 +417,20 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        // Three scalar subqueries, each on a partial index of the rows it counts.
+        // Four scalar subqueries, each on a partial index of the rows it counts.
         let sql = format!(
             "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL), \
                (SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM {t} \
                  WHERE published_at IS NULL AND parked_at IS NULL), \
-               (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL)",
+               (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL), \
+               (SELECT count(*) FROM (SELECT DISTINCT topic, message_key FROM {t} \
+                 WHERE published_at IS NULL AND parked_at IS NOT NULL \
+                   AND message_key IS NOT NULL) AS k)",
             t = self.tables.outbox
         );
-        let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
+        let (unpublished, oldest, parked, held): (i64, Option<f64>, i64, i64) =
             sqlx::query_as(stmt(sql)).fetch_one(&self.pool).await?;
-        Ok(Backlog::new(unpublished, oldest, parked))
+        Ok(Backlog::new(unpublished, oldest, parked).with_held_keys(held))
     }
 }
 

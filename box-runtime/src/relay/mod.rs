@@ -38,13 +38,14 @@
 //!
 //! # Why per-key order holds with several relays
 //!
-//! * **Commit order = `seq` order per key.** [`enqueue`](crate::outbox::enqueue) takes a
-//!   transaction-level advisory lock on `(topic, key)` before the row's `seq` is drawn and
-//!   keeps it until commit. Two transactions of one key are therefore serialised, and the one
-//!   that draws the smaller `seq` commits first. So in any snapshot in which a row is visible,
-//!   every row of its key with a smaller `seq` is visible too (or rolled back). Ordering by
-//!   `created_at` or by the UUID would not do: both are taken before commit, and a transaction
-//!   that started earlier can commit later.
+//! * **Commit order = `seq` order per key.** A transaction that enqueued takes the
+//!   transaction-level advisory locks of its `(topic, key)`s at commit, in ascending order,
+//!   before its rows draw their `seq` (see [`crate::outbox`]), and keeps them until the commit
+//!   ends. Two transactions of one key are therefore serialised, and the one that draws the
+//!   smaller `seq` commits first. So in any snapshot in which a row is visible, every row of its
+//!   key with a smaller `seq` is visible too (or rolled back). Ordering by `created_at` or by
+//!   the UUID would not do: both are taken before commit, and a transaction that started
+//!   earlier can commit later.
 //! * **One worker per key at a time.** A key's rows are all in one slot, and a slot is held by
 //!   one session; it is given back only between batches, with nothing in flight.
 //! * **From the oldest row, in one snapshot.** Each read starts at the slot's oldest
@@ -63,12 +64,16 @@
 //!   copies of a key's events are still in order: every copy is part of a run that starts at
 //!   the oldest unmarked row of the key.
 //!
+//! * **A failed delivery holds the rest of its key.** If the broker refuses a row while later
+//!   rows of its key in the same batch were already handed to the publisher, those later rows
+//!   are not marked published even when acknowledged: they go out again after the failed row,
+//!   in order. (Kafka's idempotent producer fails them together anyway; without it, the first
+//!   copy of such a later row may reach the topic before the failed row, and its second copy
+//!   follows it, in order.)
+//!
 //! Limits, stated plainly: if a worker's connection breaks while its batch is in flight,
 //! another worker can take the slot and publish the same rows again at the same moment
-//! (duplicates; the first copies stay in order). If a delivery fails asynchronously while later
-//! messages of the same key were already handed to the publisher, those later messages may be
-//! published before the failed one is retried (Kafka's idempotent producer fails them
-//! together, which avoids this).
+//! (duplicates; the first copies stay in order).
 //!
 //! # Failures
 //!
@@ -76,11 +81,12 @@
 //! retry (`next_attempt_at`, exponential backoff); the later rows of its key wait behind it, so
 //! the order holds, while other keys flow. Errors that are about the message itself (too large,
 //! topic unknown, invalid or not authorised, invalid record) park the row (`parked_at`) after
-//! [`RelayBuilder::max_attempts`]; the key then moves on. Parked rows leave the indexes the
-//! relay reads, so however many a key has, they never hold up its other rows or other keys.
-//! Broker outages (timeouts, transport errors) are retried forever with backoff and never
-//! park. A parked row can be retried by setting `parked_at = NULL`; it is then published after
-//! the rows of its key that went ahead.
+//! [`RelayBuilder::max_attempts`]. A parked row **holds its key**: none of the key's later rows
+//! is published until it is unparked (`inoutbox unpark`, or `Admin::unpark`),
+//! and then they go out after it, in order. Other keys flow. Held keys are visible: in
+//! `inoutbox status` (the rows held behind each parked key) and in the gauge
+//! `inoutbox_outbox_held_keys`. Broker outages (timeouts, transport errors) are retried
+//! forever with backoff and never park.
 //!
 //! # Wake-up
 //!

@@ -1,7 +1,7 @@
 //! One batch: produce its rows in order, wait for every delivery report, mark the delivered
 //! rows (one statement) and record the failures (one statement).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::SystemTime;
 
 use uuid::Uuid;
@@ -10,13 +10,15 @@ use super::shared::Shared;
 use super::telemetry::TopicMetrics;
 use super::{Failure, PendingRow, RelayReport, RelaySession, RelayStore};
 use crate::store::StoreError;
-use crate::transport::{OutgoingMessage, PublishError, Publisher};
+use crate::transport::{OutgoingMessage, PublishError, Publisher, Receipt};
 
 impl<S: RelayStore, P: Publisher> Shared<S, P> {
-    /// Publishes `rows` (a worker's batch, in the order read) and records the outcome.
+    /// Publishes `rows` (a worker's batch of the slots `held`, in the order read) and records
+    /// the outcome.
     pub(super) async fn publish(
         &self,
         session: &mut S::Session,
+        held: &[u32],
         rows: &[PendingRow],
     ) -> Result<(), StoreError> {
         // Keys whose row the publisher could not even queue: their later rows wait.
@@ -40,33 +42,20 @@ impl<S: RelayStore, P: Publisher> Shared<S, P> {
                 }
             }
         }
-        let mut published = Vec::with_capacity(in_flight.len());
-        // The topic handles of the last row: a batch is mostly of one topic.
-        let mut topic: Option<(&str, TopicMetrics)> = None;
-        for (row, delivery) in in_flight {
-            match delivery.await {
-                Ok(d) => {
-                    published.push(row.id);
-                    if topic.as_ref().is_none_or(|(t, _)| *t != row.topic) {
-                        topic = Some((&row.topic, self.telemetry.topic(&row.topic)));
-                    }
-                    if let Some((_, metrics)) = &topic {
-                        metrics.published(&row.id);
-                    }
-                    if self.reports.is_some() {
-                        self.report(RelayReport::Published {
-                            id: row.id,
-                            topic: row.topic.clone(),
-                            key: row.key.clone(),
-                            partition: d.partition,
-                            offset: d.offset,
-                            acked_at: SystemTime::now(),
-                        });
-                    }
+        let deliveries = async move {
+            let mut delivered = Vec::with_capacity(in_flight.len());
+            let mut failed = Vec::new();
+            for (row, delivery) in in_flight {
+                match delivery.await {
+                    Ok(receipt) => delivered.push((row, receipt)),
+                    Err(e) => failed.push((row, e)),
                 }
-                Err(e) => failures.push((row, e)),
             }
-        }
+            (delivered, failed)
+        };
+        let (delivered, failed) = renewing(session, held, deliveries).await?;
+        failures.extend(failed);
+        let published = self.acknowledged(delivered, &failures);
         if !published.is_empty() {
             crate::failpoint::hit("relay_after_publish").await;
             session.mark_published(&published).await?;
@@ -75,6 +64,56 @@ impl<S: RelayStore, P: Publisher> Shared<S, P> {
             self.record_failures(session, failures).await?;
         }
         Ok(())
+    }
+
+    /// The delivered rows that may be marked published, reported and counted: a row of a key
+    /// whose earlier row in this batch failed is held back (left unmarked, it is published
+    /// again after the failed row, in order), so per-key order holds however the publisher
+    /// reports its deliveries.
+    fn acknowledged(
+        &self,
+        delivered: Vec<(&PendingRow, Receipt)>,
+        failures: &[(&PendingRow, PublishError)],
+    ) -> Vec<Uuid> {
+        // The first failed row of each key.
+        let mut first_failed: HashMap<(&str, &str), i64> = HashMap::new();
+        for (row, _) in failures {
+            if let Some(key) = row.key.as_deref() {
+                let seq = first_failed.entry((&row.topic, key)).or_insert(row.seq);
+                *seq = (*seq).min(row.seq);
+            }
+        }
+        let mut published = Vec::with_capacity(delivered.len());
+        // The topic handles of the last row: a batch is mostly of one topic.
+        let mut topic: Option<(&str, TopicMetrics)> = None;
+        for (row, d) in delivered {
+            let held = row.key.as_deref().is_some_and(|key| {
+                first_failed
+                    .get(&(row.topic.as_str(), key))
+                    .is_some_and(|&failed| failed < row.seq)
+            });
+            if held {
+                continue;
+            }
+            published.push(row.id);
+            if topic.as_ref().is_none_or(|(t, _)| *t != row.topic) {
+                topic = Some((&row.topic, self.telemetry.topic(&row.topic)));
+            }
+            if let Some((_, metrics)) = &topic {
+                metrics.published(&row.id);
+            }
+            if self.reports.is_some() {
+                self.report(RelayReport::Published {
+                    id: row.id,
+                    topic: row.topic.clone(),
+                    key: row.key.clone(),
+                    partition: d.partition,
+                    offset: d.offset,
+                    acked_at: SystemTime::now(),
+                });
+            }
+        }
+        published
     }
 
     /// Records the first failure of each key (its later rows wait behind it; they count no
@@ -131,7 +170,7 @@ impl<S: RelayStore, P: Publisher> Shared<S, P> {
         &self,
         row: &PendingRow,
     ) -> Result<
-        impl std::future::Future<Output = Result<crate::transport::Receipt, PublishError>> + use<S, P>,
+        impl std::future::Future<Output = Result<Receipt, PublishError>> + use<S, P>,
         PublishError,
     > {
         let mut id = Uuid::encode_buffer();
@@ -145,5 +184,26 @@ impl<S: RelayStore, P: Publisher> Shared<S, P> {
             source: &self.config.source,
             extra_headers: &row.headers,
         })
+    }
+}
+
+/// Waits for `work` (a batch's deliveries) while renewing the session's hold on its slots as
+/// often as the store asks ([`RelaySession::renew_every`]), so a hold that expires (SQLite's
+/// lease) cannot lapse while a batch is in flight, however long the broker takes. A renewal
+/// that fails means the slots may be someone else's: the batch is abandoned unmarked.
+async fn renewing<R: RelaySession, T>(
+    session: &mut R,
+    held: &[u32],
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, StoreError> {
+    let Some(every) = session.renew_every() else {
+        return Ok(work.await);
+    };
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            out = &mut work => return Ok(out),
+            () = tokio::time::sleep(every) => session.verify(held).await?,
+        }
     }
 }

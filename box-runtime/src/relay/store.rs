@@ -112,7 +112,8 @@ pub struct Failure<'a> {
 ///   process killed, its connection lost) loses its slots;
 /// * [`RelaySession::read`] returns, per slot, the slot's publishable rows from its oldest on,
 ///   in `seq` order, read in one snapshot; rows of a key that is backing off are left out, and
-///   so are the later rows of that key.
+///   so are the later rows of that key; a parked row holds the later rows of its key in the
+///   same way until it is unparked.
 pub trait RelayStore: Sealed + Send + Sync + 'static {
     /// A worker's hold on the store: its claimed slots and the connection it reads through.
     type Session: RelaySession;
@@ -156,6 +157,8 @@ pub struct Backlog {
     pub oldest_unpublished_age: Option<Duration>,
     /// Parked rows (given up on until unparked).
     pub parked: i64,
+    /// Keys held by a parked row: none of their later rows is published until it is unparked.
+    pub held_keys: i64,
 }
 
 impl Backlog {
@@ -166,7 +169,14 @@ impl Backlog {
             oldest_unpublished_age: oldest_age_secs
                 .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)),
             parked,
+            held_keys: 0,
         }
+    }
+
+    /// The same backlog with `held_keys` keys held by a parked row.
+    pub fn with_held_keys(mut self, held_keys: i64) -> Self {
+        self.held_keys = held_keys;
+        self
     }
 }
 
@@ -198,6 +208,13 @@ pub trait RelaySession: Sealed + Send + 'static {
         &'a mut self,
         held: &'a [u32],
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a;
+
+    /// How often the session must renew its hold on its slots while a batch is in flight
+    /// (through [`verify`](RelaySession::verify)); `None` (the default) when holds do not
+    /// expire (PostgreSQL's session locks last as long as the connection).
+    fn renew_every(&self) -> Option<Duration> {
+        None
+    }
 
     /// Up to `limit` publishable rows of `slots`: rows due for a retry first (in `seq`
     /// order), then the others, per slot in `seq` order. `start` rotates the slots served

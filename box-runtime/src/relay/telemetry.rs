@@ -44,6 +44,7 @@ pub(crate) struct RelayTelemetry {
     unpublished: Gauge,
     oldest: Gauge,
     parked: Gauge,
+    held_keys: Gauge,
     pub(crate) health: Health,
 }
 
@@ -62,6 +63,7 @@ impl RelayTelemetry {
             unpublished: metrics::gauge!(m::OUTBOX_UNPUBLISHED),
             oldest: metrics::gauge!(m::OUTBOX_OLDEST_UNPUBLISHED_AGE),
             parked: metrics::gauge!(m::OUTBOX_PARKED_ROWS),
+            held_keys: metrics::gauge!(m::OUTBOX_HELD_KEYS),
             health,
         }
     }
@@ -91,5 +93,6 @@ impl RelayTelemetry {
                 .map_or(0.0, |a| a.as_secs_f64()),
         );
         self.parked.set(backlog.parked as f64);
+        self.held_keys.set(backlog.held_keys as f64);
     }
 }

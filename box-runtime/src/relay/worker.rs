@@ -224,6 +224,9 @@ async fn step<S: RelayStore, P: Publisher>(
     }
     let span =
         tracing::info_span!(target: "inoutbox::relay", "inoutbox.relay.batch", rows = rows.len());
-    shared.publish(session, &rows).instrument(span).await?;
+    shared
+        .publish(session, &slots.held, &rows)
+        .instrument(span)
+        .await?;
     Ok(Step::Busy)
 }

@@ -4,8 +4,11 @@
 //! every key, so one relay worker at a time publishes the whole table, from its oldest row on,
 //! in `seq` order: the store has a single slot. The slot is a lease in a table
 //! (`<outbox>_relay_locks`): a worker takes it by writing its owner id with an expiry and renews
-//! it while it runs, and another may take it only once the lease expired, so a relay that dies
-//! releases it after [`LEASE`]. Writing the lease is atomic (one writer at a time). There is no
+//! it while it runs (between batches, and every quarter of the lease while a batch waits for
+//! the broker), and another may take it only once the lease expired, so a relay that dies
+//! releases it after [`LEASE`] ([`SqliteRelayStore::lease`]). Writing the lease is atomic (one
+//! writer at a time). A row whose id is not a UUID is parked with the reason (it holds its
+//! key, as every parked row does, until it is unparked). There is no
 //! NOTIFY: the relay polls at its poll interval.
 
 use std::time::Duration;
@@ -20,6 +23,7 @@ use crate::relay::{
     parse_headers, Backlog, Failure, IntoRelayStore, Members, PendingRow, RelaySession, RelayStore,
 };
 use crate::store::sql::{stmt, Stmt};
+use crate::store::text::{safe_text, MAX_LABEL_BYTES};
 use crate::store::{StoreError, Tables};
 
 /// How long a relay's hold on the slot lasts if it is never renewed (a crashed relay).
@@ -41,6 +45,7 @@ fn earlier(param: &str) -> String {
 pub struct SqliteRelayStore {
     pool: SqlitePool,
     sql: std::sync::Arc<Statements>,
+    lease: Duration,
 }
 
 #[derive(Debug)]
@@ -49,6 +54,7 @@ struct Statements {
     renew: Stmt,
     unlock: Stmt,
     read: Stmt,
+    park_bad_id: Stmt,
     mark_published: Stmt,
     record_failure: Stmt,
     purge: Stmt,
@@ -75,15 +81,24 @@ impl SqliteRelayStore {
                 lease = later("$2")
             )),
             unlock: stmt(format!("DELETE FROM {locks} WHERE owner = $1")),
-            // A row waiting for its retry blocks the later rows of its key (`pending_key_idx`).
+            // A row waiting for its retry blocks the later rows of its key, and so does a
+            // parked row until it is unparked (`pending_key_idx`).
             read: stmt(format!(
                 "SELECT id, seq, topic, message_key, type, payload, headers, attempts FROM {t} o \
                  WHERE published_at IS NULL AND parked_at IS NULL \
                    AND (message_key IS NOT NULL OR next_attempt_at <= {NOW}) \
                    AND NOT EXISTS (SELECT 1 FROM {t} w \
                      WHERE w.topic = o.topic AND w.message_key = o.message_key AND w.seq <= o.seq \
-                       AND w.published_at IS NULL AND w.parked_at IS NULL AND w.next_attempt_at > {NOW}) \
+                       AND w.published_at IS NULL \
+                       AND (w.parked_at IS NOT NULL OR w.next_attempt_at > {NOW})) \
                  ORDER BY seq LIMIT $1"
+            )),
+            // A row the relay cannot publish as it is (its id is not a UUID): parked with the
+            // reason, so it holds its key, visibly, instead of going out again and again.
+            park_bad_id: stmt(format!(
+                "UPDATE {t} SET attempts = attempts + 1, last_error = $2, parked_at = {NOW}, \
+                   next_attempt_at = {NOW} \
+                 WHERE seq = $1 AND published_at IS NULL"
             )),
             mark_published: stmt(format!(
                 "UPDATE {t} SET published_at = {NOW} \
@@ -102,13 +117,28 @@ impl SqliteRelayStore {
                 before = earlier("$1")
             )),
             backlog: stmt(format!(
-                "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT (julianday('now') - julianday(min(created_at))) * 86400.0 FROM {t}                      WHERE published_at IS NULL AND parked_at IS NULL),                    (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL)"
+                "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL), \
+                   (SELECT (julianday('now') - julianday(min(created_at))) * 86400.0 FROM {t} \
+                     WHERE published_at IS NULL AND parked_at IS NULL), \
+                   (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL), \
+                   (SELECT count(*) FROM (SELECT DISTINCT topic, message_key FROM {t} \
+                     WHERE published_at IS NULL AND parked_at IS NOT NULL \
+                       AND message_key IS NOT NULL))"
             )),
         };
         Self {
             pool,
             sql: std::sync::Arc::new(sql),
+            lease: LEASE,
         }
+    }
+
+    /// How long a relay's hold on the outbox lasts without renewal (default [`LEASE`]): a
+    /// relay that dies leaves it to another after this long. A running relay renews it a few
+    /// times per lease, between batches and while a batch is in flight.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(100));
+        self
     }
 }
 
@@ -118,14 +148,26 @@ pub struct SqliteRelaySession {
     pool: SqlitePool,
     sql: std::sync::Arc<Statements>,
     owner: String,
+    lease: Duration,
 }
 
-fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> {
+/// A row as read, or the `seq` and the reason of a row that cannot be published as it is.
+fn pending_row(
+    row: &sqlx::sqlite::SqliteRow,
+) -> Result<Result<PendingRow, (i64, String)>, StoreError> {
     let id: String = row.try_get("id")?;
+    let seq: i64 = row.try_get("seq")?;
+    let Ok(uuid) = Uuid::parse_str(&id) else {
+        let shown = safe_text(&id, MAX_LABEL_BYTES);
+        return Ok(Err((
+            seq,
+            format!("the row's id `{shown}` is not a UUID: it cannot be published as an event id"),
+        )));
+    };
     let headers = parse_headers(&row.try_get::<String, _>("headers")?);
     let attempts: i64 = row.try_get("attempts")?;
-    Ok(PendingRow {
-        id: Uuid::parse_str(&id).unwrap_or_default(),
+    Ok(Ok(PendingRow {
+        id: uuid,
         seq: row.try_get("seq")?,
         slot: 0,
         topic: row.try_get("topic")?,
@@ -134,7 +176,7 @@ fn pending_row(row: &sqlx::sqlite::SqliteRow) -> Result<PendingRow, StoreError> 
         payload: row.try_get("payload")?,
         headers,
         attempts: attempts as i32,
-    })
+    }))
 }
 
 impl crate::sealed::Sealed for SqliteRelaySession {}
@@ -157,7 +199,7 @@ impl RelaySession for SqliteRelaySession {
         }
         let got: Option<String> = sqlx::query_scalar(self.sql.lock.clone())
             .bind(&self.owner)
-            .bind(LEASE.as_secs_f64())
+            .bind(self.lease.as_secs_f64())
             .fetch_optional(&self.pool)
             .await?;
         Ok(got.map(|_| vec![0]).unwrap_or_default())
@@ -177,13 +219,13 @@ impl RelaySession for SqliteRelaySession {
         }
         let renewed = sqlx::query(self.sql.renew.clone())
             .bind(&self.owner)
-            .bind(LEASE.as_secs_f64())
+            .bind(self.lease.as_secs_f64())
             .execute(&self.pool)
             .await?;
         if renewed.rows_affected() == 0 {
             return Err(StoreError::Config(format!(
-                "the relay's lease on the outbox expired and was taken over (held for more than {} s without renewal)",
-                LEASE.as_secs()
+                "the relay's lease on the outbox expired and was taken over (held for more than {:?} without renewal)",
+                self.lease
             )));
         }
         Ok(())
@@ -198,11 +240,36 @@ impl RelaySession for SqliteRelaySession {
         if !slots.contains(&0) {
             return Ok(Vec::new());
         }
-        let rows = sqlx::query(self.sql.read.clone())
-            .bind(limit as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(pending_row).collect()
+        loop {
+            let rows = sqlx::query(self.sql.read.clone())
+                .bind(limit as i64)
+                .fetch_all(&self.pool)
+                .await?;
+            let mut read = Vec::with_capacity(rows.len());
+            let mut bad = Vec::new();
+            for row in &rows {
+                match pending_row(row)? {
+                    Ok(row) => read.push(row),
+                    Err(unpublishable) => bad.push(unpublishable),
+                }
+            }
+            if bad.is_empty() {
+                return Ok(read);
+            }
+            // Parked, they hold their keys: read again without them and their keys' later rows.
+            for (seq, reason) in bad {
+                tracing::warn!(target: "inoutbox::relay", seq, "{reason}; the row is parked");
+                sqlx::query(self.sql.park_bad_id.clone())
+                    .bind(seq)
+                    .bind(reason)
+                    .execute(&self.pool)
+                    .await?;
+            }
+        }
+    }
+
+    fn renew_every(&self) -> Option<Duration> {
+        Some(self.lease / 4)
     }
 
     async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
@@ -250,6 +317,7 @@ impl RelayStore for SqliteRelayStore {
             pool: self.pool.clone(),
             sql: self.sql.clone(),
             owner: Uuid::new_v4().to_string(),
+            lease: self.lease,
         })
     }
 
@@ -274,11 +342,11 @@ impl RelayStore for SqliteRelayStore {
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (unpublished, oldest, parked): (i64, Option<f64>, i64) =
+        let (unpublished, oldest, parked, held): (i64, Option<f64>, i64, i64) =
             sqlx::query_as(self.sql.backlog.clone())
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(Backlog::new(unpublished, oldest, parked))
+        Ok(Backlog::new(unpublished, oldest, parked).with_held_keys(held))
     }
 }
 

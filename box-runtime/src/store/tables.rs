@@ -28,6 +28,7 @@ pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("outbox", "fresh_idx"),
     ("outbox", "retry_idx"),
     ("outbox", "slot"),
+    ("outbox", "order"),
 ];
 
 /// The names of inoutbox's tables. Every name is a validated identifier; set a schema to keep

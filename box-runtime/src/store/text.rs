@@ -57,22 +57,68 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     out
 }
 
-/// A header name as text: itself when it is UTF-8, else with each invalid byte written as
-/// `\xHH` (header names reach inoutbox as bytes; the raw value bytes are kept as they are).
+/// A header name as text, losslessly and injectively: the name itself when it is UTF-8 with
+/// neither a backslash nor a NUL, else with each NUL and each byte that is not UTF-8 written as
+/// `\xHH` and each backslash doubled (`\\`), so a literal name that looks like an escape
+/// (`x-\xff`) stays distinct from the byte it spells, and [`header_name_bytes`] gives the bytes
+/// back. (Header names reach inoutbox as bytes; the raw value bytes are kept as they are.)
 pub fn header_name(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(s) => s.to_owned(),
-        Err(_) => {
-            let mut out = String::with_capacity(bytes.len() + 8);
-            for chunk in bytes.utf8_chunks() {
-                out.push_str(chunk.valid());
-                for b in chunk.invalid() {
-                    let _ = write!(out, "\\x{b:02x}");
-                }
-            }
-            out
+    if let Ok(s) = std::str::from_utf8(bytes) {
+        if !s.contains(['\\', '\0']) {
+            return s.to_owned();
         }
     }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\0' => out.push_str("\\x00"),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    out
+}
+
+/// The bytes of a header name written by [`header_name`]. A name that [`header_name`] cannot
+/// have written (a lone backslash, a bad escape) is taken as it is.
+pub fn header_name_bytes(name: &str) -> Cow<'_, [u8]> {
+    if !name.contains('\\') {
+        return Cow::Borrowed(name.as_bytes());
+    }
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match (bytes[i], bytes.get(i + 1)) {
+            (b'\\', Some(b'\\')) => {
+                out.push(b'\\');
+                i += 2;
+            }
+            (b'\\', Some(b'x')) => {
+                let hex = bytes
+                    .get(i + 2..i + 4)
+                    .and_then(|h| std::str::from_utf8(h).ok());
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 4;
+                    }
+                    None => return Cow::Borrowed(name.as_bytes()),
+                }
+            }
+            (b'\\', _) => return Cow::Borrowed(name.as_bytes()),
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -109,5 +155,31 @@ mod tests {
     fn invalid_header_names_are_escaped() {
         assert_eq!(header_name(b"ce_id"), "ce_id");
         assert_eq!(header_name(b"x-\xff\xfe"), "x-\\xff\\xfe");
+    }
+
+    #[test]
+    fn header_names_with_a_nul_or_that_look_like_escapes_stay_distinct_and_come_back() {
+        // A NUL is kept (escaped), not cut; a literal name that spells an escape differs from
+        // the byte it spells.
+        assert_eq!(header_name(b"a\0b"), "a\\x00b");
+        assert_ne!(header_name(b"a\0b"), header_name(b"a"));
+        assert_ne!(header_name(b"x-\xff"), header_name(b"x-\\xff"));
+        assert_ne!(header_name(b"a\0b"), header_name(b"a\\x00b"));
+        assert_eq!(header_name(b"x-\\xff"), "x-\\\\xff");
+        for name in [
+            &b"ce_id"[..],
+            b"a\0b",
+            b"\0",
+            b"x-\xff\xfe",
+            b"x-\\xff",
+            b"\\",
+            b"\\\\x00",
+            b"caf\xc3\xa9\\",
+            b"",
+        ] {
+            let text = header_name(name);
+            assert!(!text.contains('\0'), "{text:?}");
+            assert_eq!(&*header_name_bytes(&text), name, "{text:?}");
+        }
     }
 }

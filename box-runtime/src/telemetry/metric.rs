@@ -56,6 +56,8 @@ pub const OUTBOX_UNPUBLISHED: &str = "inoutbox_outbox_unpublished";
 pub const OUTBOX_OLDEST_UNPUBLISHED_AGE: &str = "inoutbox_outbox_oldest_unpublished_age_seconds";
 /// Gauge: parked outbox rows.
 pub const OUTBOX_PARKED_ROWS: &str = "inoutbox_outbox_parked";
+/// Gauge: keys held by a parked outbox row (their later rows wait until it is unparked).
+pub const OUTBOX_HELD_KEYS: &str = "inoutbox_outbox_held_keys";
 
 /// What kind of metric a name is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +189,12 @@ pub const ALL: &[Metric] = &[
         labels: &[],
         help: "Parked outbox rows.",
     },
+    Metric {
+        name: OUTBOX_HELD_KEYS,
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Keys held by a parked outbox row: their later rows wait until it is unparked.",
+    },
 ];
 
 /// Registers the description of every metric in [`ALL`] with the installed recorder (the
@@ -223,6 +231,6 @@ mod tests {
                 m.name
             );
         }
-        assert_eq!(ALL.len(), 17);
+        assert_eq!(ALL.len(), 18);
     }
 }
