@@ -65,6 +65,10 @@ impl Transport for KafkaConfig {
     ) -> impl std::future::Future<Output = Result<(), KafkaTransportError>> + Send {
         run(partitions, self, shutdown)
     }
+
+    fn shutdown_grace(&self) -> std::time::Duration {
+        self.shutdown_grace
+    }
 }
 
 /// Runs the group's partitions on Kafka until `shutdown` is cancelled: then finishes the
