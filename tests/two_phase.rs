@@ -640,7 +640,10 @@ async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_
         "the panic is a failed run, counted and retried after a backoff",
     )
     .await;
-    assert!(health.live(), "the drain lives on after an executor's panic");
+    assert!(
+        health.live(),
+        "the drain lives on after an executor's panic"
+    );
     token.cancel();
     tokio::time::timeout(Duration::from_secs(60), run)
         .await
@@ -648,7 +651,11 @@ async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_
         .expect("no panic")
         .expect("the consumer ran");
 
-    assert_eq!(*sent.lock().unwrap(), ["k-mail"], "only the group's own effect was sent");
+    assert_eq!(
+        *sent.lock().unwrap(),
+        ["k-mail"],
+        "only the group's own effect was sent"
+    );
     let other: (Option<String>, i32) = sqlx::query_as(
         "SELECT lease_owner, attempts FROM inoutbox_effects WHERE idempotency_key = 'k-other'",
     )
