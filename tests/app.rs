@@ -97,3 +97,156 @@ async fn a_database_url_of_another_scheme_is_refused() {
     assert!(matches!(error, AppError::Config(_)), "{error}");
     assert!(error.to_string().contains("postgres://"), "{error}");
 }
+
+/// Not a test: `App::from_env` in a child process (this binary started again with
+/// `INOUTBOX_APP_FROM_ENV` set and the environment of a case), so no test changes the
+/// environment of the others. Prints `started: <describe>` or `refused <variable>: <error>`;
+/// its log lines go to stderr.
+#[test]
+fn from_env_in_a_child() {
+    if std::env::var_os("INOUTBOX_APP_FROM_ENV").is_none() {
+        return;
+    }
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .init();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    match runtime.block_on(App::from_env()) {
+        Ok(app) => println!("started: {}", app.describe()),
+        Err(error @ AppError::Env { variable, .. }) => println!("refused {variable}: {error}"),
+        Err(error) => println!("failed: {error}"),
+    }
+}
+
+/// `App::from_env` in a child with `env` (and nothing else of inoutbox's); its stdout and stderr.
+fn from_env(env: &[(&str, &str)]) -> (String, String) {
+    let mut command = std::process::Command::new(std::env::current_exe().expect("test binary"));
+    command
+        .args([
+            "from_env_in_a_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env_remove("DATABASE_URL")
+        .env_remove("KAFKA_BROKERS")
+        .env("INOUTBOX_APP_FROM_ENV", "1");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run the child");
+    assert!(output.status.success(), "the child failed: {output:?}");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (stdout, stderr)
+}
+
+#[test]
+fn one_of_database_url_and_kafka_brokers_without_the_other_refuses_to_start_naming_it() {
+    let database = "postgres://app:hunter2-secret@127.0.0.1:5432/test";
+    let brokers = format!("127.0.0.1:{}", closed_port());
+    for (env, missing) in [
+        (vec![("DATABASE_URL", database)], "KAFKA_BROKERS"),
+        (
+            vec![("DATABASE_URL", database), ("KAFKA_BROKERS", "")],
+            "KAFKA_BROKERS",
+        ),
+        (
+            vec![("DATABASE_URL", database), ("KAFKA_BROKERS", " \t")],
+            "KAFKA_BROKERS",
+        ),
+        (vec![("KAFKA_BROKERS", brokers.as_str())], "DATABASE_URL"),
+        (
+            vec![("DATABASE_URL", ""), ("KAFKA_BROKERS", brokers.as_str())],
+            "DATABASE_URL",
+        ),
+        (vec![("DATABASE_URL", " ")], "DATABASE_URL"),
+        (vec![("KAFKA_BROKERS", "")], "KAFKA_BROKERS"),
+    ] {
+        let (stdout, stderr) = from_env(&env);
+        assert!(
+            stdout.contains(&format!("refused {missing}: {missing} ")),
+            "{env:?}: expected a refusal naming {missing}, got:\n{stdout}\n{stderr}"
+        );
+        assert!(!stdout.contains("started"), "{env:?}: {stdout}");
+        assert!(
+            !format!("{stdout}{stderr}").contains("hunter2"),
+            "{stdout}{stderr}"
+        );
+    }
+}
+
+#[test]
+fn the_embedded_parts_are_chosen_only_when_neither_variable_is_set_and_say_so() {
+    let (stdout, stderr) = from_env(&[]);
+    assert!(
+        stdout.contains("started: SQLite (") && stdout.contains("in-process Kafka"),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("INFO") && stderr.contains("running on the embedded parts"),
+        "the start-up says it runs on the embedded parts:\n{stderr}"
+    );
+
+    // Both set: the parts they name, and no word of embedded ones.
+    let dir = std::env::temp_dir().join(format!("inoutbox-app-env-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let database = format!("sqlite:{}?mode=rwc", dir.join("app.db").display());
+    let brokers = format!("127.0.0.1:{}", closed_port());
+    let (stdout, stderr) = from_env(&[("DATABASE_URL", &database), ("KAFKA_BROKERS", &brokers)]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        stdout.contains("started: SQLite (") && stdout.contains(&format!("Kafka at {brokers}")),
+        "{stdout}\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("embedded") && !stderr.contains("in-process"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_value_given_to_connect_is_refused_not_taken_for_none() {
+    for (database, brokers, variable) in [
+        (Some(""), None, "DATABASE_URL"),
+        (None, Some(" "), "KAFKA_BROKERS"),
+    ] {
+        match App::connect(database, brokers).await {
+            Err(AppError::Env {
+                variable: named, ..
+            }) => assert_eq!(named, variable),
+            Err(other) => panic!("expected an error naming {variable}, got {other}"),
+            Ok(app) => panic!("started on {}", app.describe()),
+        }
+    }
+}
+
+/// SECURITY.md: the `Debug` of every configuration that takes a secret hides it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_debug_of_every_configuration_that_takes_a_secret_hides_it() {
+    let kafka = inoutbox::KafkaConfig::new("sasl://u:pw-brokers@b:9092", ["t"])
+        .set("sasl.password", "pw-sasl")
+        .set("ssl.key.password", "pw-key")
+        .set_producer("sasl.oauthbearer.client.secret", "pw-oauth");
+    let producer = inoutbox::kafka::KafkaProducer::new("b:9092")
+        .set("sasl.password", "pw-relay")
+        .set("ssl.keystore.password", "pw-store");
+    // A password the server does not ask for (trust), in the URL and as a parameter.
+    let base = std::env::var("DATABASE_URL").expect("DATABASE_URL (scripts/test sets it)");
+    let url = base.replacen(
+        "postgres://postgres@",
+        "postgres://postgres:pw-database@",
+        1,
+    );
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let url = format!("{url}{sep}password=pw-param");
+    let store = inoutbox::PgStore::connect(&url, 1).await.expect("connect");
+    let app_store = Store::Postgres(store.clone());
+    let admin = inoutbox::admin::Admin::connect(&url, None)
+        .await
+        .expect("admin");
+    let shown = format!("{kafka:?} {kafka:#?} {producer:?} {store:?} {app_store:?} {admin:?}");
+    assert!(url.contains("pw-database"), "{url}");
+    assert!(!shown.contains("pw-"), "a secret in Debug output:\n{shown}");
+}

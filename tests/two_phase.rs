@@ -557,3 +557,110 @@ async fn ordered_two_phase_runs_one_event_per_key_at_a_time_in_offset_order() {
     }
     assert_each_once(&receipts_per_order(&db).await, &orders);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Effects after commit belong to their consumer group, and a panicking executor is a failed
+// run, not the end of the drain.
+
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-effects")]
+async fn effects_group_handler(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::PgTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure() {
+    use inoutbox::effects::Effect;
+    use support::memory::{MemoryBroker, MemoryTransport};
+
+    let db = TestDb::new("tp_effects_scope").await;
+    let store = db.migrated_store().await;
+    // Oldest first: the panicking effect is claimed before the one that works.
+    for (group, kind, key) in [
+        ("tp-effects", "boom", "k-boom"),
+        ("tp-effects", "mail", "k-mail"),
+        ("another-service", "mail", "k-other"),
+    ] {
+        sqlx::query(
+            "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload) \
+             VALUES ($1, '', $2, $3, $2, '{}')",
+        )
+        .bind(group)
+        .bind(key)
+        .bind(kind)
+        .execute(&db.pool)
+        .await
+        .expect("insert an effect");
+    }
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let record = sent.clone();
+    let broker = MemoryBroker::new();
+    broker.create_topic("tp-effects", 1);
+    let consumer = inoutbox::Consumer::builder(
+        "tp-effects",
+        store,
+        MemoryTransport::new(&broker, ["tp-effects"]),
+    )
+    .effect("boom", |_effect: Effect| async move {
+        if true {
+            panic!("the mail service client panicked");
+        }
+        Ok(())
+    })
+    .effect("mail", move |effect: Effect| {
+        let record = record.clone();
+        async move {
+            record.lock().unwrap().push(effect.idempotency_key);
+            Ok(())
+        }
+    })
+    .build()
+    .expect("consumer");
+    let health = consumer.health();
+    let token = inoutbox::shutdown::CancellationToken::new();
+    let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
+
+    wait_count(
+        &db,
+        "SELECT count(*) FROM inoutbox_effects WHERE idempotency_key = 'k-mail' AND done_at IS NOT NULL",
+        1,
+        Duration::from_secs(30),
+        "the group's working effect ran after the panicking one",
+    )
+    .await;
+    wait_count(
+        &db,
+        "SELECT count(*) FROM inoutbox_effects WHERE idempotency_key = 'k-boom' AND attempts >= 1 \
+           AND done_at IS NULL AND lease_until > now() \
+           AND last_error LIKE 'the executor panicked: the mail service client panicked%'",
+        1,
+        Duration::from_secs(30),
+        "the panic is a failed run, counted and retried after a backoff",
+    )
+    .await;
+    assert!(
+        health.live(),
+        "the drain lives on after an executor's panic"
+    );
+    token.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the consumer stopped")
+        .expect("no panic")
+        .expect("the consumer ran");
+
+    assert_eq!(
+        *sent.lock().unwrap(),
+        ["k-mail"],
+        "only the group's own effect was sent"
+    );
+    let other: (Option<String>, i32) = sqlx::query_as(
+        "SELECT lease_owner, attempts FROM inoutbox_effects WHERE idempotency_key = 'k-other'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .expect("the other service's effect");
+    assert_eq!(other, (None, 0), "another group's effect is never claimed");
+}

@@ -26,6 +26,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::Parser;
+use inoutbox_runtime::redact::{hide_secrets, url_secrets};
 use serde_json::{json, Value};
 
 use crate::admin::{Admin, AdminError};
@@ -133,7 +134,11 @@ impl Cli {
                 return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(exit::USAGE));
             }
         };
-        let secret = line.database_url.as_deref().and_then(password_of);
+        let secrets = line
+            .database_url
+            .as_deref()
+            .map(url_secrets)
+            .unwrap_or_default();
         let json = line.json;
         let result = self.dispatch(line).await;
         let (code, out) = match result {
@@ -146,7 +151,7 @@ impl Cli {
                 },
             ),
             Err(failure) => {
-                eprintln!("error: {}", scrub(&failure.message, secret.as_deref()));
+                eprintln!("error: {}", hide_secrets(&failure.message, &secrets));
                 let out = if json {
                     pretty(&json!({ "error": failure.message, "exit_code": failure.code }))
                 } else {
@@ -155,7 +160,7 @@ impl Cli {
                 (failure.code, out)
             }
         };
-        print!("{}", scrub(&out, secret.as_deref()));
+        print!("{}", hide_secrets(&out, &secrets));
         ExitCode::from(code)
     }
 
@@ -220,37 +225,29 @@ fn pretty(value: &Value) -> String {
     text
 }
 
-/// The password of a URL (`scheme://user:password@host/...`), if it has one.
-fn password_of(url: &str) -> Option<String> {
-    let (_, rest) = url.split_once("://")?;
-    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
-    let (userinfo, _) = authority.rsplit_once('@')?;
-    let (_, password) = userinfo.split_once(':')?;
-    (!password.is_empty()).then(|| password.to_owned())
-}
-
-/// `text` with every occurrence of the database password hidden: whatever a message quotes
-/// (a driver error, a row), the password is not printed.
-fn scrub(text: &str, secret: Option<&str>) -> String {
-    match secret {
-        Some(s) if s.len() >= 4 => text.replace(s, crate::kafka::REDACTED),
-        _ => text.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn the_password_of_a_url_is_found_and_hidden() {
-        let secret = password_of("postgres://app:s3cr3t!@db:5432/x?sslmode=require");
-        assert_eq!(secret.as_deref(), Some("s3cr3t!"));
-        assert_eq!(password_of("postgres://app@db/x"), None);
-        assert_eq!(password_of("sqlite:/tmp/x.db"), None);
-        assert_eq!(
-            scrub("failed: app:s3cr3t!@db", secret.as_deref()),
-            "failed: app:***@db"
-        );
+    fn every_password_of_the_url_is_hidden_in_what_the_command_prints() {
+        for (url, password) in [
+            (
+                "postgres://app:s3cr3t!@db:5432/x?sslmode=require",
+                "s3cr3t!",
+            ),
+            ("postgres://app:s3/cr?3t#@db:5432/x", "s3/cr?3t#"),
+            ("postgres://app:s3%2Fcr3t@db:5432/x", "s3/cr3t"),
+            (
+                "postgres://app@db:5432/x?sslmode=require&password=s3cr3t!",
+                "s3cr3t!",
+            ),
+        ] {
+            let secrets = url_secrets(url);
+            let printed = hide_secrets(&format!("failed: {password} for app@db"), &secrets);
+            assert_eq!(printed, "failed: *** for app@db", "{url}");
+        }
+        assert!(url_secrets("postgres://app@db/x").is_empty());
+        assert!(url_secrets("sqlite:/tmp/x.db").is_empty());
     }
 }

@@ -15,6 +15,15 @@ pub enum AppError {
     /// The configuration is unusable (e.g. `DATABASE_URL` of an unknown scheme).
     #[error("{0}")]
     Config(String),
+    /// `DATABASE_URL` or `KAFKA_BROKERS` is missing while the other is set, or is set but
+    /// empty: a half-configured service does not start on an embedded part.
+    #[error("{variable} {reason}")]
+    Env {
+        /// The variable missing or empty.
+        variable: &'static str,
+        /// What is wrong with it and what to do.
+        reason: String,
+    },
     /// The store could not be opened or migrated.
     #[error(transparent)]
     Store(Box<StoreError>),

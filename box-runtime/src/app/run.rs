@@ -1,11 +1,12 @@
 //! [`App`]: a service's store, broker and parts, run until a signal or its token stops them.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 
-use tokio::task::JoinSet;
+use tokio::task::{JoinError, JoinSet};
 
-use super::env::Env;
+use super::env::{self, Choice};
 use super::store::{open_store, TempDir};
 use super::{AppError, ConsumerSpec, RelaySpec, Store};
 use crate::kafka::{create_topic, InProcessKafka};
@@ -20,11 +21,12 @@ enum Broker {
 /// A service: a store, a broker, and the consumer groups and relays that run on them until
 /// SIGINT, SIGTERM or [`App::shutdown_token`] is cancelled.
 ///
-/// [`App::from_env`] chooses like the quickstart: `DATABASE_URL` (`postgres://...` or
-/// `sqlite:...`) or else a SQLite file in a temporary directory (removed when the app is
-/// dropped); `KAFKA_BROKERS` or else an in-process Kafka (librdkafka's mock cluster, whose
-/// consumers get the settings it needs, `kafka::CONSUMER_SETTINGS`). [`App::run`] returns the
-/// first error of any part, after stopping the others.
+/// [`App::from_env`] takes `DATABASE_URL` (`postgres://...` or `sqlite:...`) and
+/// `KAFKA_BROKERS` together, or, when neither is set, the embedded parts: a SQLite file in a
+/// temporary directory (removed when the app is dropped) and an in-process Kafka
+/// (librdkafka's mock cluster, whose consumers get the settings it needs,
+/// `kafka::CONSUMER_SETTINGS`). One without the other refuses to start. [`App::run`] returns
+/// the first error of any part (a panic included), after stopping the others.
 ///
 /// ```no_run
 /// use inoutbox::prelude::*;
@@ -58,31 +60,65 @@ pub struct App {
 }
 
 impl App {
-    /// The store and broker the environment names (`DATABASE_URL`, `KAFKA_BROKERS`; empty is
-    /// unset), or the zero-setup ones; inoutbox's tables are migrated.
+    /// The store and broker the environment names: `DATABASE_URL` and `KAFKA_BROKERS` both
+    /// set, or neither (the zero-setup SQLite file and the in-process Kafka, said at start-up
+    /// in a log line); inoutbox's tables are migrated.
+    ///
+    /// One without the other, or either set to nothing but whitespace, is an
+    /// [`AppError::Env`] naming the variable: a service with a real database never publishes
+    /// into a broker inside its own process, nor commits a real group's offsets over a
+    /// temporary database.
     pub async fn from_env() -> Result<Self, AppError> {
-        let env = Env::read();
-        Self::connect(env.database_url.as_deref(), env.brokers.as_deref()).await
+        match env::read()? {
+            Choice::External {
+                database_url,
+                brokers,
+            } => Self::connect(Some(&database_url), Some(&brokers)).await,
+            Choice::Embedded => Self::connect(None, None).await,
+        }
     }
 
     /// As [`App::from_env`], with the values given: `database_url` `postgres://...`,
-    /// `sqlite:...` or `None` (zero setup), `brokers` or `None` (in-process Kafka).
+    /// `sqlite:...` or `None` (the zero-setup SQLite file), `brokers` or `None` (the in-process
+    /// Kafka). A `None` is an explicit choice of that embedded part, said at start-up in a log
+    /// line (a warning when the other part is real); an empty value is an [`AppError::Env`].
     pub async fn connect(
         database_url: Option<&str>,
         brokers: Option<&str>,
     ) -> Result<Self, AppError> {
+        let database_url = env::given(env::DATABASE_URL, database_url)?;
+        let brokers = env::given(env::KAFKA_BROKERS, brokers)?;
         let (store, temp, db_name) = open_store(database_url).await?;
         store.migrate().await?;
         let mut app = Self::new(store, brokers)?;
         app.describe = format!("{db_name} + {}", app.broker_name());
         app._temp = temp;
+        app.say_embedded(database_url.is_none());
         Ok(app)
+    }
+
+    /// The start-up line that names the embedded parts in use, if any: information when both
+    /// are, a warning when one is beside a real one.
+    fn say_embedded(&self, temp_database: bool) {
+        let in_process = self.is_in_process();
+        let describe = self.describe.as_str();
+        match (temp_database, in_process) {
+            (false, false) => {}
+            (true, true) => tracing::info!(target: "inoutbox::app", parts = describe,
+                "running on the embedded parts: a SQLite file removed at exit and the in-process \
+                 Kafka; nothing outlives the process (set DATABASE_URL and KAFKA_BROKERS for a service)"),
+            (false, true) => tracing::warn!(target: "inoutbox::app", parts = describe,
+                "running on the in-process Kafka: events published here never leave this process"),
+            (true, false) => tracing::warn!(target: "inoutbox::app", parts = describe,
+                "running on a temporary SQLite file removed at exit: handlers' effects do not \
+                 outlive the process, while the group's offsets are committed on the broker"),
+        }
     }
 
     /// An app on a store of your own (migrated by you), and `brokers` or `None` (in-process
     /// Kafka).
     pub fn new(store: Store, brokers: Option<&str>) -> Result<Self, AppError> {
-        let broker = match brokers {
+        let broker = match env::given(env::KAFKA_BROKERS, brokers)? {
             Some(brokers) => Broker::External(brokers.to_owned()),
             None => Broker::InProcess(InProcessKafka::start()?),
         };
@@ -175,19 +211,19 @@ impl App {
     /// (the others stop) and is returned once all have stopped. The parts are taken: a second
     /// call runs nothing and returns at the next shutdown.
     pub async fn run(&mut self) -> Result<(), AppError> {
-        let mut parts = JoinSet::new();
+        let mut parts = Vec::new();
         for spec in std::mem::take(&mut self.consumers) {
-            let group = spec.group.clone();
+            let name = format!("consumer group `{}`", spec.group);
             match self.consumer_part(spec) {
-                Ok(part) => parts.spawn(named(format!("consumer group `{group}`"), part)),
-                Err(error) => return self.abort(parts, error).await,
-            };
+                Ok(part) => parts.push((name, part)),
+                Err(error) => return abort(&self.token, parts, error).await,
+            }
         }
         for spec in std::mem::take(&mut self.relays) {
             match self.relay_part(spec) {
-                Ok(part) => parts.spawn(named("relay".to_owned(), part)),
-                Err(error) => return self.abort(parts, error).await,
-            };
+                Ok(part) => parts.push(("relay".to_owned(), part)),
+                Err(error) => return abort(&self.token, parts, error).await,
+            }
         }
         let token = self.token.clone();
         let signal = tokio::spawn(async move {
@@ -196,53 +232,100 @@ impl App {
                 () = token.cancelled() => {}
             }
         });
-        let mut first = None;
-        if parts.is_empty() {
-            self.token.cancelled().await;
-        }
-        while let Some(joined) = parts.join_next().await {
-            if let Ok(Err(error)) = joined {
-                tracing::error!(target: "inoutbox::app", %error, "a part of the app failed; stopping the others");
-                first.get_or_insert(error);
-                self.token.cancel();
-            }
-        }
+        let result = run_parts(&self.token, parts).await;
         signal.abort();
-        first.map_or(Ok(()), Err)
-    }
-
-    /// Stops the parts already started and returns `error`.
-    async fn abort(
-        &self,
-        mut parts: JoinSet<Result<(), AppError>>,
-        error: AppError,
-    ) -> Result<(), AppError> {
-        self.token.cancel();
-        while parts.join_next().await.is_some() {}
-        Err(error)
+        result
     }
 }
 
 /// A part's future: a consumer group or a relay, until the app's token is cancelled.
 pub(super) type Part = Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>;
 
-/// A part whose panic becomes [`AppError::Panicked`] naming it.
-pub(super) async fn named(
-    part: String,
-    future: Pin<Box<dyn Future<Output = Result<(), AppError>> + Send>>,
+/// Parts built before one failed to build are dropped unstarted; `error` is returned.
+async fn abort(
+    token: &CancellationToken,
+    parts: Vec<(String, Part)>,
+    error: AppError,
 ) -> Result<(), AppError> {
-    match tokio::spawn(future).await {
-        Ok(result) => result,
-        Err(error) => {
-            let message = match error.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default(),
-                Err(_) => "cancelled".to_owned(),
-            };
-            Err(AppError::Panicked { part, message })
+    token.cancel();
+    drop(parts);
+    Err(error)
+}
+
+/// Runs `parts` as tasks until each has ended: the first to fail or panic cancels `token` (the
+/// others stop) and its error ([`AppError::Panicked`] for a panic) is returned once all have
+/// ended. With no part, waits for `token`.
+async fn run_parts(token: &CancellationToken, parts: Vec<(String, Part)>) -> Result<(), AppError> {
+    if parts.is_empty() {
+        token.cancelled().await;
+        return Ok(());
+    }
+    let mut tasks = JoinSet::new();
+    let mut names = HashMap::new();
+    for (name, part) in parts {
+        names.insert(tasks.spawn(part).id(), name);
+    }
+    let mut first = None;
+    while let Some(joined) = tasks.join_next_with_id().await {
+        let error = match joined {
+            Ok((_, Ok(()))) => continue,
+            Ok((_, Err(error))) => error,
+            Err(error) => {
+                let part = names.remove(&error.id()).unwrap_or_default();
+                panicked(part, error)
+            }
+        };
+        tracing::error!(target: "inoutbox::app", %error, "a part of the app failed; stopping the others");
+        first.get_or_insert(error);
+        token.cancel();
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The panic (or abort) of the task of `part` as [`AppError::Panicked`].
+fn panicked(part: String, error: JoinError) -> AppError {
+    let message = match error.try_into_panic() {
+        Ok(panic) => panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default(),
+        Err(_) => "cancelled".to_owned(),
+    };
+    AppError::Panicked { part, message }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{run_parts, AppError, Part};
+    use crate::shutdown::CancellationToken;
+
+    #[tokio::test]
+    async fn a_part_that_panics_is_the_error_of_the_run_and_stops_the_others() {
+        let token = CancellationToken::new();
+        let other = token.clone();
+        // Stops when the token is cancelled (bounded, so that a run that ignores the panic
+        // fails this test instead of hanging it).
+        let waits: Part = Box::pin(async move {
+            tokio::select! {
+                () = other.cancelled() => Ok(()),
+                () = tokio::time::sleep(std::time::Duration::from_secs(60)) => {
+                    Err(AppError::Config("not stopped".to_owned()))
+                }
+            }
+        });
+        let panics: Part = Box::pin(async { panic!("the part broke") });
+        let parts = vec![
+            ("relay".to_owned(), waits),
+            ("consumer group `g`".to_owned(), panics),
+        ];
+        match run_parts(&token, parts).await {
+            Err(AppError::Panicked { part, message }) => {
+                assert_eq!(part, "consumer group `g`");
+                assert_eq!(message, "the part broke");
+            }
+            other => panic!("expected the panic as the run's error, got {other:?}"),
         }
+        assert!(token.is_cancelled(), "the other part was stopped");
     }
 }

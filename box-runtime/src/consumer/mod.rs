@@ -2,6 +2,7 @@
 //! run beside it (gauge sampler, retention purge, two-phase workers, effects drain).
 
 mod builder;
+mod effects;
 mod run;
 pub(crate) mod sampler;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::effects::watch_drain;
 use super::sampler::{sample_inbox, Sampling};
 use crate::effects::{self, Executors};
 use crate::engine::partition::Starter;
@@ -81,11 +82,29 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
         // Two-phase workers (none when the group has no two-phase handler) run beside the
         // transport and stop with it, each after the message in hand.
         let workers = tokio::spawn(inbox.clone().run_two_phase(token.clone()));
+        // The effects drain (none without executors) stops within the transport's grace.
         let effects = (!self.effects.by_kind.is_empty()).then(|| {
-            let (inbox, executors, token) = (inbox.clone(), self.effects, token.clone());
-            tokio::spawn(async move {
-                effects::drain(inbox.store(), &executors, &inbox.committed, token).await
-            })
+            let (inbox, executors, drain_token) = (inbox.clone(), self.effects, token.clone());
+            let group = inbox.group().to_owned();
+            let drain = async move {
+                let group = inbox.group();
+                effects::drain(
+                    inbox.store(),
+                    group,
+                    &executors,
+                    &inbox.committed,
+                    drain_token,
+                )
+                .await
+            };
+            let grace = self.transport.shutdown_grace();
+            tokio::spawn(watch_drain(
+                drain,
+                group,
+                token.clone(),
+                health.clone(),
+                grace,
+            ))
         });
         let partitions = Starter {
             inbox,

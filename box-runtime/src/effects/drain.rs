@@ -1,10 +1,13 @@
 //! Running effects: [`Effect`] as an executor receives it, the executors of a consumer, and the
 //! drain that claims committed effects, runs them and marks them done or failed.
 
+use std::any::Any;
 use std::collections::HashMap;
 use std::future::Future;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -69,11 +72,15 @@ fn retry_in(attempts: u32) -> Duration {
     Duration::from_secs(1u64 << attempts.min(8)).min(Duration::from_secs(300))
 }
 
-/// Drains the effects table until `shutdown`: claims pending effects (leased, skipping those
-/// others hold), runs their executors, marks them done or failed. Starts with a drain, so rows
-/// a dead process left run (once their lease, if any, expired).
+/// Drains the effects of `group` until `shutdown`: claims its pending effects (leased,
+/// skipping those others hold), runs their executors, marks them done or failed. Starts with a
+/// drain, so rows a dead process left run (once their lease, if any, expired). An executor
+/// that fails, panics or overruns its lease is a failed run: counted on the row and retried
+/// after a backoff, while the drain goes on with the other effects. Once `shutdown` is
+/// cancelled no further effect starts; the claimed ones left run again after their lease.
 pub(crate) async fn drain<S: InboxStore>(
     store: &S,
+    group: &str,
     executors: &Executors,
     wake: &Notify,
     shutdown: CancellationToken,
@@ -82,12 +89,12 @@ pub(crate) async fn drain<S: InboxStore>(
     while !shutdown.is_cancelled() {
         let woken = wake.notified();
         let claimed = match store
-            .claim_effects(&owner, EFFECT_LEASE, EFFECT_BATCH)
+            .claim_effects(group, &owner, EFFECT_LEASE, EFFECT_BATCH)
             .await
         {
             Ok(claimed) => claimed,
             Err(e) => {
-                tracing::warn!(target: "inoutbox::effects", error = e.to_string().as_str(), "claiming effects failed");
+                tracing::warn!(target: "inoutbox::effects", group, error = e.to_string().as_str(), "claiming effects failed");
                 Vec::new()
             }
         };
@@ -99,6 +106,9 @@ pub(crate) async fn drain<S: InboxStore>(
             continue;
         }
         for effect in claimed {
+            if shutdown.is_cancelled() {
+                break;
+            }
             run_one(store, executors, &owner, effect).await;
         }
     }
@@ -117,11 +127,7 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
                 payload: row.payload,
                 attempt: attempts + 1,
             };
-            match tokio::time::timeout(EFFECT_LEASE, executor(effect)).await {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("the effect took longer than {EFFECT_LEASE:?}")),
-            }
+            execute(executor, effect, EFFECT_LEASE).await
         }
     };
     if let Err(error) = &result {
@@ -129,6 +135,7 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
             effect = id,
             attempt = attempts + 1,
             error = error.as_str(),
+            retry_in = ?retry_in(attempts),
             "effect failed, retrying later"
         );
     }
@@ -146,8 +153,90 @@ async fn run_one<S: InboxStore>(store: &S, executors: &Executors, owner: &str, r
     }
 }
 
+/// Runs `executor` on `effect` for at most `limit`: its error, its panic (in making the future
+/// or in running it) or its overrun is an `Err` saying which, never a panic of the caller.
+async fn execute(executor: &Executor, effect: Effect, limit: Duration) -> Result<(), String> {
+    let mut future = match catch_unwind(AssertUnwindSafe(|| executor(effect))) {
+        Ok(future) => future,
+        Err(panic) => return Err(panicked(&*panic)),
+    };
+    let caught = std::future::poll_fn(|cx| {
+        match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+            Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panicked(&*panic))),
+        }
+    });
+    match tokio::time::timeout(limit, caught).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(panic)) => Err(panic),
+        Err(_) => Err(format!("the effect took longer than {limit:?}")),
+    }
+}
+
+/// What a failed run records for a panic: its message, when it has one.
+fn panicked(panic: &(dyn Any + Send)) -> String {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)");
+    format!("the executor panicked: {message}")
+}
+
 fn rand_suffix() -> u32 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::{execute, Effect, EffectFuture, Executor};
+    use crate::handler::HandlerError;
+
+    fn effect() -> Effect {
+        Effect {
+            kind: "mail".to_owned(),
+            idempotency_key: "k".to_owned(),
+            group: "g".to_owned(),
+            event_id: "e".to_owned(),
+            payload: b"{}".to_vec(),
+            attempt: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_panicking_executor_is_a_failed_run_not_a_dead_drain() {
+        let in_future: Executor = Arc::new(|_| -> EffectFuture {
+            Box::pin(async {
+                tokio::task::yield_now().await;
+                panic!("smtp exploded")
+            })
+        });
+        let before_future: Executor = Arc::new(|_| -> EffectFuture { panic!("no future") });
+        let fails: Executor = Arc::new(|_| -> EffectFuture {
+            Box::pin(async { Err(HandlerError::transient("down")) })
+        });
+        let hangs: Executor = Arc::new(|_| -> EffectFuture { Box::pin(std::future::pending()) });
+        let limit = Duration::from_secs(30);
+        let error = execute(&in_future, effect(), limit)
+            .await
+            .expect_err("failed");
+        assert_eq!(error, "the executor panicked: smtp exploded");
+        let error = execute(&before_future, effect(), limit)
+            .await
+            .expect_err("failed");
+        assert_eq!(error, "the executor panicked: no future");
+        let error = execute(&fails, effect(), limit).await.expect_err("failed");
+        assert!(error.contains("down"), "{error}");
+        let error = execute(&hangs, effect(), Duration::from_millis(10))
+            .await
+            .expect_err("failed");
+        assert!(error.contains("took longer"), "{error}");
+    }
 }

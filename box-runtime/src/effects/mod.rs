@@ -3,8 +3,8 @@
 //!
 //! [`after_commit`] writes the effect into the effects table *in the handler's transaction*:
 //! a rollback (a failed or retried run) leaves nothing, a commit leaves a durable row. The
-//! consumer drains the table after each commit (and at start-up, which picks up rows a dead
-//! process left) and runs the executor registered for the effect's kind
+//! consumer drains its group's effects after each commit (and at start-up, which picks up rows
+//! a dead process left) and runs the executor registered for the effect's kind
 //! ([`ConsumerBuilder::effect`](crate::ConsumerBuilder::effect)). A process may die after the
 //! external call and before the row is marked done: the effect then runs again, with the same
 //! [`Effect::idempotency_key`], so the receiving side must deduplicate on it.

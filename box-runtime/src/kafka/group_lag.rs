@@ -43,7 +43,7 @@ pub(crate) fn group_lag(
     for (k, v) in settings {
         config.set(k, v);
     }
-    let consumer: BaseConsumer = config.create()?;
+    let consumer: BaseConsumer = config.create().map_err(super::redacted)?;
     let metadata = consumer.fetch_metadata(None, timeout)?;
     let mut partitions = TopicPartitionList::new();
     for topic in metadata.topics() {

@@ -65,6 +65,10 @@ impl Transport for KafkaConfig {
     ) -> impl std::future::Future<Output = Result<(), KafkaTransportError>> + Send {
         run(partitions, self, shutdown)
     }
+
+    fn shutdown_grace(&self) -> std::time::Duration {
+        self.shutdown_grace
+    }
 }
 
 /// Runs the group's partitions on Kafka until `shutdown` is cancelled: then finishes the
@@ -144,13 +148,13 @@ impl<P: Partitions> Member<P> {
                 ownership: ownership.clone(),
                 health: partitions.health(),
             })
-            .map_err(KafkaTransportError::Setup)?;
+            .map_err(|e| KafkaTransportError::Setup(super::redacted(e)))?;
         let consumer = Arc::new(consumer);
         reach_a_broker(&consumer, &config).await?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
-            .map_err(KafkaTransportError::Setup)?;
+            .map_err(|e| KafkaTransportError::Setup(super::redacted(e)))?;
         tracing::info!(target: "inoutbox::kafka", group = partitions.group(), kafka_group = %group_id, topics = ?topics, "consumer started");
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
@@ -428,7 +432,9 @@ fn dead_letter_topic(
     for (k, v) in &config.producer_settings {
         producer.set(k, v);
     }
-    let producer: FutureProducer = producer.create().map_err(KafkaTransportError::Setup)?;
+    let producer: FutureProducer = producer
+        .create()
+        .map_err(|e| KafkaTransportError::Setup(super::redacted(e)))?;
     Ok(Some(Arc::new(DeadLetterTopic {
         producer,
         topic: topic.clone(),

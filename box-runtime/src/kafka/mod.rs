@@ -32,6 +32,24 @@ pub use producer::{is_message_error, KafkaProducer, KafkaPublisher};
 pub(crate) use rdkafka::error::KafkaError;
 pub(crate) use topics::create_topic;
 
+/// `error` with secrets hidden: librdkafka's configuration errors quote the value they
+/// refused, which for `ssl.key.password` and the like is the secret itself
+/// ([`redact_setting`](crate::redact::redact_setting)).
+pub(crate) fn redacted(error: KafkaError) -> KafkaError {
+    match error {
+        KafkaError::ClientConfig(code, description, key, value) => {
+            let shown = crate::redact::redact_setting(&key, &value);
+            let description = if shown == value || value.is_empty() {
+                description
+            } else {
+                description.replace(&value, &shown)
+            };
+            KafkaError::ClientConfig(code, description, key, shown)
+        }
+        other => other,
+    }
+}
+
 /// A failure of the Kafka consumer itself.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -60,4 +78,24 @@ pub enum KafkaTransportError {
         /// What happened.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::transport::IntoPublisher;
+
+    #[test]
+    fn a_refused_secret_setting_is_not_quoted_in_the_error() {
+        for key in ["ssl.key.password", "sasl.password", "my.client.secret"] {
+            let error = super::KafkaProducer::new("127.0.0.1:1")
+                .set(key, "hunter2-not-shown")
+                .set("ssl.key.location", "/nonexistent/key.pem")
+                .set("security.protocol", "ssl")
+                .into_publisher()
+                .err()
+                .unwrap_or_else(|| panic!("{key}: the producer was created"));
+            let shown = format!("{error} {error:?}");
+            assert!(!shown.contains("hunter2"), "{key}: {shown}");
+        }
+    }
 }

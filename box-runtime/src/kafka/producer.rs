@@ -93,6 +93,7 @@ impl IntoPublisher for KafkaProducer {
     fn into_publisher(self) -> Result<KafkaPublisher, PublishError> {
         let producer = self.client_config().create().map_err(|e| {
             let brokers = crate::store::redact_url(&self.brokers);
+            let e = super::redacted(e);
             PublishError::rejected(format!("cannot create a Kafka producer for {brokers}: {e}"))
         })?;
         Ok(KafkaPublisher { producer })

@@ -217,11 +217,12 @@ impl InboxStore for PgStore {
 
     async fn claim_effects<'a>(
         &'a self,
+        group: &'a str,
         owner: &'a str,
         lease: std::time::Duration,
         limit: u32,
     ) -> Result<Vec<StoredEffect>, StoreError> {
-        self.claim_effect_rows(owner, lease, limit).await
+        self.claim_effect_rows(group, owner, lease, limit).await
     }
 
     async fn settle_effect<'a>(

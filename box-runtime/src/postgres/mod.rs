@@ -293,9 +293,11 @@ impl TwoPhaseSql {
                      OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
                        AND a.source = i.source AND a.event_id = i.event_id))"
             )),
+            // The group's own effects only: a database shared by several services holds
+            // effects whose executors only their own consumers have.
             claim_effects: stmt(format!(
                 "UPDATE {effects} AS e SET lease_owner = $1, lease_until = now() + make_interval(secs => $2) \
-                 FROM (SELECT id FROM {effects} WHERE done_at IS NULL \
+                 FROM (SELECT id FROM {effects} WHERE consumer_group = $4 AND done_at IS NULL \
                    AND (lease_until IS NULL OR lease_until < now()) \
                    ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) AS pick \
                  WHERE e.id = pick.id \

@@ -167,6 +167,7 @@ impl PgStore {
 
     pub(super) async fn claim_effect_rows(
         &self,
+        group: &str,
         owner: &str,
         lease: Duration,
         limit: u32,
@@ -175,6 +176,7 @@ impl PgStore {
             .bind(owner)
             .bind(lease.as_secs_f64())
             .bind(i64::from(limit))
+            .bind(group)
             .fetch_all(&self.pool)
             .await?;
         rows.iter()

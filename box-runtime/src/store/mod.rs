@@ -226,10 +226,12 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// Claims up to `limit` effects not done whose lease is free or expired; outside any
-    /// transaction.
+    /// Claims up to `limit` effects of consumer group `group` not done whose lease is free or
+    /// expired; outside any transaction. Another group's effects are never claimed: each
+    /// group's consumers run only the executors of their own effects.
     fn claim_effects<'a>(
         &'a self,
+        _group: &'a str,
         _owner: &'a str,
         _lease: std::time::Duration,
         _limit: u32,

@@ -32,6 +32,13 @@ pub trait Transport: Send + 'static {
         partitions: P,
         shutdown: CancellationToken,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Its grace period: how long a graceful stop lets the work in hand finish, counted from
+    /// the cancellation of `shutdown`. The consumer gives the tasks it runs beside the
+    /// transport (the effects drain) the same. Default 30 s.
+    fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(30)
+    }
 }
 
 /// What the engine gives a transport: the group it serves, and the start of one partition's
