@@ -363,17 +363,10 @@ impl<P: Partitions> Member<P> {
                 "messages were still in hand at the end of the grace period; abandoned");
             aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
-        // The last commits get half of what is left, the close the rest.
-        let now = tokio::time::Instant::now();
-        close::final_commits(
-            &self.consumer,
-            &self.ownership,
-            now + deadline.saturating_duration_since(now) / 2,
-        )
-        .await;
-        // Leaving the group waits for the group coordinator (and closing flushes the queued
-        // commits): it gets what is left of the grace period, and no more (see `close`).
-        if !close::close(self.consumer, deadline).await {
+        // The last commits made sure of, then the close (which flushes the queued commits and
+        // leaves the group): with the broker gone that could take for ever, so they get what
+        // is left of the grace period, and no more (see `close`).
+        if !close::leave(self.consumer, &self.ownership, deadline).await {
             tracing::warn!(target: "inoutbox::kafka",
                 group,
                 "leaving the group did not finish within the grace period (broker unreachable?)"
