@@ -154,7 +154,7 @@ fn commit_again(
 async fn close(consumer: Arc<KafkaConsumer>, answered: bool, deadline: Instant) -> bool {
     let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
     let spawned = std::thread::Builder::new()
-        .name("inoutbox-kafka-close".to_owned())
+        .name("kafka-close".to_owned())
         .spawn(move || {
             destroy_last(consumer, answered, deadline.into_std());
             let _ = closed.send(());

@@ -160,7 +160,7 @@ impl KafkaPublisher {
                     "fatal Kafka producer error; the producer is replaced by a new one");
                 let old = std::mem::replace(&mut *current, Arc::new(fresh));
                 let _ = std::thread::Builder::new()
-                    .name("inoutbox-kafka-producer-drop".to_owned())
+                    .name("kafka-prod-drop".to_owned())
                     .spawn(move || drop(old));
             }
             Err(error) => {
