@@ -12,6 +12,7 @@ use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::close;
 use super::dead_letter::DeadLetterTopic;
 use super::lag::{self, LagGauges};
 use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceContext};
@@ -50,8 +51,9 @@ struct Member<P> {
 }
 
 /// How long a request that wakes librdkafka's fetcher waits for its answer (see
-/// [`Member::wake_fetchers`]): the dispatcher waits for it.
-const WAKE_TIMEOUT: Duration = Duration::from_millis(100);
+/// [`Member::wake_fetchers`]): not at all. The request going out is what wakes the fetcher;
+/// its answer is of no use, and waiting for it would hold up a runtime worker.
+const WAKE_TIMEOUT: Duration = Duration::ZERO;
 
 /// A consumer group member on Kafka: the partitions librdkafka assigns, each run by the engine
 /// from its own task.
@@ -100,6 +102,7 @@ async fn run<P: Partitions>(
             }
             _ = sample.tick() => {
                 lag::sample(&member.consumer, &lag);
+                member.reap_retired().await;
                 continue;
             }
             m = member.consumer.recv() => m,
@@ -110,6 +113,14 @@ async fn run<P: Partitions>(
                 member.dispatch(Arc::new(to_delivery(&m, topic)));
             }
             Err(e) => {
+                if let Some(fatal) = fatal_error(&member.consumer, &e) {
+                    // librdkafka will not recover this client (fenced by another member with
+                    // the same `group.instance.id`, ...): the run ends with the error, so the
+                    // consumer stops being live and its caller sees why.
+                    tracing::error!(target: "inoutbox::kafka", error = %fatal, "fatal consumer error; stopping");
+                    member.first_error.get_or_insert(fatal);
+                    break;
+                }
                 errors.log(&e);
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
@@ -170,6 +181,18 @@ impl<P: Partitions> Member<P> {
             waiting: HashMap::new(),
             first_error: None,
         })
+    }
+
+    /// Reaps the tasks of revoked partitions that have finished (a task that panicked is
+    /// logged, and fails the run when it ends), so they do not pile up for the member's life.
+    async fn reap_retired(&mut self) {
+        for (pk, handle) in reap(&mut self.retired) {
+            if let Err(e) = handle.await {
+                let error = task_error(&pk, &e);
+                tracing::error!(target: "inoutbox::kafka", %error);
+                self.first_error.get_or_insert(error);
+            }
+        }
     }
 
     /// The shared name of `topic` (a subscribed topic's, not a copy per message).
@@ -262,9 +285,10 @@ impl<P: Partitions> Member<P> {
     }
 
     /// Wakes librdkafka's fetchers for these partitions' leaders by asking each for the
-    /// partition's watermarks. On this task, as the lag sampler does: a request answered from
-    /// another thread kept the consumer alive there, and its last reference could then be
-    /// dropped (the consumer destroyed) off the runtime.
+    /// partition's watermarks, without waiting for the answers ([`WAKE_TIMEOUT`]): librdkafka
+    /// sends the request and returns at once (its answer is dropped when it comes), so this
+    /// never blocks the runtime. On this task, not a blocking thread: a request waited for on
+    /// another thread kept the consumer alive there.
     fn wake_fetchers(&self, partitions: Vec<PartitionKey>) {
         // A handful is enough: one request wakes the fetcher of every partition its broker
         // leads.
@@ -343,21 +367,10 @@ impl<P: Partitions> Member<P> {
                 "messages were still in hand at the end of the grace period; abandoned");
             aborts.iter().for_each(tokio::task::AbortHandle::abort);
         }
-        // Leaving the group waits for the group coordinator (and closing flushes the queued
-        // commits): with the broker gone that could take for ever, so it gets what is left of
-        // the grace period, on a detached thread of its own (a blocking task would hold up the
-        // runtime's own shutdown), and is left behind after that.
-        let consumer = self.consumer;
-        let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
-        std::thread::spawn(move || {
-            consumer.unsubscribe();
-            drop(consumer);
-            let _ = closed.send(());
-        });
-        let left = deadline
-            .saturating_duration_since(tokio::time::Instant::now())
-            .max(Duration::from_secs(5));
-        if tokio::time::timeout(left, is_closed).await.is_err() {
+        // The last commits made sure of, then the close (which flushes the queued commits and
+        // leaves the group): with the broker gone that could take for ever, so they get what
+        // is left of the grace period, and no more (see `close`).
+        if !close::leave(self.consumer, &self.ownership, deadline).await {
             tracing::warn!(target: "inoutbox::kafka",
                 group,
                 "leaving the group did not finish within the grace period (broker unreachable?)"
@@ -391,6 +404,41 @@ async fn reach_a_broker(
             message: join.to_string(),
         }),
     }
+}
+
+/// The finished tasks of `tasks`, taken out of it.
+fn reap<T>(tasks: &mut Vec<(PartitionKey, JoinHandle<T>)>) -> Vec<(PartitionKey, JoinHandle<T>)> {
+    let (finished, running) = std::mem::take(tasks)
+        .into_iter()
+        .partition(|(_, handle)| handle.is_finished());
+    *tasks = running;
+    finished
+}
+
+/// The client's fatal error, if `error` is one (librdkafka will not recover the client).
+fn fatal_error(
+    consumer: &StreamConsumer<RebalanceContext>,
+    error: &rdkafka::error::KafkaError,
+) -> Option<KafkaTransportError> {
+    let fatal = consumer.client().fatal_error();
+    if fatal.is_none()
+        && !matches!(
+            error,
+            rdkafka::error::KafkaError::MessageConsumptionFatal(_)
+        )
+    {
+        return None;
+    }
+    let (code, reason) = fatal.map_or_else(
+        || {
+            (
+                format!("{:?}", error.rdkafka_error_code()),
+                error.to_string(),
+            )
+        },
+        |(code, reason)| (format!("{code:?}"), reason),
+    );
+    Some(KafkaTransportError::Fatal { code, reason })
 }
 
 /// Consumer errors (e.g. every broker down) are logged once, then at most every 30 s with
@@ -493,5 +541,48 @@ fn task_error(pk: &PartitionKey, e: &tokio::task::JoinError) -> KafkaTransportEr
         topic: pk.0.to_string(),
         partition: pk.1,
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reap;
+
+    /// Revoked partitions' tasks are kept until they finish, then reaped: they do not pile
+    /// up for the member's life.
+    #[tokio::test]
+    async fn finished_tasks_of_revoked_partitions_are_reaped_and_the_running_ones_kept() {
+        let (hold, held) = tokio::sync::oneshot::channel::<()>();
+        let mut retired = vec![
+            (("t".into(), 0), tokio::spawn(async {})),
+            (
+                ("t".into(), 1),
+                tokio::spawn(async move {
+                    let _ = held.await;
+                }),
+            ),
+            (
+                ("t".into(), 2),
+                tokio::spawn(async { panic!("a lane panicked") }),
+            ),
+        ];
+        while !retired[0].1.is_finished() || !retired[2].1.is_finished() {
+            tokio::task::yield_now().await;
+        }
+        let finished = reap(&mut retired);
+        let mut reaped: Vec<i32> = finished.iter().map(|((_, p), _)| *p).collect();
+        reaped.sort_unstable();
+        assert_eq!(reaped, [0, 2]);
+        assert_eq!(retired.len(), 1, "the running task is kept");
+        assert_eq!(retired[0].0 .1, 1);
+        let mut panicked = 0;
+        for (_, handle) in finished {
+            panicked += usize::from(handle.await.is_err_and(|e| e.is_panic()));
+        }
+        assert_eq!(
+            panicked, 1,
+            "a panicked task's result is still there to report"
+        );
+        drop(hold);
     }
 }

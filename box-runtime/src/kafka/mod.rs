@@ -4,6 +4,7 @@
 //!
 //! - `config`: [`KafkaConfig`];
 //! - `member`: joining the group, routing messages to partition tasks, leaving;
+//! - `close`: the last commits made sure of, and librdkafka's close, within the grace;
 //! - `ownership`: which partitions are owned since which rebalance; commits only while owned;
 //! - `dead_letter`: the optional dead-letter topic;
 //! - `in_process`: librdkafka's mock cluster;
@@ -12,6 +13,7 @@
 //!
 //! rdkafka is named in this room only: the others reach the broker through what it exports.
 
+mod close;
 mod config;
 mod dead_letter;
 mod group_lag;
@@ -67,6 +69,15 @@ pub enum KafkaTransportError {
         /// The last error.
         #[source]
         source: KafkaError,
+    },
+    /// librdkafka reported a fatal error: this client cannot go on (e.g. another member with
+    /// the same `group.instance.id` fenced it).
+    #[error("fatal Kafka consumer error ({code}): {reason}")]
+    Fatal {
+        /// librdkafka's error code.
+        code: String,
+        /// librdkafka's description.
+        reason: String,
     },
     /// A partition task died.
     #[error("partition task for {topic}/{partition} failed: {message}")]

@@ -8,6 +8,7 @@ use crate::shutdown::CancellationToken;
 use rdkafka::consumer::{
     BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer,
 };
+use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use super::dead_letter::DeadLetterTopic;
@@ -26,6 +27,9 @@ pub(super) struct Ownership {
     /// revoked (the task stops retrying at once, so it never dead-letters a message the next
     /// owner is processing) and at shutdown.
     pub(super) stops: HashMap<PartitionKey, CancellationToken>,
+    /// The last position each partition queued a commit of, and in which generation: what a
+    /// stop makes sure the broker has (a queued commit can fail).
+    pub(super) queued: HashMap<PartitionKey, (u64, i64)>,
 }
 
 impl Ownership {
@@ -34,6 +38,15 @@ impl Ownership {
         for (_, stop) in self.stops.drain() {
             stop.cancel();
         }
+    }
+
+    /// The last queued position of each partition still owned in the generation that queued it.
+    pub(super) fn final_positions(&self) -> Vec<(PartitionKey, i64)> {
+        self.queued
+            .iter()
+            .filter(|(key, (generation, _))| self.owned.get(*key) == Some(generation))
+            .map(|(key, (_, position))| (key.clone(), *position))
+            .collect()
     }
 }
 
@@ -48,12 +61,24 @@ pub(super) struct RebalanceContext {
 impl ClientContext for RebalanceContext {}
 
 impl ConsumerContext for RebalanceContext {
+    /// The result of an asynchronous commit: a failure is logged (a later commit covers it
+    /// while the partition runs; a stop checks and retries the last one).
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(error) = result {
+            for e in offsets.elements() {
+                tracing::warn!(target: "inoutbox::kafka", topic = e.topic(), partition = e.partition(),
+                    position = ?e.offset(), %error, "offset commit failed");
+            }
+        }
+    }
+
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let mut own = lock(&self.ownership);
             for e in tpl.elements() {
                 let key: PartitionKey = (e.topic().into(), e.partition());
                 own.owned.remove(&key);
+                own.queued.remove(&key);
                 if let Some(stop) = own.stops.remove(&key) {
                     stop.cancel();
                 }
@@ -110,14 +135,7 @@ impl KafkaPartition {
     }
 
     fn offsets(&self, position: i64) -> Option<TopicPartitionList> {
-        let mut tpl = TopicPartitionList::new();
-        match tpl.add_partition_offset(&self.key.0, self.key.1, Offset::Offset(position)) {
-            Ok(()) => Some(tpl),
-            Err(e) => {
-                tracing::error!(target: "inoutbox::kafka", error = %e, "cannot build the offset list");
-                None
-            }
-        }
+        offsets([(&self.key, position)])
     }
 }
 
@@ -132,7 +150,7 @@ impl PartitionLink for KafkaPartition {
     /// so no commit is queued after the partition's revocation was seen. Closing the consumer
     /// waits for queued commits.
     fn commit(&self, position: i64) -> bool {
-        let own = lock(&self.ownership);
+        let mut own = lock(&self.ownership);
         if !self.owned_in(&own) {
             tracing::debug!(target: "inoutbox::kafka", topic = %self.key.0, partition = self.key.1, position,
                 "partition no longer owned; not committing");
@@ -142,7 +160,11 @@ impl PartitionLink for KafkaPartition {
             return false;
         };
         match self.consumer.commit(&tpl, CommitMode::Async) {
-            Ok(()) => true,
+            Ok(()) => {
+                own.queued
+                    .insert(self.key.clone(), (self.generation, position));
+                true
+            }
             Err(e) => {
                 tracing::warn!(target: "inoutbox::kafka", topic = %self.key.0, partition = self.key.1, position, error = %e,
                     "offset commit failed; a later commit or the next owner covers it");
@@ -178,4 +200,18 @@ impl PartitionLink for KafkaPartition {
     fn name(&self) -> String {
         format!("{}/{}", self.key.0, self.key.1)
     }
+}
+
+/// The offset list of these positions (`None`, logged, if librdkafka refuses one).
+pub(super) fn offsets<'a>(
+    positions: impl IntoIterator<Item = (&'a PartitionKey, i64)>,
+) -> Option<TopicPartitionList> {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), position) in positions {
+        if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(position)) {
+            tracing::error!(target: "inoutbox::kafka", error = %e, "cannot build the offset list");
+            return None;
+        }
+    }
+    Some(tpl)
 }

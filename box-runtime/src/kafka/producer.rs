@@ -2,11 +2,12 @@
 //! (an rdkafka `FutureProducer`) that implements [`Publisher`].
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 
 use crate::redact::Settings;
 use crate::relay::RelayBuilder;
@@ -91,12 +92,16 @@ impl IntoPublisher for KafkaProducer {
     type Publisher = KafkaPublisher;
 
     fn into_publisher(self) -> Result<KafkaPublisher, PublishError> {
-        let producer = self.client_config().create().map_err(|e| {
+        let config = self.client_config();
+        let producer = config.create().map_err(|e| {
             let brokers = crate::store::redact_url(&self.brokers);
             let e = super::redacted(e);
             PublishError::rejected(format!("cannot create a Kafka producer for {brokers}: {e}"))
         })?;
-        Ok(KafkaPublisher { producer })
+        Ok(KafkaPublisher {
+            producer: Mutex::new(Arc::new(producer)),
+            config,
+        })
     }
 }
 
@@ -117,8 +122,54 @@ impl<S> RelayBuilder<S, KafkaProducer> {
 
 /// The relay's Kafka producer: queues each message with librdkafka and resolves when its
 /// delivery report arrives.
+///
+/// A producer that librdkafka declares fatally failed (an idempotent producer whose sequence
+/// the broker no longer accepts, a fenced producer) refuses every message for ever: the
+/// publisher then replaces it with a new one, and the messages it refused are retried by the
+/// relay like any unavailable broker's.
 pub struct KafkaPublisher {
-    producer: FutureProducer,
+    producer: Mutex<Arc<FutureProducer>>,
+    /// To create the next producer after a fatal error.
+    config: ClientConfig,
+}
+
+impl KafkaPublisher {
+    /// The producer in use.
+    fn producer(&self) -> Arc<FutureProducer> {
+        self.producer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces `failed` with a new producer if it has a fatal error and is still the one in
+    /// use. The old one is dropped on a thread of its own (dropping waits for its queue).
+    fn recover(&self, failed: &Arc<FutureProducer>) {
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let mut current = self
+            .producer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !Arc::ptr_eq(&current, failed) {
+            return;
+        }
+        match self.config.create::<FutureProducer>() {
+            Ok(fresh) => {
+                tracing::error!(target: "inoutbox::kafka", ?code, reason,
+                    "fatal Kafka producer error; the producer is replaced by a new one");
+                let old = std::mem::replace(&mut *current, Arc::new(fresh));
+                let _ = std::thread::Builder::new()
+                    .name("kafka-prod-drop".to_owned())
+                    .spawn(move || drop(old));
+            }
+            Err(error) => {
+                tracing::error!(target: "inoutbox::kafka", ?code, reason, %error,
+                    "fatal Kafka producer error, and a new producer cannot be created");
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -148,10 +199,15 @@ impl Publisher for KafkaPublisher {
         if let Some(key) = message.key {
             record = record.key(key);
         }
-        let delivery = self
-            .producer
-            .send_result(record)
-            .map_err(|(e, _)| publish_error(e))?;
+        let producer = self.producer();
+        let delivery = match producer.send_result(record) {
+            Ok(delivery) => delivery,
+            Err((e, _)) => {
+                self.recover(&producer);
+                return Err(publish_error(e));
+            }
+        };
+        // A fatal error also fails the messages in flight: the next send replaces the producer.
         Ok(async move {
             match delivery.await {
                 Ok(Ok(d)) => Ok(Receipt::new(d.partition, d.offset)),
@@ -193,6 +249,57 @@ pub fn is_message_error(error: &KafkaError) -> bool {
 #[cfg(test)]
 mod tests {
     use super::KafkaProducer;
+    use crate::transport::{IntoPublisher, OutgoingMessage, Publisher};
+    use rdkafka::producer::Producer;
+
+    /// An idempotent producer that librdkafka declares fatally failed refuses every message
+    /// for ever; the publisher replaces it, so the relay's next attempt goes through.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_producer_with_a_fatal_error_is_replaced_and_publishing_goes_on() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("orders", 1, 1).expect("topic");
+        let publisher = KafkaProducer::new(cluster.bootstrap_servers())
+            .into_publisher()
+            .expect("publisher");
+        let message = OutgoingMessage::new("orders", b"{}", "id-1", "OrderCreated", "shop");
+        let first = publisher.send(&message).expect("queued").await;
+        assert!(first.is_ok(), "{first:?}");
+
+        let failed = publisher.producer();
+        // SAFETY: the handle belongs to `failed`, alive here; librdkafka copies the reason.
+        let raised = unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                failed.client().native_ptr(),
+                rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                c"a test's fatal error".as_ptr(),
+            )
+        };
+        assert_eq!(
+            raised,
+            rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR
+        );
+        assert!(failed.client().fatal_error().is_some());
+        drop(failed);
+
+        // The relay retries a refused row: within a few attempts it is published.
+        let mut outcomes = Vec::new();
+        for _ in 0..3 {
+            let outcome = match publisher.send(&message) {
+                Ok(delivery) => delivery.await,
+                Err(e) => Err(e),
+            };
+            let published = outcome.is_ok();
+            outcomes.push(outcome);
+            if published {
+                break;
+            }
+        }
+        assert!(
+            outcomes.last().is_some_and(Result::is_ok),
+            "publishing never recovered from the fatal error: {outcomes:?}"
+        );
+        assert!(publisher.producer().client().fatal_error().is_none());
+    }
 
     #[test]
     fn debug_hides_every_secret_setting() {
