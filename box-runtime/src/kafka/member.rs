@@ -186,10 +186,14 @@ impl<P: Partitions> Member<P> {
         let Some(generation) = lock(&self.ownership).owned.get(&pk).copied() else {
             return;
         };
+        // A run is replaced only when the partition was assigned anew: a new run starts from
+        // the committed position the assignment fetches from. A run of the same assignment
+        // never ends early (a panic halts it, see `engine::partition::run`); replacing one
+        // that did would start a fresh position past the messages it held.
         let stale = self
             .tasks
             .get(&pk)
-            .is_none_or(|t| t.generation != generation || t.handle.is_finished());
+            .is_none_or(|t| t.generation != generation);
         if stale {
             if let Some(PartitionTask { sender, handle, .. }) = self.tasks.remove(&pk) {
                 // Its partition was revoked since: it finishes its message without committing.
