@@ -7,9 +7,11 @@
 //! LOCKED`: a row being claimed by another worker is skipped, a row whose lease is live is not
 //! taken), renew the lease while the handler runs, and run the handler through the one-message
 //! path ([`Inbox::run`]) with retries, attempts and dead letters as in the one-phase mode. Its
-//! transaction checks the lease and marks the row processed under the row lock, so a worker
-//! whose lease expired and was taken over rolls back instead of applying the event twice. A
-//! crashed worker's row is claimed again once its lease expires.
+//! transaction checks the lease and locks the row until it ends, and marks the row processed
+//! only if it still holds the lease: while it runs no other worker can claim the row, even once
+//! the lease expired, and a worker whose lease was taken over before its transaction began
+//! rolls back instead of applying the event twice. A crashed worker's row is claimed again once
+//! its lease expires.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -21,12 +23,10 @@ use crate::message::Outcome;
 use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
 use crate::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError};
 
-/// A worker's name: unique per process and worker.
+/// A worker's name: a random UUID (v4) per worker, unique across processes and hosts (process
+/// ids are not: every container's process may be pid 1), with the worker's number for logs.
 fn owner_name(worker: usize) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos:x}-{worker}", std::process::id())
+    format!("{}-{worker}", uuid::Uuid::new_v4())
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -225,6 +225,21 @@ impl<S: InboxStore> Inbox<S> {
                 error = e.to_string().as_str(),
                 "settling a received row failed; its lease will expire"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owner_name;
+
+    #[test]
+    fn worker_names_are_random_uuids_not_process_ids() {
+        let names: std::collections::HashSet<String> = (0..1000).map(|_| owner_name(0)).collect();
+        assert_eq!(names.len(), 1000, "every worker's name is its own");
+        for name in names.iter().take(3) {
+            let id = uuid::Uuid::parse_str(&name[..36]).expect("a UUID");
+            assert_eq!(id.get_version_num(), 4, "{name}");
         }
     }
 }
