@@ -17,6 +17,8 @@ mod process;
 mod setup;
 mod telemetry;
 mod two_phase;
+#[cfg(test)]
+mod fake;
 
 pub(crate) use config::inbox_setters;
 pub use config::{

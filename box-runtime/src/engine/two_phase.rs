@@ -20,7 +20,7 @@ use super::prepare::{Prepared, Ready};
 use super::process::{wait_outage, REJECTIONS_BEFORE_DEAD_LETTER};
 use super::Inbox;
 use crate::message::Outcome;
-use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
+use crate::shutdown::{finish_within, sleep_unless_cancelled, CancellationToken};
 use crate::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError};
 
 /// A worker's name: a random UUID (v4) per worker, unique across processes and hosts (process
@@ -98,7 +98,8 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// Runs the group's two-phase workers ([`InboxConfig::two_phase_workers`](crate::engine::InboxConfig::two_phase_workers) of them) until
-    /// `shutdown` becomes true; each finishes the message in hand first. Returns at once when
+    /// `shutdown` becomes true; each finishes the message in hand first, within
+    /// [`InboxConfig::worker_grace`](crate::engine::InboxConfig::worker_grace). Returns at once when
     /// the group has no two-phase handler. Any number of processes may run workers of a group
     /// at once: a row is claimed by one worker at a time.
     pub(crate) async fn run_two_phase(self: Arc<Self>, shutdown: CancellationToken)
@@ -124,7 +125,22 @@ impl<S: InboxStore> Inbox<S> {
             workers = tasks.len(),
             "two-phase workers started"
         );
-        while tasks.join_next().await.is_some() {}
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                joined = tasks.join_next() => if joined.is_none() {
+                    return;
+                },
+            }
+        }
+        // The messages in hand get the grace period; then they are aborted: their
+        // transactions roll back and their rows are claimed again once the leases expire.
+        let deadline = tokio::time::Instant::now() + self.config.worker_grace;
+        if !finish_within(&mut tasks, deadline, |_| {}).await {
+            tracing::warn!(target: "inoutbox::engine", group = self.group(), grace = ?self.config.worker_grace,
+                "two-phase workers still had messages in hand at the end of the grace period; \
+                 abandoned (rolled back, claimed again after their leases)");
+        }
     }
 
     /// One worker: claims a received row, runs it, and again; sleeps when there is none.
@@ -231,7 +247,38 @@ impl<S: InboxStore> Inbox<S> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
     use super::owner_name;
+    use crate::engine::fake::{slow_row, two_phase_inbox, Faulty};
+    use crate::engine::InboxConfig;
+    use crate::shutdown::CancellationToken;
+
+    #[tokio::test]
+    async fn a_stop_aborts_a_two_phase_worker_still_running_at_the_end_of_the_grace() {
+        let (held, dropped) = tokio::sync::oneshot::channel::<()>();
+        let held = Arc::new(Mutex::new(Some(held)));
+        let store = Faulty {
+            held: held.clone(),
+            received: Mutex::new(Some(slow_row())),
+            ..Faulty::default()
+        };
+        let mut config = InboxConfig::default();
+        config.two_phase_workers = 1;
+        config.worker_grace = Duration::from_millis(50);
+        let inbox = two_phase_inbox(store, config);
+        let shutdown = CancellationToken::new();
+        let workers = tokio::spawn(inbox.run_two_phase(shutdown.clone()));
+        // Until the worker's handler transaction is stuck on its row.
+        while held.lock().unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(30), workers).await;
+        assert!(stopped.is_ok(), "the workers outlived their grace period");
+        assert!(dropped.await.is_err(), "the worker's transaction was dropped");
+    }
 
     #[test]
     fn worker_names_are_random_uuids_not_process_ids() {
