@@ -12,6 +12,7 @@ use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::budget::Budget;
 use super::dead_letter::DeadLetterTopic;
 use super::lag::{self, LagGauges};
 use super::ownership::{lock, KafkaPartition, Ownership, PartitionKey, RebalanceContext};
@@ -44,6 +45,8 @@ struct Member<P> {
     /// Messages of partitions whose task is busy, in offset order; those partitions are
     /// paused until their task takes them, so that one slow partition never holds the others.
     waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
+    /// The bytes the partition runs hold, bounded by `KafkaConfig::buffer_bytes`.
+    budget: Budget,
     /// The subscribed topics' names, shared by their messages.
     topics: Vec<Arc<str>>,
     first_error: Option<KafkaTransportError>,
@@ -155,6 +158,7 @@ impl<P: Partitions> Member<P> {
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
             topics: config.topics.iter().map(|t| t.as_str().into()).collect(),
+            budget: Budget::new(config.buffer_bytes),
             partitions,
             shutdown,
             config,
@@ -212,8 +216,15 @@ impl<P: Partitions> Member<P> {
         let Some(task) = self.tasks.get(&pk) else {
             return;
         };
+        if !self.budget.admits(&delivery) {
+            // The runs hold the budget: this one waits, and its partition with it.
+            self.waiting.entry(pk.clone()).or_default().push_back(delivery);
+            self.pause(&pk, true);
+            return;
+        }
+        let kept = delivery.clone();
         match task.sender.try_send(delivery) {
-            Ok(()) => {}
+            Ok(()) => self.budget.hold(&kept),
             Err(mpsc::error::TrySendError::Full(d)) => {
                 self.waiting.entry(pk.clone()).or_default().push_back(d);
                 self.pause(&pk, true);
@@ -235,8 +246,13 @@ impl<P: Partitions> Member<P> {
                 continue;
             };
             while let Some(d) = queue.pop_front() {
+                if !self.budget.admits(&d) {
+                    queue.push_front(d);
+                    break;
+                }
+                let kept = d.clone();
                 match task.sender.try_send(d) {
-                    Ok(()) => {}
+                    Ok(()) => self.budget.hold(&kept),
                     Err(mpsc::error::TrySendError::Full(d)) => {
                         queue.push_front(d);
                         break;

@@ -12,6 +12,7 @@
 //!
 //! rdkafka is named in this room only: the others reach the broker through what it exports.
 
+mod budget;
 mod config;
 mod dead_letter;
 mod group_lag;
