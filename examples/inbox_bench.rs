@@ -259,6 +259,16 @@ async fn produce(brokers: &str, topic: &str, events: usize) -> Result<Duration, 
             "message.max.bytes",
             (PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed) + (1 << 20)).to_string(),
         )
+        // Large messages one per batch: a consumer's partition fetch (1 MiB) then always
+        // holds whole batches.
+        .set(
+            "batch.num.messages",
+            if PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                "1"
+            } else {
+                "10000"
+            },
+        )
         .create()?;
     let started = Instant::now();
     let mut pending = Vec::with_capacity(events.min(50_000));

@@ -197,7 +197,6 @@ pub(crate) fn send(tx: &mpsc::Sender<Arc<Delivery>>, offsets: std::ops::Range<i6
     }
 }
 
-
 /// A two-phase handler of group `g2`; the test's row never reaches it.
 static SLOW: HandlerRegistration = HandlerRegistration::new(
     "Slow",

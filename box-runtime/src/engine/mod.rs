@@ -9,6 +9,8 @@
 mod batch;
 pub(crate) mod config;
 mod dead_letters;
+#[cfg(test)]
+mod fake;
 mod inbox;
 mod offsets;
 pub(crate) mod partition;
@@ -17,8 +19,6 @@ mod process;
 mod setup;
 mod telemetry;
 mod two_phase;
-#[cfg(test)]
-mod fake;
 
 pub(crate) use config::inbox_setters;
 pub use config::{

@@ -87,10 +87,9 @@ impl<S: InboxStore> Inbox<S> {
         if let Some(business_key) = reg.business_key.filter(|_| self.config.ack.uses_inbox()) {
             // The key's field is user code run on producer data (its `Display`, say): a panic
             // there is this message's fault, dead-lettered like a payload that does not parse.
-            let found = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                business_key(payload)
-            }))
-            .unwrap_or_else(|panic| Err(business_key_panic(&*panic)));
+            let found =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| business_key(payload)))
+                    .unwrap_or_else(|panic| Err(business_key_panic(&*panic)));
             match found {
                 Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
                 Err(reason) => return Err(Bad(reason, Some(Box::new(key)), Some(event_type))),

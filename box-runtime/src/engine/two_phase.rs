@@ -277,7 +277,10 @@ mod tests {
         shutdown.cancel();
         let stopped = tokio::time::timeout(Duration::from_secs(30), workers).await;
         assert!(stopped.is_ok(), "the workers outlived their grace period");
-        assert!(dropped.await.is_err(), "the worker's transaction was dropped");
+        assert!(
+            dropped.await.is_err(),
+            "the worker's transaction was dropped"
+        );
     }
 
     #[test]

@@ -218,7 +218,10 @@ impl<P: Partitions> Member<P> {
         };
         if !self.budget.admits(&delivery) {
             // The runs hold the budget: this one waits, and its partition with it.
-            self.waiting.entry(pk.clone()).or_default().push_back(delivery);
+            self.waiting
+                .entry(pk.clone())
+                .or_default()
+                .push_back(delivery);
             self.pause(&pk, true);
             return;
         }

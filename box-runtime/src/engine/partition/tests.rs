@@ -34,7 +34,10 @@ async fn a_panic_outside_the_handler_halts_the_partition_and_never_commits_past_
             "{ordering:?}: the run halts while the partition is owned; it does not end (a \
              transport would start a fresh run whose position passes offset 2)"
         );
-        assert!(!health.live(), "{ordering:?}: the consumer is no longer live");
+        assert!(
+            !health.live(),
+            "{ordering:?}: the consumer is no longer live"
+        );
         send(&tx, 6..8);
         stop.cancel();
         let ended = handle.await;
