@@ -173,10 +173,10 @@ fn never_called<'a>(
 }
 
 pub(crate) fn inbox(store: Faulty, ordering: Ordering) -> Arc<Inbox<Faulty>> {
-    let mut config = InboxConfig::default();
-    config.ordering = ordering;
-    config.key_lanes = 2;
-    config.max_wait = Duration::ZERO;
+    let config = InboxConfig::default()
+        .ordering(ordering)
+        .key_lanes(2)
+        .max_wait(Duration::ZERO);
     let handlers = DispatchTable::from_registrations("g", [&UNUSED]).expect("a table");
     Arc::new(Inbox::with_handlers(store, handlers, config).expect("inbox"))
 }

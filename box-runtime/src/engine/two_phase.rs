@@ -264,9 +264,9 @@ mod tests {
             received: Mutex::new(Some(slow_row())),
             ..Faulty::default()
         };
-        let mut config = InboxConfig::default();
-        config.two_phase_workers = 1;
-        config.worker_grace = Duration::from_millis(50);
+        let config = InboxConfig::default()
+            .two_phase_workers(1)
+            .worker_grace(Duration::from_millis(50));
         let inbox = two_phase_inbox(store, config);
         let shutdown = CancellationToken::new();
         let workers = tokio::spawn(inbox.run_two_phase(shutdown.clone()));
