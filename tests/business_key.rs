@@ -417,14 +417,24 @@ async fn a_batch_frees_every_expired_business_key_it_holds_on_sqlite() {
 #[tokio::test]
 async fn a_business_key_that_panics_dead_letters_its_event_and_the_next_one_runs() {
     let db = TestDb::new("bk_panic").await;
-    let inbox = Inbox::new(db.migrated_store().await, "bk-panic", InboxConfig::default()).unwrap();
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-panic",
+        InboxConfig::default(),
+    )
+    .unwrap();
     let ticket = |offset, id: &str, no| {
         let event = TicketBooked {
             account: Uuid::new_v4(),
             ticket: TicketNo(no),
             cents: 100,
         };
-        delivery(offset, id, "TicketBooked", serde_json::to_vec(&event).unwrap())
+        delivery(
+            offset,
+            id,
+            "TicketBooked",
+            serde_json::to_vec(&event).unwrap(),
+        )
     };
     let shutdown = no_shutdown();
     let outcome = inbox.process(&ticket(0, "k-13", 13), &shutdown).await;
