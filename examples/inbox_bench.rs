@@ -4,8 +4,11 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //!     cargo run --release --example inbox_bench -- [--events 20000] [--partitions 3] \
-//!     [--backlog 200000] [--db-latency-ms 0]
+//!     [--backlog 200000] [--db-latency-ms 0] [--payload-bytes N]
 //! ```
+//! With `--payload-bytes N` it measures only the peak RSS of the `billing` example draining a
+//! backlog of `--backlog` messages whose payloads are N bytes (over 1 MiB they are
+//! dead-lettered), on 12 partitions.
 //! (build the billing example too: `cargo build --release --examples`; the black-box runs start
 //! it as a child process.)
 //!
@@ -226,13 +229,24 @@ fn send(producer: &FutureProducer, topic: &str) -> Result<DeliveryFuture, KafkaE
     };
     let id = Uuid::now_v7().to_string();
     let key = event.order_id.to_string();
-    let payload = serde_json::to_string(&event).expect("an OrderCreated serializes");
+    let mut payload = serde_json::to_string(&event).expect("an OrderCreated serializes");
+    let pad = PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+    if pad > payload.len() + 10 {
+        // An unknown field the handler's serde ignores, up to `--payload-bytes` in all.
+        payload.pop();
+        payload.push_str(",\"pad\":\"");
+        payload.extend(std::iter::repeat_n('x', pad - payload.len() - 2));
+        payload.push_str("\"}");
+    }
     let record = FutureRecord::to(topic)
         .key(key.as_str())
         .payload(payload.as_str())
         .headers(order_created_headers(&id, "inbox-bench"));
     producer.send_result(record).map_err(|(e, _)| e)
 }
+
+/// `--payload-bytes`: the size of each produced payload (0: an `OrderCreated` as it is).
+static PAYLOAD_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Produces `events` messages and waits for every acknowledgement.
 async fn produce(brokers: &str, topic: &str, events: usize) -> Result<Duration, BoxError> {
@@ -241,6 +255,20 @@ async fn produce(brokers: &str, topic: &str, events: usize) -> Result<Duration, 
         // Brokers without idempotent producers (Tansu) refuse them; the mock does not care.
         .set("enable.idempotence", "false")
         .set("linger.ms", "5")
+        .set(
+            "message.max.bytes",
+            (PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed) + (1 << 20)).to_string(),
+        )
+        // Large messages one per batch: a consumer's partition fetch (1 MiB) then always
+        // holds whole batches.
+        .set(
+            "batch.num.messages",
+            if PAYLOAD_BYTES.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+                "1"
+            } else {
+                "10000"
+            },
+        )
         .create()?;
     let started = Instant::now();
     let mut pending = Vec::with_capacity(events.min(50_000));
@@ -972,6 +1000,28 @@ async fn print_billing(
     Ok(())
 }
 
+/// `--payload-bytes N`: only the peak RSS of the `billing` example draining `backlog` messages
+/// of N bytes each on 12 partitions (payloads over 1 MiB are dead-lettered, the rest handled).
+async fn rss_with_large_messages(
+    database_url: &str,
+    backlog: usize,
+    payload_bytes: usize,
+) -> Result<(), BoxError> {
+    let topic = format!(
+        "inoutbox-inbox-bench-{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    let broker = start_broker(&topic, 1).await?;
+    let (rate, rss) = billing_blackbox(database_url, &broker, backlog, 12).await?;
+    println!(
+        "billing example draining a {backlog}-message backlog of {payload_bytes}-byte payloads on \
+         12 partitions ({}): {rate:.0} msgs/s, peak RSS {:.1} MB",
+        broker.kind(),
+        rss as f64 / 1024.0
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
@@ -982,6 +1032,8 @@ async fn main() -> Result<(), BoxError> {
     let events: usize = flag(&args, "--events", "20000")?.parse()?;
     let partitions: i32 = flag(&args, "--partitions", "3")?.parse()?;
     let backlog: usize = flag(&args, "--backlog", "200000")?.parse()?;
+    let payload_bytes: usize = flag(&args, "--payload-bytes", "0")?.parse()?;
+    PAYLOAD_BYTES.store(payload_bytes, std::sync::atomic::Ordering::Relaxed);
     if events == 0 || partitions < 1 {
         return Err("--events and --partitions must be at least 1".into());
     }
@@ -1024,7 +1076,11 @@ async fn main() -> Result<(), BoxError> {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&admin)
         .await?;
-    let result = bench(&database_url, &schema, events, partitions, backlog).await;
+    let result = if payload_bytes > 0 {
+        rss_with_large_messages(&database_url, backlog, payload_bytes).await
+    } else {
+        bench(&database_url, &schema, events, partitions, backlog).await
+    };
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA \"{schema}\" CASCADE"
     )))

@@ -78,6 +78,30 @@ async fn book_transfers(
     Ok(())
 }
 
+/// A business key whose `Display` panics on one value: user code run on producer data.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct TicketNo(u64);
+
+impl std::fmt::Display for TicketNo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        assert!(self.0 != 13, "no ticket 13");
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "TicketBooked", topic = "accounts", key = account)]
+pub struct TicketBooked {
+    pub account: Uuid,
+    pub ticket: TicketNo,
+    pub cents: i64,
+}
+
+#[inbox_handler(event = "TicketBooked", group = "bk-panic", dedup_by = ticket)]
+async fn book_ticket(event: TicketBooked, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.account, event.cents).await
+}
+
 fn delivery(offset: i64, event_id: &str, event_type: &str, payload: Vec<u8>) -> Delivery {
     Delivery {
         topic: "accounts".into(),
@@ -386,4 +410,42 @@ async fn a_batch_frees_every_expired_business_key_it_holds_on_sqlite() {
         .await
         .unwrap();
     assert_eq!(invoices, 5);
+}
+
+/// Reading the business key panics for one event (its field's `Display`): that event is
+/// dead-lettered with the reason, and the next one is processed.
+#[tokio::test]
+async fn a_business_key_that_panics_dead_letters_its_event_and_the_next_one_runs() {
+    let db = TestDb::new("bk_panic").await;
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-panic",
+        InboxConfig::default(),
+    )
+    .unwrap();
+    let ticket = |offset, id: &str, no| {
+        let event = TicketBooked {
+            account: Uuid::new_v4(),
+            ticket: TicketNo(no),
+            cents: 100,
+        };
+        delivery(
+            offset,
+            id,
+            "TicketBooked",
+            serde_json::to_vec(&event).unwrap(),
+        )
+    };
+    let shutdown = no_shutdown();
+    let outcome = inbox.process(&ticket(0, "k-13", 13), &shutdown).await;
+    assert!(
+        matches!(&outcome, Outcome::DeadLettered { reason, .. }
+            if reason.contains("business key") && reason.contains("no ticket 13")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        inbox.process(&ticket(1, "k-14", 14), &shutdown).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(db.invoices().await, 1);
 }

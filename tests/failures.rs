@@ -303,6 +303,60 @@ async fn permanent_error_dead_letters_at_once_and_the_partition_moves_on() {
     assert!(error.contains("permanent: negative total -5"), "{error}");
 }
 
+static SLOW_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "statement-timeout")]
+async fn outlives_its_statement_timeout(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    if event.total_cents == 777 {
+        SLOW_RUNS.fetch_add(1, Ordering::SeqCst);
+        sqlx::query("SET LOCAL statement_timeout = '50ms'")
+            .execute(&mut **tx)
+            .await?;
+        sqlx::query("SELECT pg_sleep(5)").execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+/// A statement timeout (SQLSTATE 57014) while the database answers is this message's doing:
+/// its runs are counted, it is dead-lettered with the reason, and the partition moves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_always_hits_statement_timeout_is_dead_lettered_and_later_ones_commit() {
+    let s = setup("statement_timeout", 1).await;
+    s.send_order(777).await;
+    s.send_order(1).await;
+    let mut c = Running::start(s.consumer("statement-timeout").busy_attempts(3));
+    let reports = c.take(2).await;
+    let committed =
+        support::wait_committed(&s.broker.brokers, "statement-timeout", &s.topic, 0, 2).await;
+    c.stop().await;
+    assert!(
+        matches!(&reports[0].outcome, Outcome::DeadLettered { reason, .. }
+            if reason.contains("on 3 runs") && reason.contains("statement timeout")),
+        "{reports:#?}"
+    );
+    assert_eq!(SLOW_RUNS.load(Ordering::SeqCst), 3, "three runs, counted");
+    assert!(matches!(reports[1].outcome, Outcome::Processed { .. }));
+    assert_eq!(committed, Some(2));
+    let attempts: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT attempts FROM {}",
+        s.db.tables.dead_letters
+    )))
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(attempts, 3);
+    assert_eq!(
+        s.db.count(&format!("SELECT count(*) FROM {}", s.db.tables.inbox))
+            .await,
+        1,
+        "only the later message's row committed"
+    );
+}
+
 static FIXED: AtomicBool = AtomicBool::new(false);
 static EXHAUST_RUNS: AtomicU32 = AtomicU32::new(0);
 

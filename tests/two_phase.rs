@@ -439,6 +439,70 @@ async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once()
     assert_each_once(&receipts_per_order(&db).await, &orders);
 }
 
+/// Worker A holds a received row in its handler's transaction when its lease expires: worker
+/// B's claim must skip the row (A's transaction locks it) instead of running the handler beside
+/// A; A's processed mark, made while it still holds the lease, commits; B finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_in_a_workers_transaction_is_not_claimed_by_another_after_its_lease_expires() {
+    use inoutbox::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest};
+    let db = TestDb::new("tp_lock").await;
+    let store = db.migrated_store().await;
+    let key = InboxKey {
+        group: "tp-lock".into(),
+        source: String::new(),
+        event_id: Uuid::new_v4().to_string(),
+        business_key: None,
+    };
+    let delivery = inoutbox::inbox::Delivery {
+        topic: "t".into(),
+        partition: 0,
+        offset: 0,
+        key: None,
+        payload: Some(b"{}".to_vec()),
+        headers: Vec::new(),
+    };
+    let mut tx = store.begin().await.unwrap();
+    let request = ClaimRequest {
+        key: &key,
+        event_type: "Slow",
+        delivery: &delivery,
+    };
+    assert_eq!(store.receive(&mut tx, &[request]).await.unwrap(), [true]);
+    store.commit(tx).await.unwrap();
+    let lease = |owner| LeaseRequest {
+        group: "tp-lock",
+        owner,
+        lease: Duration::from_secs(30),
+        event_types: &["Slow"],
+        ordered: &[],
+    };
+    assert!(store.claim_received(&lease("A")).await.unwrap().is_some());
+    // A's handler transaction begins: it checks its lease.
+    let mut a = store.begin().await.unwrap();
+    assert_eq!(store.check_lease(&mut a, &key, "A").await.unwrap(), Some(0));
+    // A's lease expires while its handler runs (it could not renew it).
+    db.exec(&format!(
+        "UPDATE {} SET lease_until = now() - interval '1 second'",
+        db.tables.inbox
+    ))
+    .await;
+    let b = store.claim_received(&lease("B")).await.unwrap();
+    assert!(
+        b.is_none(),
+        "B claimed the row while A's handler runs on it: two runs at once"
+    );
+    assert!(store.finish_leased(&mut a, &key, "A", false).await.unwrap());
+    store.commit(a).await.unwrap();
+    assert!(store.claim_received(&lease("B")).await.unwrap().is_none());
+    let processed = db
+        .count(&format!(
+            "SELECT count(*) FROM {} WHERE processed_at IS NOT NULL",
+            db.tables.inbox
+        ))
+        .await;
+    assert_eq!(processed, 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // `ordered = true`: per message key, one event at a time, in offset order, whatever the
 // number of workers.

@@ -239,6 +239,16 @@ pub struct InboxConfig {
     /// backoff): a connection left half-open by the network would otherwise wait for ever
     /// (default 60 s).
     pub transaction_timeout: Duration,
+    /// Runs of one message that may end in a timeout or a lost race while the database
+    /// answers (a statement or lock timeout, a serialization failure or deadlock, or
+    /// [`transaction_timeout`](Self::transaction_timeout) with the database answering right
+    /// after), counted in the inbox's attempts like failed runs, before the message is given up
+    /// on as [`on_exhausted`](Self::on_exhausted) says (default 10). An unreachable database is
+    /// waited out and never counted.
+    pub busy_attempts: u32,
+    /// How long a stop waits for the two-phase workers' messages in hand before it aborts
+    /// them (rolled back, their rows claimed again after the lease), default 30 s.
+    pub worker_grace: Duration,
     /// How the consumer deletes processed inbox rows: by default those processed more than
     /// 7 days ago, 1000 rows per statement, every minute; `None` turns it off (then nothing
     /// deletes them: purge them yourself, e.g. with `inoutbox purge`). A deleted row no longer
@@ -278,6 +288,8 @@ impl Default for InboxConfig {
             ordering: Ordering::Partition,
             key_lanes: 8,
             transaction_timeout: Duration::from_secs(60),
+            busy_attempts: 10,
+            worker_grace: Duration::from_secs(30),
             retention: Some(Retention::default()),
             business_key_window: None,
             two_phase_workers: 4,
@@ -385,6 +397,19 @@ macro_rules! inbox_setters {
         /// 60 s).
         pub fn transaction_timeout(mut self, limit: std::time::Duration) -> Self {
             self$(.$field)?.transaction_timeout = limit;
+            self
+        }
+
+        /// Runs of one message that may time out or lose a race while the database answers,
+        /// counted, before it is given up on (default 10, at least 1).
+        pub fn busy_attempts(mut self, runs: u32) -> Self {
+            self$(.$field)?.busy_attempts = runs.max(1);
+            self
+        }
+
+        /// How long a stop waits for the two-phase workers' messages in hand (default 30 s).
+        pub fn worker_grace(mut self, grace: std::time::Duration) -> Self {
+            self$(.$field)?.worker_grace = grace;
             self
         }
 

@@ -9,6 +9,8 @@
 mod batch;
 pub(crate) mod config;
 mod dead_letters;
+#[cfg(test)]
+mod fake;
 mod inbox;
 mod offsets;
 pub(crate) mod partition;

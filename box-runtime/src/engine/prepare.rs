@@ -85,7 +85,12 @@ impl<S: InboxStore> Inbox<S> {
             };
         };
         if let Some(business_key) = reg.business_key.filter(|_| self.config.ack.uses_inbox()) {
-            match business_key(payload) {
+            // The key's field is user code run on producer data (its `Display`, say): a panic
+            // there is this message's fault, dead-lettered like a payload that does not parse.
+            let found =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| business_key(payload)))
+                    .unwrap_or_else(|panic| Err(business_key_panic(&*panic)));
+            match found {
                 Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
                 Err(reason) => return Err(Bad(reason, Some(Box::new(key)), Some(event_type))),
             }
@@ -146,4 +151,14 @@ impl<S: InboxStore> Inbox<S> {
 fn header<'d>(d: &'d Delivery, name: &str, what: &str) -> Result<Option<&'d str>, String> {
     d.header_text(name)
         .map_err(|()| format!("the {what} header `{name}` is not valid UTF-8"))
+}
+
+/// The reason of a message whose business key panicked while it was read.
+fn business_key_panic(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    format!("reading the business key of this event panicked: {text}")
 }

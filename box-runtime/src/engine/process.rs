@@ -21,8 +21,9 @@ pub(super) enum Attempt {
     Done(Outcome),
     /// The database failed (not the handler): back off and run again, counting nothing.
     Outage(StoreError),
-    /// The handler met a busy database (lock or statement timeout, serialization failure):
-    /// back off and run again, counting nothing.
+    /// The run timed out or lost a race (a lock or statement timeout, a serialization failure
+    /// or deadlock, the transaction timeout): counted while the database answers, then given
+    /// up on (see `Inbox::busy`).
     Busy(String),
     /// The handler failed.
     Failed(HandlerError),
@@ -182,14 +183,13 @@ impl<S: InboxStore> Inbox<S> {
         loop {
             let attempt = match failed.take() {
                 Some(attempt) => attempt,
-                None => {
-                    let limit = self.config.transaction_timeout;
-                    match tokio::time::timeout(limit, self.attempt(msg, local_failures)).await {
-                        Ok(attempt) => attempt,
-                        // Dropped with its connection: rolled back, and an outage to wait out.
-                        Err(_) => Attempt::Outage(StoreError::timed_out(limit)),
-                    }
-                }
+                None => self.attempt_within(msg, local_failures).await,
+            };
+            // A serialization failure, deadlock or timeout of inoutbox's own statements for this
+            // message counts as the handler's do.
+            let attempt = match attempt {
+                Attempt::Outage(e @ StoreError::Conflict { .. }) => Attempt::Busy(e.to_string()),
+                attempt => attempt,
             };
             let error = match attempt {
                 Attempt::Done(outcome) => return outcome,
@@ -216,15 +216,11 @@ impl<S: InboxStore> Inbox<S> {
                     continue;
                 }
                 Attempt::Busy(error) => {
-                    // A lock or statement timeout, a serialization failure: the database is
-                    // busy, the message is fine. Back off; no attempt is counted.
-                    let wait = outage.next_delay();
-                    tracing::warn!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(),
-                        error = error.as_str(), retry_in = ?wait, "database busy under the handler, retrying");
-                    if !sleep_unless_cancelled(wait, shutdown).await {
-                        return Outcome::Abandoned;
+                    let busy = self.busy(msg, &error, &mut local_failures, &mut outage, shutdown);
+                    match busy.await {
+                        Some(outcome) => return outcome,
+                        None => continue,
                     }
-                    continue;
                 }
                 Attempt::Failed(error) => error,
             };
@@ -249,6 +245,83 @@ impl<S: InboxStore> Inbox<S> {
                 return outcome;
             }
         }
+    }
+
+    /// [`attempt`](Self::attempt) within the transaction timeout.
+    async fn attempt_within(&self, msg: &Ready<'_>, local_failures: u32) -> Attempt {
+        let limit = self.config.transaction_timeout;
+        match tokio::time::timeout(limit, self.attempt(msg, local_failures)).await {
+            Ok(attempt) => attempt,
+            // Dropped with its connection, rolled back: the database went away, or this
+            // message's run takes too long. `busy` tells which.
+            Err(_) => Attempt::Busy(StoreError::timed_out(limit).to_string()),
+        }
+    }
+
+    /// A run that timed out or lost a race (see [`Attempt::Busy`]). The database is down, or
+    /// this message keeps timing out while it works: the count written right after tells them
+    /// apart. When the database does not answer it, the wait is an outage's and nothing is
+    /// counted; when it does, the run is counted (in the inbox's attempts, which survive the
+    /// rollback and a restart) and, after `busy_attempts` of them, the message is given up on.
+    /// `None` to run it again after the backoff.
+    async fn busy(
+        &self,
+        msg: &Ready<'_>,
+        error: &str,
+        local_failures: &mut u32,
+        outage: &mut Attempts,
+        shutdown: &CancellationToken,
+    ) -> Option<Outcome> {
+        let attempts = if self.config.ack.uses_inbox() {
+            match self.store.record_failure(&msg.key, error).await {
+                Ok(n) => n,
+                Err(e) => {
+                    let waited = wait_outage(outage, &e, shutdown).await;
+                    return (!waited).then_some(Outcome::Abandoned);
+                }
+            }
+        } else {
+            *local_failures += 1;
+            *local_failures
+        };
+        if attempts >= self.config.busy_attempts {
+            let reason = format!(
+                "timed out or lost a race with other transactions on {attempts} runs while the \
+                 database answered; last error: {error}"
+            );
+            return Some(self.give_up(msg, reason, attempts, shutdown).await);
+        }
+        let wait = outage.next_delay();
+        tracing::warn!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(),
+            error, attempt = attempts, of = self.config.busy_attempts, retry_in = ?wait,
+            "timed out or lost a race under the handler, retrying");
+        if !sleep_unless_cancelled(wait, shutdown).await {
+            return Some(Outcome::Abandoned);
+        }
+        None
+    }
+
+    /// A message given up on after `attempts` runs: acknowledged as failed, left
+    /// unacknowledged, or dead-lettered, as the strategy and `on_exhausted` say.
+    async fn give_up(
+        &self,
+        msg: &Ready<'_>,
+        reason: String,
+        attempts: u32,
+        shutdown: &CancellationToken,
+    ) -> Outcome {
+        if self.config.ack.acknowledges_failures() {
+            return Outcome::FailedAcknowledged { error: reason };
+        }
+        if self.config.on_exhausted == OnExhausted::LeaveUncommitted {
+            return Outcome::FailedUnacknowledged {
+                error: reason,
+                attempts,
+            };
+        }
+        let (key, event_type) = (Some(&msg.key), Some(msg.event_type));
+        self.dead_letter(msg.d, key, event_type, &reason, attempts, shutdown)
+            .await
     }
 
     /// One transaction: inbox row, handler, processed mark, commit.

@@ -7,9 +7,11 @@
 //! LOCKED`: a row being claimed by another worker is skipped, a row whose lease is live is not
 //! taken), renew the lease while the handler runs, and run the handler through the one-message
 //! path ([`Inbox::run`]) with retries, attempts and dead letters as in the one-phase mode. Its
-//! transaction checks the lease and marks the row processed under the row lock, so a worker
-//! whose lease expired and was taken over rolls back instead of applying the event twice. A
-//! crashed worker's row is claimed again once its lease expires.
+//! transaction checks the lease and locks the row until it ends, and marks the row processed
+//! only if it still holds the lease: while it runs no other worker can claim the row, even once
+//! the lease expired, and a worker whose lease was taken over before its transaction began
+//! rolls back instead of applying the event twice. A crashed worker's row is claimed again once
+//! its lease expires.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,15 +20,13 @@ use super::prepare::{Prepared, Ready};
 use super::process::{wait_outage, REJECTIONS_BEFORE_DEAD_LETTER};
 use super::Inbox;
 use crate::message::Outcome;
-use crate::shutdown::{sleep_unless_cancelled, CancellationToken};
+use crate::shutdown::{finish_within, sleep_unless_cancelled, CancellationToken};
 use crate::store::{ClaimRequest, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError};
 
-/// A worker's name: unique per process and worker.
+/// A worker's name: a random UUID (v4) per worker, unique across processes and hosts (process
+/// ids are not: every container's process may be pid 1), with the worker's number for logs.
 fn owner_name(worker: usize) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    format!("{}-{nanos:x}-{worker}", std::process::id())
+    format!("{}-{worker}", uuid::Uuid::new_v4())
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -98,7 +98,8 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// Runs the group's two-phase workers ([`InboxConfig::two_phase_workers`](crate::engine::InboxConfig::two_phase_workers) of them) until
-    /// `shutdown` becomes true; each finishes the message in hand first. Returns at once when
+    /// `shutdown` becomes true; each finishes the message in hand first, within
+    /// [`InboxConfig::worker_grace`](crate::engine::InboxConfig::worker_grace). Returns at once when
     /// the group has no two-phase handler. Any number of processes may run workers of a group
     /// at once: a row is claimed by one worker at a time.
     pub(crate) async fn run_two_phase(self: Arc<Self>, shutdown: CancellationToken)
@@ -124,7 +125,22 @@ impl<S: InboxStore> Inbox<S> {
             workers = tasks.len(),
             "two-phase workers started"
         );
-        while tasks.join_next().await.is_some() {}
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                joined = tasks.join_next() => if joined.is_none() {
+                    return;
+                },
+            }
+        }
+        // The messages in hand get the grace period; then they are aborted: their
+        // transactions roll back and their rows are claimed again once the leases expire.
+        let deadline = tokio::time::Instant::now() + self.config.worker_grace;
+        if !finish_within(&mut tasks, deadline, |_| {}).await {
+            tracing::warn!(target: "inoutbox::engine", group = self.group(), grace = ?self.config.worker_grace,
+                "two-phase workers still had messages in hand at the end of the grace period; \
+                 abandoned (rolled back, claimed again after their leases)");
+        }
     }
 
     /// One worker: claims a received row, runs it, and again; sleeps when there is none.
@@ -225,6 +241,55 @@ impl<S: InboxStore> Inbox<S> {
                 error = e.to_string().as_str(),
                 "settling a received row failed; its lease will expire"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::Duration;
+
+    use super::owner_name;
+    use crate::engine::fake::{slow_row, two_phase_inbox, Faulty};
+    use crate::engine::InboxConfig;
+    use crate::shutdown::CancellationToken;
+
+    #[tokio::test]
+    async fn a_stop_aborts_a_two_phase_worker_still_running_at_the_end_of_the_grace() {
+        let (held, dropped) = tokio::sync::oneshot::channel::<()>();
+        let held = Arc::new(Mutex::new(Some(held)));
+        let store = Faulty {
+            held: held.clone(),
+            received: Mutex::new(Some(slow_row())),
+            ..Faulty::default()
+        };
+        let config = InboxConfig::default()
+            .two_phase_workers(1)
+            .worker_grace(Duration::from_millis(50));
+        let inbox = two_phase_inbox(store, config);
+        let shutdown = CancellationToken::new();
+        let workers = tokio::spawn(inbox.run_two_phase(shutdown.clone()));
+        // Until the worker's handler transaction is stuck on its row.
+        while held.lock().unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(30), workers).await;
+        assert!(stopped.is_ok(), "the workers outlived their grace period");
+        assert!(
+            dropped.await.is_err(),
+            "the worker's transaction was dropped"
+        );
+    }
+
+    #[test]
+    fn worker_names_are_random_uuids_not_process_ids() {
+        let names: std::collections::HashSet<String> = (0..1000).map(|_| owner_name(0)).collect();
+        assert_eq!(names.len(), 1000, "every worker's name is its own");
+        for name in names.iter().take(3) {
+            let id = uuid::Uuid::parse_str(&name[..36]).expect("a UUID");
+            assert_eq!(id.get_version_num(), 4, "{name}");
         }
     }
 }

@@ -22,6 +22,9 @@ pub(crate) const NETWORK_DEFAULTS: &[(&str, &str)] = &[
     ("fetch.wait.max.ms", "100"),
 ];
 
+/// What the partition runs of one consumer may hold by default: 64 MiB.
+pub(crate) const DEFAULT_BUFFER_BYTES: usize = 64 * 1024 * 1024;
+
 /// Settings of the Kafka consumer. Its `Debug` hides secret settings (`sasl.password`, ...:
 /// see [`is_secret_setting`](crate::redact::is_secret_setting)) and URL passwords.
 ///
@@ -49,6 +52,11 @@ pub struct KafkaConfig {
     pub settings: Vec<(String, String)>,
     /// Messages buffered per partition before the consumer waits for the partition's task.
     pub partition_buffer: usize,
+    /// Bytes of messages (payloads, keys, headers) the partition runs may hold together,
+    /// buffered or in hand, before the consumer pauses the partitions whose next message would
+    /// pass it (default 64 MiB). A partition whose run holds nothing always gets its next
+    /// message, however large: one larger than the budget is handled alone, never stalled.
+    pub buffer_bytes: usize,
     /// Where dead letters are also published (besides the dead-letter table), if anywhere.
     pub dead_letter_topic: Option<String>,
     /// librdkafka settings of the dead-letter producer (e.g. `enable.idempotence=false` for
@@ -78,6 +86,7 @@ impl KafkaConfig {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             partition_buffer: 1000,
+            buffer_bytes: DEFAULT_BUFFER_BYTES,
             dead_letter_topic: None,
             producer_settings: Vec::new(),
             startup_timeout: Duration::from_secs(30),
@@ -110,6 +119,15 @@ impl KafkaConfig {
         self
     }
 
+    /// Bytes of messages the partition runs may hold together (default 64 MiB; see
+    /// [`buffer_bytes`](Self::buffer_bytes)). With librdkafka's own prefetch (16 MiB) and one
+    /// message per partition in hand, it bounds what the consumer holds whatever the size of
+    /// the messages.
+    pub fn buffer_bytes(mut self, bytes: usize) -> Self {
+        self.buffer_bytes = bytes;
+        self
+    }
+
     /// How long start-up waits for a broker to answer (default 30 s).
     pub fn startup_timeout(mut self, timeout: Duration) -> Self {
         self.startup_timeout = timeout;
@@ -138,6 +156,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("group_id", &self.group_id)
             .field("settings", &Settings(&self.settings))
             .field("partition_buffer", &self.partition_buffer)
+            .field("buffer_bytes", &self.buffer_bytes)
             .field("dead_letter_topic", &self.dead_letter_topic)
             .field("producer_settings", &Settings(&self.producer_settings))
             .field("startup_timeout", &self.startup_timeout)

@@ -12,6 +12,7 @@ use rdkafka::producer::FutureProducer;
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
+use super::budget::Budget;
 use super::close;
 use super::dead_letter::DeadLetterTopic;
 use super::lag::{self, LagGauges};
@@ -45,6 +46,8 @@ struct Member<P> {
     /// Messages of partitions whose task is busy, in offset order; those partitions are
     /// paused until their task takes them, so that one slow partition never holds the others.
     waiting: HashMap<PartitionKey, VecDeque<Arc<Delivery>>>,
+    /// The bytes the partition runs hold, bounded by `KafkaConfig::buffer_bytes`.
+    budget: Budget,
     /// The subscribed topics' names, shared by their messages.
     topics: Vec<Arc<str>>,
     first_error: Option<KafkaTransportError>,
@@ -170,6 +173,7 @@ impl<P: Partitions> Member<P> {
         let dead_letters = dead_letter_topic(&config, &group_id)?;
         Ok(Self {
             topics: config.topics.iter().map(|t| t.as_str().into()).collect(),
+            budget: Budget::new(config.buffer_bytes),
             partitions,
             shutdown,
             config,
@@ -213,10 +217,14 @@ impl<P: Partitions> Member<P> {
         let Some(generation) = lock(&self.ownership).owned.get(&pk).copied() else {
             return;
         };
+        // A run is replaced only when the partition was assigned anew: a new run starts from
+        // the committed position the assignment fetches from. A run of the same assignment
+        // never ends early (a panic halts it, see `engine::partition::run`); replacing one
+        // that did would start a fresh position past the messages it held.
         let stale = self
             .tasks
             .get(&pk)
-            .is_none_or(|t| t.generation != generation || t.handle.is_finished());
+            .is_none_or(|t| t.generation != generation);
         if stale {
             if let Some(PartitionTask { sender, handle, .. }) = self.tasks.remove(&pk) {
                 // Its partition was revoked since: it finishes its message without committing.
@@ -235,8 +243,18 @@ impl<P: Partitions> Member<P> {
         let Some(task) = self.tasks.get(&pk) else {
             return;
         };
+        if !self.budget.admits(&delivery) {
+            // The runs hold the budget: this one waits, and its partition with it.
+            self.waiting
+                .entry(pk.clone())
+                .or_default()
+                .push_back(delivery);
+            self.pause(&pk, true);
+            return;
+        }
+        let kept = delivery.clone();
         match task.sender.try_send(delivery) {
-            Ok(()) => {}
+            Ok(()) => self.budget.hold(&kept),
             Err(mpsc::error::TrySendError::Full(d)) => {
                 self.waiting.entry(pk.clone()).or_default().push_back(d);
                 self.pause(&pk, true);
@@ -258,8 +276,13 @@ impl<P: Partitions> Member<P> {
                 continue;
             };
             while let Some(d) = queue.pop_front() {
+                if !self.budget.admits(&d) {
+                    queue.push_front(d);
+                    break;
+                }
+                let kept = d.clone();
                 match task.sender.try_send(d) {
-                    Ok(()) => {}
+                    Ok(()) => self.budget.hold(&kept),
                     Err(mpsc::error::TrySendError::Full(d)) => {
                         queue.push_front(d);
                         break;

@@ -13,6 +13,7 @@
 //!
 //! rdkafka is named in this room only: the others reach the broker through what it exports.
 
+mod budget;
 mod close;
 mod config;
 mod dead_letter;

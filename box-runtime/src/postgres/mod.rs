@@ -275,10 +275,14 @@ impl TwoPhaseSql {
                 "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
             )),
             drop_row: stmt(format!("DELETE FROM {inbox} WHERE {OWNED}")),
+            // The row stays locked by the handler's transaction until it ends: a claim (`FOR
+            // UPDATE SKIP LOCKED`) skips it even once the lease expired, so no second worker
+            // runs the handler while this one does. `KEY SHARE` leaves the lease's renewal (an
+            // update of non-key columns) free to go on beside it.
             check: stmt(format!(
                 "SELECT COALESCE((SELECT a.attempts FROM {attempts} a WHERE a.consumer_group = $1 \
                    AND a.source = $2 AND a.event_id = $3), 0) AS attempts \
-                 FROM {inbox} WHERE {OWNED}"
+                 FROM {inbox} WHERE {OWNED} FOR KEY SHARE"
             )),
             finish: stmt(format!(
                 "UPDATE {inbox} SET processed_at = now(), lease_owner = NULL, lease_until = NULL \

@@ -4,8 +4,8 @@
 //! | class | PostgreSQL SQLSTATE | SQLite | what inoutbox does |
 //! | --- | --- | --- | --- |
 //! | [`ErrorClass::Unavailable`] | class `08`, class `53`, `57P01`–`57P03`; I/O, TLS, pool errors | `SQLITE_IOERR`, `SQLITE_FULL`, `SQLITE_CANTOPEN` | back off and retry without limit; no handler attempt is counted |
-//! | [`ErrorClass::Conflict`] | `40001`, `40P01` | `SQLITE_BUSY`, `SQLITE_LOCKED` | retry (the transaction lost a race); no attempt counted |
-//! | [`ErrorClass::Timeout`] | `55P03` (lock not available), `57014` (statement timeout, cancel) | — | back off and retry; no attempt counted |
+//! | [`ErrorClass::Conflict`] | `40001`, `40P01` | `SQLITE_BUSY`, `SQLITE_LOCKED` | retry after a backoff (the transaction lost a race); each run counted once the database answers the count, the message given up on after `busy_attempts` (default 10) |
+//! | [`ErrorClass::Timeout`] | `55P03` (lock not available), `57014` (statement timeout, cancel) | — | as `Conflict`; so is a transaction that outlives `transaction_timeout` |
 //! | [`ErrorClass::Rejected`] | class `22` (data exception), class `23` (integrity constraint) | `SQLITE_CONSTRAINT`, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`, `SQLITE_RANGE`; encode errors | permanent for this message: a handler's error dead-letters it at once; inoutbox's own statements dead-letter it after a few tries |
 //! | [`ErrorClass::Other`] | everything else | everything else | a handler's error is transient (retried, counted); inoutbox's own statements back off and retry |
 //!

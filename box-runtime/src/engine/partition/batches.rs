@@ -18,12 +18,12 @@ use crate::transport::PartitionLink;
 pub(super) async fn batches<S: InboxStore, L: PartitionLink>(
     part: &mut Partition<L>,
     inbox: &Inbox<S>,
-    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+    deliveries: &mut mpsc::Receiver<Arc<Delivery>>,
 ) {
     let (max, wait) = (inbox.config().max_batch.max(1), inbox.config().max_wait);
     let mut reminder = reminder();
     loop {
-        let next = next_batch(&mut deliveries, max, wait, &mut reminder, || {
+        let next = next_batch(deliveries, max, wait, &mut reminder, || {
             warn_if_held(&part.tracker, &part.link)
         });
         let Some(batch) = next.await else {
@@ -45,7 +45,7 @@ pub(super) async fn batches<S: InboxStore, L: PartitionLink>(
 pub(super) async fn at_most_once<S: InboxStore, L: PartitionLink>(
     part: &mut Partition<L>,
     inbox: &Inbox<S>,
-    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
+    deliveries: &mut mpsc::Receiver<Arc<Delivery>>,
 ) {
     while let Some(d) = deliveries.recv().await {
         if part.ending() {

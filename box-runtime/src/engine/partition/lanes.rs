@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use crate::shutdown::CancellationToken;
 
@@ -16,31 +17,36 @@ use crate::engine::Inbox;
 use crate::message::{Delivery, Outcome};
 use crate::store::InboxStore;
 use crate::transport::PartitionLink;
+use crate::util::CatchUnwind;
 
 type Results = Vec<(Arc<Delivery>, Outcome)>;
 
+/// What a lane sends back: a batch's results, or the panic that ended it (outside the
+/// handler's guard).
+type LaneEnd = Result<Results, String>;
+
+/// Runs the partition in lanes; `Err(panic)` when a panic outside the handler's guard ended a
+/// lane (its batch stays in flight in the tracker: the position never passes it). The lanes
+/// are tasks of this run: when the run is dropped (aborted at the end of the grace period),
+/// they are aborted with it, their transactions rolled back.
 pub(super) async fn run<S: InboxStore, L: PartitionLink>(
     part: &mut Partition<L>,
     inbox: Arc<Inbox<S>>,
-    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
-) {
+    deliveries: &mut mpsc::Receiver<Arc<Delivery>>,
+) -> Result<(), String> {
     let lanes = inbox.config().key_lanes.max(1);
     let capacity = inbox.config().max_batch.max(1);
-    let (done_tx, mut done) = mpsc::unbounded_channel::<Results>();
+    let (done_tx, mut done) = mpsc::unbounded_channel::<LaneEnd>();
     let mut senders = Vec::with_capacity(lanes);
-    let mut handles = Vec::with_capacity(lanes);
+    let mut tasks = JoinSet::new();
     for _ in 0..lanes {
         let (tx, rx) = mpsc::channel(capacity);
         senders.push(tx);
-        handles.push(tokio::spawn(lane(
-            inbox.clone(),
-            rx,
-            part.stop.clone(),
-            done_tx.clone(),
-        )));
+        tasks.spawn(lane(inbox.clone(), rx, part.stop.clone(), done_tx.clone()));
     }
     drop(done_tx);
     let mut reminder = reminder();
+    let mut panicked = None;
     loop {
         tokio::select! {
             d = deliveries.recv() => {
@@ -51,33 +57,47 @@ pub(super) async fn run<S: InboxStore, L: PartitionLink>(
                 part.tracker.start(d.offset);
                 let lane = lane_of(d.key.as_deref(), lanes);
                 if senders[lane].send(d).await.is_err() {
-                    break; // the lane stopped (shutdown)
+                    break; // the lane stopped (shutdown, or a panic it reports below)
                 }
             }
-            Some(results) = done.recv() => {
-                if !part.settle(results).await {
+            Some(end) = done.recv() => match end {
+                Ok(results) => if !part.settle(results).await {
+                    break;
+                },
+                Err(panic) => {
+                    panicked = Some(panic);
                     break;
                 }
-            }
+            },
             _ = reminder.tick() => warn_if_held(&part.tracker, &part.link),
         }
     }
     // Lanes finish the batch in hand; what they never started stays unresolved, so the
     // committed position stays before it.
     drop(senders);
-    while let Some(results) = done.recv().await {
-        part.settle(results).await;
+    while let Some(end) = done.recv().await {
+        match end {
+            Ok(results) => {
+                part.settle(results).await;
+            }
+            Err(panic) => {
+                panicked.get_or_insert(panic);
+            }
+        }
     }
-    for handle in handles {
-        let _ = handle.await;
+    while let Some(joined) = tasks.join_next().await {
+        if let Err(e) = joined {
+            panicked.get_or_insert(e.to_string());
+        }
     }
+    panicked.map_or(Ok(()), Err)
 }
 
 async fn lane<S: InboxStore>(
     inbox: Arc<Inbox<S>>,
     mut deliveries: mpsc::Receiver<Arc<Delivery>>,
     stop: CancellationToken,
-    done: mpsc::UnboundedSender<Results>,
+    done: mpsc::UnboundedSender<LaneEnd>,
 ) {
     let (max, wait) = (inbox.config().max_batch.max(1), inbox.config().max_wait);
     let mut idle = reminder();
@@ -89,10 +109,16 @@ async fn lane<S: InboxStore>(
             break;
         }
         let refs: Vec<&Delivery> = batch.iter().map(|d| &**d).collect();
-        let outcomes = inbox.process_batch(&refs, &stop).await;
+        let outcomes = match CatchUnwind(Box::pin(inbox.process_batch(&refs, &stop))).await {
+            Ok(outcomes) => outcomes,
+            Err(panic) => {
+                let _ = done.send(Err(panic));
+                break;
+            }
+        };
         let abandoned = outcomes.contains(&Outcome::Abandoned);
         if done
-            .send(batch.into_iter().zip(outcomes).collect())
+            .send(Ok(batch.into_iter().zip(outcomes).collect()))
             .is_err()
             || abandoned
         {

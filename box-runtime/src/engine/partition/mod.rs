@@ -18,6 +18,7 @@ use crate::shutdown::CancellationToken;
 use crate::store::InboxStore;
 use crate::telemetry::Health;
 use crate::transport::{PartitionLink, Partitions};
+use crate::util::CatchUnwind;
 
 mod batches;
 mod intake;
@@ -31,9 +32,13 @@ pub use state::Report;
 /// or the partition is no longer owned: in micro-batches (see [`Inbox::process_batch`]), or in
 /// key-ordered lanes with [`Ordering::Key`]. Commits once per batch as messages resolve; on the
 /// way out re-queues the last position (closing the consumer waits for queued commits).
+///
+/// A panic outside the handler's guard (in the store, in the run itself, in a lane) halts the
+/// partition (see [`halt`]): the run never ends early, so the transport never starts a second
+/// run of the partition whose fresh position would pass the messages the first one held.
 pub(crate) async fn run<S: InboxStore, L: PartitionLink>(
     inbox: Arc<Inbox<S>>,
-    deliveries: mpsc::Receiver<Arc<Delivery>>,
+    mut deliveries: mpsc::Receiver<Arc<Delivery>>,
     link: L,
     stop: CancellationToken,
     reports: Option<mpsc::UnboundedSender<Report>>,
@@ -44,15 +49,61 @@ pub(crate) async fn run<S: InboxStore, L: PartitionLink>(
         reports,
         tracker: OffsetTracker::default(),
     };
-    if inbox.acknowledges_before_processing() {
-        batches::at_most_once(&mut part, &inbox, deliveries).await;
-    } else if inbox.config().ordering == Ordering::Key {
-        lanes::run(&mut part, inbox, deliveries).await;
-    } else {
-        batches::batches(&mut part, &inbox, deliveries).await;
-    }
+    let shape = async {
+        if inbox.acknowledges_before_processing() {
+            batches::at_most_once(&mut part, &inbox, &mut deliveries).await;
+            Ok(())
+        } else if inbox.config().ordering == Ordering::Key {
+            lanes::run(&mut part, inbox.clone(), &mut deliveries).await
+        } else {
+            batches::batches(&mut part, &inbox, &mut deliveries).await;
+            Ok(())
+        }
+    };
+    let ended = CatchUnwind(Box::pin(shape)).await.and_then(|lanes| lanes);
+    // The tracker only ever hands out positions before every unresolved message, panic or
+    // not: what it committed last is safe to commit again.
     if let Some(position) = part.tracker.position() {
         part.link.commit(position);
+    }
+    if let Err(panic) = ended {
+        halt(&part, &inbox.health(), &panic, &mut deliveries).await;
+        // Ends by the same panic, so that the transport's join of the run (and with it the
+        // consumer's run) reports it.
+        std::panic::resume_unwind(Box::new(format!(
+            "partition {} halted: {panic}",
+            part.link.name()
+        )));
+    }
+}
+
+/// After a panic outside the handler's guard: the partition takes nothing more and commits
+/// nothing more (its committed position stays before every message it did not resolve) until
+/// the partition is revoked or the consumer stops; then the next run, in this process or
+/// another, starts from that position. The consumer is no longer live (see
+/// [`Health::live`]), so that a supervisor restarts it; the deliveries are left unread, so the
+/// transport stops fetching the partition.
+async fn halt<L: PartitionLink>(
+    part: &Partition<L>,
+    health: &Health,
+    panic: &str,
+    deliveries: &mut mpsc::Receiver<Arc<Delivery>>,
+) {
+    health.set_live(false);
+    tracing::error!(target: "inoutbox::engine", partition = %part.link.name(), panic,
+        committed = ?part.tracker.position(),
+        "a panic outside the handler halted the partition: it takes and commits nothing more \
+         until it is revoked or the consumer stops (the consumer reports itself not live)");
+    let mut check = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = part.stop.cancelled() => return,
+            _ = check.tick() => {
+                if !part.link.owned() || deliveries.is_closed() {
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -104,3 +155,6 @@ impl<S: InboxStore> Partitions for Starter<S> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests;
