@@ -22,13 +22,23 @@ type KafkaConsumer = StreamConsumer<RebalanceContext>;
 /// The longest a look at the committed offsets waits for the coordinator.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How a consumer was closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Closed {
+    /// Through librdkafka's consumer close: queued commits flushed, the group left.
+    LeftGroup,
+    /// The coordinator did not answer: destroyed without the consumer close (and so without
+    /// its leave-group path); the group drops the member after its session timeout.
+    WithoutLeaving,
+}
+
 /// Leaves the group by `deadline`: the last commits get half of the time left, the close
-/// the rest. `true` if the consumer closed in time.
+/// the rest. How the consumer was closed, or `None` if that did not finish in time.
 pub(super) async fn leave(
     consumer: Arc<KafkaConsumer>,
     ownership: &Arc<Mutex<Ownership>>,
     deadline: Instant,
-) -> bool {
+) -> Option<Closed> {
     let now = Instant::now();
     let half = now + deadline.saturating_duration_since(now) / 2;
     let answered = match final_commits(&consumer, ownership, half).await {
@@ -146,37 +156,50 @@ fn commit_again(
     }
 }
 
-/// Closes the consumer on a thread of its own, and waits for it until `deadline`: `true` if it
+/// Closes the consumer on a thread of its own, and waits for it until `deadline`: how, if it
 /// closed in time. Past the deadline the thread is left to finish on its own (a blocking task
 /// would hold up the runtime's shutdown). With the coordinator `answered`, librdkafka's close
 /// commits what is queued, revokes the assignment and leaves the group; without, the consumer
 /// is destroyed without it ([`destroy_without_close`]).
-async fn close(consumer: Arc<KafkaConsumer>, answered: bool, deadline: Instant) -> bool {
-    let (closed, is_closed) = tokio::sync::oneshot::channel::<()>();
+async fn close(consumer: Arc<KafkaConsumer>, answered: bool, deadline: Instant) -> Option<Closed> {
+    let (closed, is_closed) = tokio::sync::oneshot::channel::<Closed>();
     let spawned = std::thread::Builder::new()
         .name("kafka-close".to_owned())
         .spawn(move || {
-            destroy_last(consumer, answered, deadline.into_std());
-            let _ = closed.send(());
+            let _ = closed.send(destroy_last(consumer, answered, deadline.into_std()));
         });
     if let Err(error) = spawned {
         tracing::warn!(target: "inoutbox::kafka", %error, "cannot start the thread that closes the consumer");
-        return false;
+        return None;
     }
-    tokio::time::timeout_at(deadline, is_closed).await.is_ok()
+    tokio::time::timeout_at(deadline, is_closed)
+        .await
+        .ok()?
+        .ok()
 }
 
 /// Destroys `consumer` once this is its last reference (another one, held by a blocking call
 /// that times out, would otherwise close it on that thread): through librdkafka's close if
 /// the coordinator `answered`, else without it. At `deadline` it waits on for the last
 /// reference only if the close must be skipped (a drop elsewhere would run it).
-fn destroy_last(mut consumer: Arc<KafkaConsumer>, answered: bool, deadline: std::time::Instant) {
+fn destroy_last(
+    mut consumer: Arc<KafkaConsumer>,
+    answered: bool,
+    deadline: std::time::Instant,
+) -> Closed {
     loop {
         match Arc::try_unwrap(consumer) {
-            Ok(last) if answered => return drop(last),
-            Ok(last) => return destroy_without_close(last),
+            Ok(last) if answered => {
+                drop(last);
+                return Closed::LeftGroup;
+            }
+            Ok(last) => {
+                destroy_without_close(last);
+                return Closed::WithoutLeaving;
+            }
             Err(shared) if answered && std::time::Instant::now() >= deadline => {
-                return drop(shared)
+                drop(shared);
+                return Closed::LeftGroup;
             }
             Err(shared) => consumer = shared,
         }
@@ -206,5 +229,68 @@ fn destroy_without_close(consumer: KafkaConsumer) {
             rd::rd_kafka_queue_destroy(queue);
         }
         rd::rd_kafka_destroy_flags(rk, rd::RD_KAFKA_DESTROY_F_NO_CONSUMER_CLOSE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::Health;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::mocking::MockCluster;
+
+    /// A member of group `g` on `cluster`, once it holds its assignment of topic `t`.
+    async fn joined(
+        cluster: &MockCluster<'_, rdkafka::producer::DefaultProducerContext>,
+    ) -> (Arc<KafkaConsumer>, Arc<Mutex<Ownership>>) {
+        let ownership = Arc::new(Mutex::new(Ownership::default()));
+        let consumer: KafkaConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "g")
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .create_with_context(RebalanceContext {
+                ownership: ownership.clone(),
+                health: Health::default(),
+            })
+            .expect("consumer");
+        consumer.subscribe(&["t"]).expect("subscribe");
+        let consumer = Arc::new(consumer);
+        let until = Instant::now() + Duration::from_secs(30);
+        while consumer.assignment().map_or(0, |a| a.count()) == 0 {
+            assert!(
+                Instant::now() < until,
+                "the member never got its assignment"
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(200), consumer.recv()).await;
+        }
+        (consumer, ownership)
+    }
+
+    /// The crash of librdkafka 2.12.1 is in its leave-group path with the coordinator gone: a
+    /// stop then never takes that path (and with the coordinator there, it does leave).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_the_coordinator_gone_the_consumer_is_closed_without_the_leave_path() {
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("t", 1, 1).expect("topic");
+
+        let (consumer, ownership) = joined(&cluster).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let closed = leave(consumer, &ownership, deadline).await;
+        assert_eq!(
+            closed,
+            Some(Closed::LeftGroup),
+            "with the coordinator answering"
+        );
+
+        let (consumer, ownership) = joined(&cluster).await;
+        cluster.broker_down(1).expect("broker down");
+        let deadline = Instant::now() + Duration::from_secs(6);
+        let closed = leave(consumer, &ownership, deadline).await;
+        assert_eq!(
+            closed,
+            Some(Closed::WithoutLeaving),
+            "with the coordinator gone, the consumer close (and its leave path) must not run"
+        );
     }
 }

@@ -393,11 +393,12 @@ impl<P: Partitions> Member<P> {
         // The last commits made sure of, then the close (which flushes the queued commits and
         // leaves the group): with the broker gone that could take for ever, so they get what
         // is left of the grace period, and no more (see `close`).
-        if !close::leave(self.consumer, &self.ownership, deadline).await {
-            tracing::warn!(target: "inoutbox::kafka",
-                group,
-                "leaving the group did not finish within the grace period (broker unreachable?)"
-            );
+        match close::leave(self.consumer, &self.ownership, deadline).await {
+            Some(close::Closed::LeftGroup) => {}
+            Some(close::Closed::WithoutLeaving) => tracing::info!(target: "inoutbox::kafka", group,
+                "the group coordinator did not answer: closed without leaving the group (it drops this member after the session timeout)"),
+            None => tracing::warn!(target: "inoutbox::kafka", group,
+                "leaving the group did not finish within the grace period (broker unreachable?)"),
         }
         tracing::info!(target: "inoutbox::kafka", group, "consumer stopped");
         first_error.map_or(Ok(()), Err)
