@@ -134,9 +134,10 @@ impl UrlParts {
                 }
             }
         }
-        // From the first `?`, even one inside a password (hiding more is safe, less is not).
-        if let Some(q) = url[query_from..].find('?').map(|i| query_from + i) {
-            secrets.extend(secret_params(url, q + 1));
+        // From every `?`: the first may be inside a password, and the query start after it
+        // (hiding more is safe, less is not).
+        for (q, _) in url[query_from..].match_indices('?') {
+            secrets.extend(secret_params(url, query_from + q + 1));
         }
         secrets.sort_unstable();
         Self { secrets }
@@ -266,6 +267,11 @@ mod tests {
                 "postgres://u@h/db?password=***",
             ),
             ("postgres://u:p?password=q@h/db", "postgres://u:***"),
+            // A `?` in the password before the query's own secret parameter.
+            (
+                "postgres://:A?A=A@a?password=A",
+                "postgres://:***@a?password=***",
+            ),
             ("postgres://u@h/db", "postgres://u@h/db"),
             (
                 "postgres://h:5432/db?sslmode=require",
