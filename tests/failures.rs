@@ -1213,6 +1213,24 @@ impl MockKafka {
         Self { owner, brokers }
     }
 
+    /// A mock cluster with a one-partition topic holding one order, and a migrated database,
+    /// both named after `name`.
+    async fn with_one_order(name: &str) -> (Self, String, TestDb, inoutbox::PgStore) {
+        let mock = Self::start();
+        let topic = support::unique(name);
+        mock.cluster().create_topic(&topic, 1, 1).expect("topic");
+        let db = TestDb::new(name).await;
+        let store = db.migrated_store().await;
+        let producer = support::producer(&mock.brokers);
+        send(
+            &producer,
+            &topic,
+            Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 1),
+        )
+        .await;
+        (mock, topic, db, store)
+    }
+
     fn cluster_of(
         owner: &rdkafka::producer::BaseProducer,
     ) -> rdkafka::mocking::MockCluster<'_, rdkafka::producer::DefaultProducerContext> {
@@ -1246,18 +1264,7 @@ async fn fenced_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Ha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_fenced_by_another_member_stops_with_the_error_and_is_not_live() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-    let mock = MockKafka::start();
-    let topic = support::unique("fenced");
-    mock.cluster().create_topic(&topic, 1, 1).expect("topic");
-    let db = TestDb::new("fenced").await;
-    let store = db.migrated_store().await;
-    let producer = support::producer(&mock.brokers);
-    send(
-        &producer,
-        &topic,
-        Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 1),
-    )
-    .await;
+    let (mock, topic, db, store) = MockKafka::with_one_order("fenced").await;
     let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
     let kafka = mock.kafka(&topic).set("group.instance.id", "fenced-1");
     let consumer = Consumer::builder("fenced", store, kafka)
@@ -1306,18 +1313,7 @@ async fn last_commit_handler(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_last_commit_is_retried_when_the_consumer_stops() {
     use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
-    let mock = MockKafka::start();
-    let topic = support::unique("lastcommit");
-    mock.cluster().create_topic(&topic, 1, 1).expect("topic");
-    let db = TestDb::new("lastcommit").await;
-    let store = db.migrated_store().await;
-    let producer = support::producer(&mock.brokers);
-    send(
-        &producer,
-        &topic,
-        Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 1),
-    )
-    .await;
+    let (mock, topic, _db, store) = MockKafka::with_one_order("lastcommit").await;
     // Refused: the commit after the message, and any the stop makes before it checks.
     mock.cluster().request_errors(
         RDKafkaApiKey::OffsetCommit,

@@ -213,16 +213,7 @@ async fn enqueues_of_two_keys_in_opposite_orders_in_two_transactions_both_commit
         .expect("B, A ends")
         .expect("task");
     let (ab, ba) = (ab.expect("A, B commits"), ba.expect("B, A commits"));
-    let seq = |id: Uuid| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .expect("row")
-        }
-    };
+    let seq = |id: Uuid| seq_of(&db.pool, id);
     // ab = (A of the first, B of the first); ba = (B of the second, A of the second).
     let a_first_ahead = seq(ab.0).await < seq(ba.1).await;
     let b_first_ahead = seq(ab.1).await < seq(ba.0).await;
@@ -289,16 +280,7 @@ async fn a_later_seq_of_a_key_never_becomes_visible_before_an_earlier_one() {
         ))
         .await;
     first_commit.await.expect("first commit");
-    let seq = |id: Uuid| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
-                .bind(id)
-                .fetch_one(&pool)
-                .await
-                .expect("row")
-        }
-    };
+    let seq = |id: Uuid| seq_of(&db.pool, id);
     let (first_seq, second_seq) = (seq(first_id).await, seq(second_id).await);
     assert!(
         first_visible == 1 || second_seq < first_seq,
@@ -962,4 +944,13 @@ async fn retention_deletes_old_published_rows_in_batches_and_keeps_the_rest() {
             .await,
         3
     );
+}
+
+/// The `seq` of the outbox row `id`.
+async fn seq_of(pool: &sqlx::PgPool, id: Uuid) -> i64 {
+    sqlx::query_scalar::<_, i64>("SELECT seq FROM inoutbox_outbox WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .expect("row")
 }

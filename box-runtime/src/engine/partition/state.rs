@@ -90,32 +90,11 @@ impl<L: PartitionLink> Partition<L> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::{Arc, Mutex};
+    use std::sync::Arc;
 
-    use super::{Delivery, OffsetTracker, Outcome, Partition, PartitionLink};
+    use super::{Delivery, OffsetTracker, Outcome, Partition};
+    use crate::engine::fake::Recorder;
     use crate::shutdown::CancellationToken;
-
-    /// A link that owns its partition for ever and records the positions committed.
-    #[derive(Default)]
-    struct Recorder(Mutex<Vec<i64>>);
-
-    impl PartitionLink for Arc<Recorder> {
-        fn owned(&self) -> bool {
-            true
-        }
-        fn commit(&self, position: i64) -> bool {
-            self.0.lock().unwrap().push(position);
-            true
-        }
-        async fn commit_now(&self, position: i64) -> Result<(), String> {
-            self.commit(position);
-            Ok(())
-        }
-        async fn dead_lettered(&self, _: &Delivery, _: &str, _: i64) {}
-        fn name(&self) -> String {
-            "t/0".to_owned()
-        }
-    }
 
     fn delivery(offset: i64) -> Arc<Delivery> {
         Arc::new(Delivery {
