@@ -78,6 +78,11 @@ impl<S: InboxStore> Inbox<S> {
         self.telemetry.health.clone()
     }
 
+    /// Makes `health` the inbox's health handle (one handed out before the consumer was built).
+    pub(crate) fn share_health(&mut self, health: Health) {
+        self.telemetry.health = health;
+    }
+
     /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
     pub(crate) fn acknowledges_before_processing(&self) -> bool {
         self.config.ack == AckStrategy::AtMostOnce

@@ -71,6 +71,25 @@ pub struct KafkaConfig {
     pub shutdown_grace: Duration,
 }
 
+/// Consumer settings for quick group joins on a development broker (Kafka, Redpanda or Tansu
+/// on a laptop or in CI): a 6 s session instead of librdkafka's 45 s, with a heartbeat every
+/// second, so that a member joins, rebalances and notices a dead member in seconds. Not for
+/// production, where a member paused for 6 s (a long GC, a stalled disk, a busy node) would
+/// lose its partitions: keep librdkafka's defaults there.
+///
+/// ```
+/// use inoutbox::kafka::{KafkaConfig, QUICK_JOIN};
+///
+/// let kafka = QUICK_JOIN
+///     .iter()
+///     .fold(KafkaConfig::new("127.0.0.1:9092", ["orders"]), |k, (key, value)| k.set(*key, *value));
+/// assert!(kafka.settings.iter().any(|(k, v)| k == "session.timeout.ms" && v == "6000"));
+/// ```
+pub const QUICK_JOIN: &[(&str, &str)] = &[
+    ("session.timeout.ms", "6000"),
+    ("heartbeat.interval.ms", "1000"),
+];
+
 impl KafkaConfig {
     /// Consume `topics` from `brokers`.
     pub fn new(

@@ -28,3 +28,6 @@ pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 pub(crate) const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
 /// After how long a received, unprocessed inbox row counts as stuck, by default: 5 minutes.
 pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(300);
+/// How often a consumer logs the summary of its group's messages at info, by default: every
+/// minute (see [`ConsumerBuilder::summary_interval`](crate::ConsumerBuilder::summary_interval)).
+pub const DEFAULT_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
