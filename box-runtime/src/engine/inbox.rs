@@ -78,6 +78,12 @@ impl<S: InboxStore> Inbox<S> {
         self.telemetry.health.clone()
     }
 
+    /// Logs at info what the group did since the last summary, unless it did nothing (the
+    /// consumer calls it every `summary_interval` and when it stops).
+    pub(crate) fn log_summary(&self) {
+        self.telemetry.log_summary();
+    }
+
     /// Makes `health` the inbox's health handle (one handed out before the consumer was built).
     pub(crate) fn share_health(&mut self, health: Health) {
         self.telemetry.health = health;

@@ -120,6 +120,18 @@ impl InboxTelemetry {
         }
     }
 
+    /// Logs at info what the group did since the last summary (messages processed, duplicates,
+    /// retries, dead letters), unless it did nothing.
+    pub(crate) fn log_summary(&self) {
+        let s = self.take_summary();
+        if s.is_empty() {
+            return;
+        }
+        tracing::info!(target: "inoutbox::consumer", group = &*self.group,
+            processed = s.processed, duplicates = s.duplicates, retries = s.retries,
+            dead_lettered = s.dead_lettered, seconds = s.over.as_secs(), "summary");
+    }
+
     /// What the group did since the last call, and starts counting again.
     pub(crate) fn take_summary(&self) -> Summary {
         let take = |n: &AtomicU64| n.swap(0, Ordering::Relaxed);
@@ -216,20 +228,6 @@ impl InboxTelemetry {
         self.of(Some(event_type))
             .handler_duration
             .record(elapsed.as_secs_f64());
-    }
-}
-
-impl<S> super::Inbox<S> {
-    /// Logs at info what the group did since the last summary (messages processed, duplicates,
-    /// retries, dead letters), unless it did nothing.
-    pub(crate) fn log_summary(&self) {
-        let s = self.telemetry.take_summary();
-        if s.is_empty() {
-            return;
-        }
-        tracing::info!(target: "inoutbox::consumer", group = &*self.telemetry.group,
-            processed = s.processed, duplicates = s.duplicates, retries = s.retries,
-            dead_lettered = s.dead_lettered, seconds = s.over.as_secs(), "summary");
     }
 }
 
