@@ -26,7 +26,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
+use common::{env, flag, OrderCreated};
 
 /// How long the handler waits after writing an invoice (`--finish-slowly-ms`; zero by default).
 static FINISH_SLOWLY: OnceLock<Duration> = OnceLock::new();
@@ -83,10 +83,7 @@ async fn main() -> Result<(), common::Failure> {
     sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
 
-    let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
-        |kafka, (k, v)| kafka.set(*k, *v),
-    );
+    let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
     inoutbox::Consumer::builder(group, store, kafka)
         .build()?
         .run_until_signal()

@@ -1,6 +1,8 @@
 //! `inoutbox::App`: its parts run under one shutdown token; the first error of any part stops the
 //! others and is returned; a group that cannot be set up fails the start.
 
+mod support;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -321,30 +323,6 @@ mod captured {
     }
 }
 
-/// `GET path` on `addr` over HTTP/1.1: the status code and the body.
-#[cfg(feature = "http")]
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return (0, "not listening".to_owned());
-    };
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("send");
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await.expect("read");
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (status, body)
-}
-
 /// Waits (at most 60 s) until `done` holds for the answer to `GET path`; returns the last one.
 #[cfg(feature = "http")]
 async fn get_until(
@@ -354,7 +332,9 @@ async fn get_until(
 ) -> (u16, String) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let (status, body) = http_get(addr, path).await;
+        let (status, body) = support::http_get(addr, path)
+            .await
+            .unwrap_or((0, "not listening".to_owned()));
         if done(status, &body) || Instant::now() > deadline {
             return (status, body);
         }
@@ -417,8 +397,8 @@ async fn the_ops_endpoint_serves_metrics_and_probes_and_the_log_summarises_each_
         "{body}"
     );
     assert!(body.contains(r#""relay":{"#), "{body}");
-    assert_eq!(http_get(addr, "/healthz").await.0, 200);
-    assert_eq!(http_get(addr, "/nothing").await.0, 404);
+    assert_eq!(get_until(addr, "/healthz", |_, _| true).await.0, 200);
+    assert_eq!(get_until(addr, "/nothing", |_, _| true).await.0, 404);
     assert!(health.ready(), "the spec's handle is the consumer's");
 
     // Each message at debug, never at info; the summary at info counts all three.
