@@ -20,7 +20,8 @@ use crate::telemetry::{Health, DEFAULT_SAMPLE_INTERVAL};
 /// ```no_run
 /// # async fn demo(app: inoutbox::App) {
 /// use std::time::Duration;
-/// use inoutbox::{ConsumerSpec, RetryPolicy};
+/// use inoutbox::app::ConsumerSpec;
+/// use inoutbox::RetryPolicy;
 ///
 /// let billing = ConsumerSpec::new("billing", ["orders"])
 ///     .retry(RetryPolicy::default().max_attempts(3))
