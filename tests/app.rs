@@ -430,3 +430,59 @@ async fn the_ops_endpoint_serves_metrics_and_probes_and_the_log_summarises_each_
     assert!(result.is_ok(), "{result:?}");
     assert!(!health.live(), "stopped");
 }
+
+/// Schedules an effect `app-ping-seen` carrying the ping's id.
+#[inbox_handler(event = "AppPing", group = "app-effects")]
+async fn ping_seen(
+    event: AppPing,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    inoutbox::effects::after_commit(tx, meta, "app-ping-seen", &event.id).await?;
+    Ok(())
+}
+
+/// An effect executor given to a `ConsumerSpec` runs in the app's consumer (PostgreSQL, where
+/// effects are kept, and the in-process Kafka).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_spec_takes_the_effect_executors_of_its_group() {
+    let db = support::TestDb::new("app_effects").await;
+    let app = App::connect(Some(&db.url()), None).await.expect("app");
+    app.create_topic("app-pings", 1).await.expect("topic");
+    let Store::Postgres(store) = app.store().clone() else {
+        panic!("a PostgreSQL store")
+    };
+    let (seen, mut executed) = tokio::sync::mpsc::unbounded_channel::<i64>();
+    let spec = ConsumerSpec::new("app-effects", ["app-pings"]).effect(
+        "app-ping-seen",
+        move |effect: inoutbox::effects::Effect| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send(effect.payload_as::<i64>()?);
+                Ok(())
+            }
+        },
+    );
+    let mut app = app.consumer_with(spec).relay();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+    for id in [7, 8] {
+        let mut tx = store.pool().begin().await.expect("begin");
+        inoutbox::outbox::enqueue(&mut tx, &AppPing { id })
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let mut ids = Vec::new();
+    while ids.len() < 2 {
+        match tokio::time::timeout(Duration::from_secs(60), executed.recv()).await {
+            Ok(Some(id)) => ids.push(id),
+            other => panic!("the executor ran for {ids:?}, then {other:?}"),
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, [7, 8], "the spec's executor ran each effect");
+    stop.cancel();
+    let result = running.await.expect("join");
+    assert!(result.is_ok(), "{result:?}");
+}
