@@ -559,3 +559,18 @@ async fn discard(
         raw: None,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::indent_json;
+
+    #[test]
+    fn json_is_indented_with_its_keys_and_numbers_as_written() {
+        let text = r#"{"z": 1.50, "a" :[ ], "m":{"q\"}":"a,b:[c]\\"}, "e": {}}"#;
+        assert_eq!(
+            indent_json(text),
+            "{\n  \"z\": 1.50,\n  \"a\": [],\n  \"m\": {\n    \"q\\\"}\": \"a,b:[c]\\\\\"\n  },\n  \"e\": {}\n}"
+        );
+        assert_eq!(indent_json("[1,2]"), "[\n  1,\n  2\n]");
+    }
+}
