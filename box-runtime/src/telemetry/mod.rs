@@ -13,7 +13,12 @@
 //!   Gauges are sampled by a task of each consumer and relay every
 //!   [`DEFAULT_SAMPLE_INTERVAL`] (configurable), one set of queries per tick.
 //! - **Health.** [`Consumer::health`](crate::Consumer::health) and
-//!   [`Relay::health`](crate::relay::Relay::health) return a [`Health`].
+//!   [`Relay::health`](crate::relay::Relay::health) return a [`Health`] (the builders and an
+//!   app's specs hand it out before the part runs); with the `http` feature the operations
+//!   endpoint serves it, and the metrics, over HTTP.
+//! - **Logs.** One line per message at debug (target `inoutbox::engine`); a summary of each
+//!   group at info every [`DEFAULT_SUMMARY_INTERVAL`] (configurable): messages processed,
+//!   duplicates, retries and dead letters since the last one.
 
 use std::time::Duration;
 
