@@ -119,5 +119,5 @@ pub(crate) use config::relay_setters;
 pub use config::RelayConfig;
 pub use report::{RelayError, RelayReport};
 pub use service::Relay;
-pub(crate) use store::parse_headers;
+pub(crate) use store::{due_in, parse_headers};
 pub use store::{Backlog, Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};
