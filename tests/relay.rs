@@ -874,3 +874,310 @@ async fn a_sqlite_relay_keeps_its_lease_while_a_batch_waits_for_the_broker() {
     relay.published(1, Duration::from_secs(30)).await;
     relay.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Scheduled publishing: a row with a due time goes out when due, not before, and holds nothing.
+
+/// A store under test: PostgreSQL (a schema of its own) or SQLite (a file of its own).
+enum Scheduling {
+    Pg(TestDb),
+    Lite(inoutbox::SqliteStore),
+}
+
+/// How a row is enqueued: at once, or after a delay.
+type Planned = (Sequenced, Option<Duration>);
+
+impl Scheduling {
+    async fn postgres(name: &str) -> Self {
+        let db = TestDb::new(name).await;
+        db.migrated_store().await;
+        Self::Pg(db)
+    }
+
+    async fn sqlite(name: &str) -> Self {
+        Self::Lite(sqlite_store(name).await)
+    }
+
+    /// Enqueues `rows` in one transaction, in order; returns their ids.
+    async fn enqueue(&self, rows: &[Planned]) -> Vec<Uuid> {
+        async fn each<T: outbox::OutboxTx + ?Sized>(tx: &mut T, rows: &[Planned]) -> Vec<Uuid> {
+            let mut ids = Vec::new();
+            for (event, delay) in rows {
+                let id = match delay {
+                    Some(delay) => outbox::enqueue_after(tx, event, *delay).await,
+                    None => outbox::enqueue(tx, event).await,
+                };
+                ids.push(id.expect("enqueue"));
+            }
+            ids
+        }
+        match self {
+            Self::Pg(db) => {
+                let mut tx = db.pool.begin().await.expect("begin");
+                let ids = each(&mut tx, rows).await;
+                tx.commit().await.expect("commit");
+                ids
+            }
+            Self::Lite(store) => {
+                let mut tx = store.pool().begin().await.expect("begin");
+                let ids = each(&mut tx, rows).await;
+                tx.commit().await.expect("commit");
+                ids
+            }
+        }
+    }
+
+    /// `SELECT count(*) FROM inoutbox_outbox <filter>`.
+    async fn count(&self, filter: &str) -> i64 {
+        let sql = format!("SELECT count(*) FROM inoutbox_outbox {filter}");
+        match self {
+            Self::Pg(db) => db.count(&sql).await,
+            Self::Lite(store) => sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(store.pool())
+                .await
+                .expect("count"),
+        }
+    }
+
+    /// The store's backlog, as the relay's gauges sample it.
+    async fn backlog(&self) -> inoutbox::relay::Backlog {
+        match self {
+            Self::Pg(db) => inoutbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone())
+                .backlog()
+                .await
+                .expect("backlog"),
+            Self::Lite(store) => {
+                inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables())
+                    .backlog()
+                    .await
+                    .expect("backlog")
+            }
+        }
+    }
+
+    /// A relay on Tansu with `batch_size`, polling (and rebalancing) every `poll`.
+    fn relay(&self, brokers: &str, batch_size: usize, poll: Duration) -> RunningRelay {
+        match self {
+            Self::Pg(db) => RunningRelay::start(
+                relay_builder(db, brokers)
+                    .batch_size(batch_size)
+                    .poll_interval(poll)
+                    .rebalance_interval(poll),
+            ),
+            Self::Lite(store) => RunningRelay::start(
+                inoutbox::Relay::builder(
+                    store.clone(),
+                    inoutbox::kafka::KafkaProducer::new(brokers),
+                )
+                .source("inoutbox-tests")
+                .idempotence(false)
+                .retention(None)
+                .batch_size(batch_size)
+                .poll_interval(poll)
+                .rebalance_interval(poll),
+            ),
+        }
+    }
+}
+
+fn planned(key: &str, seq: i64, delay: Option<Duration>) -> Planned {
+    let event = Sequenced {
+        key: key.to_owned(),
+        seq,
+    };
+    (event, delay)
+}
+
+/// The `seq` numbers of each key's messages, in topic order.
+fn seqs_per_key(messages: &[Received]) -> HashMap<String, Vec<i64>> {
+    let mut per_key: HashMap<String, Vec<i64>> = HashMap::new();
+    for m in messages {
+        per_key
+            .entry(m.payload["key"].as_str().expect("key").to_owned())
+            .or_default()
+            .push(m.payload["seq"].as_i64().expect("seq"));
+    }
+    per_key
+}
+
+/// Key `a`: a row, one scheduled 2 s ahead, a row. Key `z`: a row scheduled an hour ahead, then
+/// a row. The relay publishes `a`'s two unscheduled rows in order and `z`'s second row (the
+/// hour-ahead row holds nothing), the 2 s row once it is due and not before (its `published_at`,
+/// by the database's clock, is not before its `due_at`), and the hour-ahead row not at all.
+async fn a_scheduled_row_goes_out_when_due_and_not_before(store: Scheduling) {
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 2).await;
+    let hour = Some(Duration::from_secs(3600));
+    let rows = [
+        planned("a", 1, None),
+        planned("a", 2, Some(Duration::from_secs(2))),
+        planned("a", 3, None),
+        planned("z", 1, hour),
+        planned("z", 2, None),
+    ];
+    let ids = store.enqueue(&rows).await;
+    let mut relay = store.relay(&broker.brokers, 100, Duration::from_millis(200));
+    let published = relay.published(4, Duration::from_secs(60)).await;
+    assert!(
+        published.contains(&ids[1]),
+        "the 2 s row is published once due"
+    );
+    assert!(!published.contains(&ids[3]), "the hour-ahead row is not");
+    relay.stop().await; // marks what was acknowledged
+    assert_eq!(
+        store
+            .count(
+                "WHERE due_at IS NOT NULL AND published_at IS NOT NULL AND published_at < due_at"
+            )
+            .await,
+        0,
+        "a scheduled row was published before its due time"
+    );
+    assert_eq!(
+        store.count("WHERE published_at IS NULL").await,
+        1,
+        "only the hour-ahead row waits"
+    );
+    let messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 2, QUIET, Duration::from_secs(60)).await;
+    let per_key = seqs_per_key(&messages);
+    let a_unscheduled: Vec<i64> = per_key["a"].iter().copied().filter(|s| *s != 2).collect();
+    assert_eq!(a_unscheduled, [1, 3], "a's due rows in order");
+    assert!(per_key["a"].contains(&2));
+    assert_eq!(
+        per_key["z"],
+        [2],
+        "z's later row is not held by its scheduled row"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_row_goes_out_when_due_and_not_before_on_postgres() {
+    a_scheduled_row_goes_out_when_due_and_not_before(Scheduling::postgres("sched").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_row_goes_out_when_due_and_not_before_on_sqlite() {
+    a_scheduled_row_goes_out_when_due_and_not_before(Scheduling::sqlite("sched").await).await;
+}
+
+/// Rows of key `b` alternate between scheduled (due in 1 s) and not, with key `c`'s rows
+/// between them; the relay starts once all are due, reading 3 rows a batch: every key's rows
+/// reach the topic in enqueue order (the scheduled and the unscheduled merged by `seq`).
+async fn due_rows_keep_per_key_order_scheduled_or_not(store: Scheduling) {
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 2).await;
+    let second = Some(Duration::from_secs(1));
+    let rows: Vec<Planned> = (1..=10)
+        .flat_map(|n| {
+            let b = planned("b", n, if n % 2 == 1 { second } else { None });
+            [b, planned("c", n, None)]
+        })
+        .collect();
+    store.enqueue(&rows[..10]).await;
+    store.enqueue(&rows[10..]).await;
+    assert_eq!(
+        store.count("WHERE due_at IS NOT NULL").await,
+        5,
+        "b's odd rows scheduled"
+    );
+    // All due before the relay reads (waiting for the schedule, not timing the relay).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.backlog().await.scheduled > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "rows due in 1 s still scheduled after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut relay = store.relay(&broker.brokers, 3, Duration::from_millis(200));
+    relay.published(20, Duration::from_secs(60)).await;
+    relay.stop().await;
+    let messages =
+        read_topic_until_quiet(&broker.brokers, TOPIC, 2, QUIET, Duration::from_secs(60)).await;
+    let per_key = seqs_per_key(&messages);
+    let all: Vec<i64> = (1..=10).collect();
+    assert_eq!(
+        per_key["b"], all,
+        "b's rows, scheduled or not, in enqueue order"
+    );
+    assert_eq!(per_key["c"], all, "c's rows in enqueue order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_rows_keep_per_key_order_scheduled_or_not_on_postgres() {
+    due_rows_keep_per_key_order_scheduled_or_not(Scheduling::postgres("sched_order").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_rows_keep_per_key_order_scheduled_or_not_on_sqlite() {
+    due_rows_keep_per_key_order_scheduled_or_not(Scheduling::sqlite("sched-order").await).await;
+}
+
+/// A row due in 4 s, enqueued before the relay starts; the relay polls (and rebalances) only
+/// every 10 minutes and nothing is enqueued after it: it publishes the row once due all the
+/// same, waking up at the due time it read.
+async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store: Scheduling) {
+    let broker = Broker::start();
+    broker.create_topic(TOPIC, 2).await;
+    let ids = store
+        .enqueue(&[planned("w", 1, Some(Duration::from_secs(4)))])
+        .await;
+    let mut relay = store.relay(&broker.brokers, 100, Duration::from_secs(600));
+    // Well under the poll interval: only the due-time wake-up publishes it in this time.
+    let published = relay.published(1, Duration::from_secs(60)).await;
+    assert_eq!(published, ids);
+    relay.stop().await;
+    assert_eq!(
+        store
+            .count("WHERE published_at IS NOT NULL AND published_at >= due_at")
+            .await,
+        1,
+        "published once due, not before"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_postgres() {
+    let store = Scheduling::postgres("sched_wake").await;
+    the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_sqlite() {
+    let store = Scheduling::sqlite("sched-wake").await;
+    the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store).await;
+}
+
+/// Three rows scheduled an hour ahead and two unscheduled: the backlog (what the relay's
+/// `inoutbox_outbox_scheduled` and `inoutbox_outbox_unpublished` gauges show) counts three
+/// scheduled and two unpublished; an unscheduled row's age is its own, not the scheduled rows'.
+async fn the_backlog_counts_scheduled_rows_apart(store: Scheduling) {
+    let hour = Some(Duration::from_secs(3600));
+    store
+        .enqueue(&[
+            planned("s", 1, hour),
+            planned("s", 2, None),
+            planned("t", 1, hour),
+            planned("u", 1, hour),
+            planned("u", 2, None),
+        ])
+        .await;
+    let backlog = store.backlog().await;
+    assert_eq!(
+        (backlog.scheduled, backlog.unpublished),
+        (3, 2),
+        "{backlog:?}"
+    );
+    assert!(backlog.oldest_unpublished_age.is_some(), "{backlog:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_counts_scheduled_rows_apart_on_postgres() {
+    the_backlog_counts_scheduled_rows_apart(Scheduling::postgres("sched_gauge").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_counts_scheduled_rows_apart_on_sqlite() {
+    the_backlog_counts_scheduled_rows_apart(Scheduling::sqlite("sched-gauge").await).await;
+}
