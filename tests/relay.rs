@@ -11,7 +11,7 @@ mod support;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use inoutbox::inbox::Backoff;
 use inoutbox::outbox;
@@ -880,7 +880,10 @@ async fn a_sqlite_relay_keeps_its_lease_while_a_batch_waits_for_the_broker() {
 
 /// A store under test: PostgreSQL (a schema of its own) or SQLite (a file of its own).
 enum Scheduling {
-    Pg(TestDb),
+    /// The test's schema, and its tables: the outbox under the default name, or a name of its
+    /// own (a NOTIFY channel of its own: other tests' enqueues on the default channel do not
+    /// wake its relay).
+    Pg(TestDb, inoutbox::Tables),
     Lite(inoutbox::SqliteStore),
 }
 
@@ -891,7 +894,25 @@ impl Scheduling {
     async fn postgres(name: &str) -> Self {
         let db = TestDb::new(name).await;
         db.migrated_store().await;
-        Self::Pg(db)
+        let tables = db.tables.clone();
+        Self::Pg(db, tables)
+    }
+
+    /// PostgreSQL with an outbox table (and NOTIFY channel) of the test's own.
+    async fn postgres_alone(name: &str) -> Self {
+        let db = TestDb::new(name).await;
+        let outbox = support::unique("outbox").replace('-', "_");
+        let tables = db.tables.clone().outbox(&outbox).expect("outbox name");
+        let store = inoutbox::PgStore::with_tables(db.pool.clone(), tables.clone());
+        store.migrate().await.expect("migrate");
+        Self::Pg(db, tables)
+    }
+
+    fn outbox_table(&self) -> String {
+        match self {
+            Self::Pg(_, tables) => tables.outbox.to_string(),
+            Self::Lite(_) => "inoutbox_outbox".to_owned(),
+        }
     }
 
     async fn sqlite(name: &str) -> Self {
@@ -912,7 +933,25 @@ impl Scheduling {
             ids
         }
         match self {
-            Self::Pg(db) => {
+            Self::Pg(db, tables) if *tables != db.tables => {
+                // The API's functions write the default table; another goes through PgOutbox.
+                let rows = rows
+                    .iter()
+                    .map(|(event, delay)| match delay {
+                        Some(d) => outbox::NewRow::scheduled(event, SystemTime::now() + *d),
+                        None => outbox::NewRow::from_event(event),
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("rows");
+                let mut tx = db.pool.begin().await.expect("begin");
+                let ids = outbox::PgOutbox::new(tables)
+                    .insert_rows(&mut *tx, rows)
+                    .await
+                    .expect("enqueue");
+                tx.commit().await.expect("commit");
+                ids
+            }
+            Self::Pg(db, _) => {
                 let mut tx = db.pool.begin().await.expect("begin");
                 let ids = each(&mut tx, rows).await;
                 tx.commit().await.expect("commit");
@@ -929,9 +968,9 @@ impl Scheduling {
 
     /// `SELECT count(*) FROM inoutbox_outbox <filter>`.
     async fn count(&self, filter: &str) -> i64 {
-        let sql = format!("SELECT count(*) FROM inoutbox_outbox {filter}");
+        let sql = format!("SELECT count(*) FROM {} {filter}", self.outbox_table());
         match self {
-            Self::Pg(db) => db.count(&sql).await,
+            Self::Pg(db, _) => db.count(&sql).await,
             Self::Lite(store) => sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
                 .fetch_one(store.pool())
                 .await
@@ -942,10 +981,12 @@ impl Scheduling {
     /// The store's backlog, as the relay's gauges sample it.
     async fn backlog(&self) -> inoutbox::relay::Backlog {
         match self {
-            Self::Pg(db) => inoutbox::relay::PgRelayStore::new(db.pool.clone(), db.tables.clone())
-                .backlog()
-                .await
-                .expect("backlog"),
+            Self::Pg(db, tables) => {
+                inoutbox::relay::PgRelayStore::new(db.pool.clone(), tables.clone())
+                    .backlog()
+                    .await
+                    .expect("backlog")
+            }
             Self::Lite(store) => {
                 inoutbox::relay::SqliteRelayStore::new(store.pool().clone(), store.tables())
                     .backlog()
@@ -958,11 +999,17 @@ impl Scheduling {
     /// A relay on Tansu with `batch_size`, polling (and rebalancing) every `poll`.
     fn relay(&self, brokers: &str, batch_size: usize, poll: Duration) -> RunningRelay {
         match self {
-            Self::Pg(db) => RunningRelay::start(
-                relay_builder(db, brokers)
-                    .batch_size(batch_size)
-                    .poll_interval(poll)
-                    .rebalance_interval(poll),
+            Self::Pg(db, tables) => RunningRelay::start(
+                inoutbox::Relay::builder(
+                    inoutbox::PgStore::with_tables(db.pool.clone(), tables.clone()),
+                    inoutbox::kafka::KafkaProducer::new(brokers),
+                )
+                .source("inoutbox-tests")
+                .idempotence(false)
+                .retention(None)
+                .batch_size(batch_size)
+                .poll_interval(poll)
+                .rebalance_interval(poll),
             ),
             Self::Lite(store) => RunningRelay::start(
                 inoutbox::Relay::builder(
@@ -1139,7 +1186,7 @@ async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store: Schedulin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_postgres() {
-    let store = Scheduling::postgres("sched_wake").await;
+    let store = Scheduling::postgres_alone("sched_wake").await;
     the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store).await;
 }
 
