@@ -996,6 +996,16 @@ impl Scheduling {
         }
     }
 
+    /// What `inoutbox status` reads.
+    fn admin(&self) -> inoutbox::admin::Admin {
+        match self {
+            Self::Pg(db, tables) => inoutbox::admin::Admin::postgres(
+                inoutbox::PgStore::with_tables(db.pool.clone(), tables.clone()),
+            ),
+            Self::Lite(store) => inoutbox::admin::Admin::sqlite(store.clone()),
+        }
+    }
+
     /// A relay on Tansu with `batch_size`, polling (and rebalancing) every `poll`.
     fn relay(&self, brokers: &str, batch_size: usize, poll: Duration) -> RunningRelay {
         match self {
@@ -1197,8 +1207,8 @@ async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_sqlite() {
 }
 
 /// Three rows scheduled an hour ahead and two unscheduled: the backlog (what the relay's
-/// `inoutbox_outbox_scheduled` and `inoutbox_outbox_unpublished` gauges show) counts three
-/// scheduled and two unpublished; an unscheduled row's age is its own, not the scheduled rows'.
+/// `inoutbox_outbox_scheduled` and `inoutbox_outbox_unpublished` gauges show) and `inoutbox
+/// status` count three scheduled and two unpublished.
 async fn the_backlog_counts_scheduled_rows_apart(store: Scheduling) {
     let hour = Some(Duration::from_secs(3600));
     store
@@ -1217,6 +1227,9 @@ async fn the_backlog_counts_scheduled_rows_apart(store: Scheduling) {
         "{backlog:?}"
     );
     assert!(backlog.oldest_unpublished_age.is_some(), "{backlog:?}");
+    let status = store.admin().status(Duration::from_secs(60)).await;
+    let outbox = status.expect("status").outbox;
+    assert_eq!((outbox.scheduled, outbox.unpublished), (3, 2), "{outbox:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
