@@ -879,6 +879,7 @@ async fn a_sqlite_relay_keeps_its_lease_while_a_batch_waits_for_the_broker() {
 // Scheduled publishing: a row with a due time goes out when due, not before, and holds nothing.
 
 /// A store under test: PostgreSQL (a schema of its own) or SQLite (a file of its own).
+#[allow(clippy::large_enum_variant)] // a handful per test
 enum Scheduling {
     /// The test's schema, and its tables: the outbox under the default name, or a name of its
     /// own (a NOTIFY channel of its own: other tests' enqueues on the default channel do not
@@ -945,7 +946,7 @@ impl Scheduling {
                     .expect("rows");
                 let mut tx = db.pool.begin().await.expect("begin");
                 let ids = outbox::PgOutbox::new(tables)
-                    .insert_rows(&mut *tx, rows)
+                    .insert_rows(&mut tx, rows)
                     .await
                     .expect("enqueue");
                 tx.commit().await.expect("commit");

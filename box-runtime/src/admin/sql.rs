@@ -54,7 +54,6 @@ impl AdminSql {
             (f.text)("dead_lettered_at"),
             (f.text)("replayed_at"),
         );
-        // Due: not scheduled, or scheduled for a time that has come.
         let due = format!("(due_at IS NULL OR due_at <= {})", f.now);
         Self {
             // Inbox rows and dead letters per group (a group may have either alone).

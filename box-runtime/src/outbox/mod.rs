@@ -313,6 +313,25 @@ where
     Ok(ids[0])
 }
 
+/// Inserts several events of one type in the caller's transaction, in order; see [`enqueue`].
+pub async fn enqueue_all<'e, T, E>(
+    tx: &mut T,
+    events: impl IntoIterator<Item = &'e E>,
+) -> Result<Vec<Uuid>, EnqueueError>
+where
+    T: OutboxTx + ?Sized,
+    E: OutboxEvent,
+{
+    let rows = events
+        .into_iter()
+        .map(NewRow::from_event)
+        .collect::<Result<Vec<_>, _>>()?;
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    tx.insert_rows(rows).await
+}
+
 /// Inserts `event` into the outbox like [`enqueue`], to be published **not before `when`**;
 /// returns the event id.
 ///
@@ -378,25 +397,6 @@ where
             ),
         })?;
     enqueue_at(tx, event, when).await
-}
-
-/// Inserts several events of one type in the caller's transaction, in order; see [`enqueue`].
-pub async fn enqueue_all<'e, T, E>(
-    tx: &mut T,
-    events: impl IntoIterator<Item = &'e E>,
-) -> Result<Vec<Uuid>, EnqueueError>
-where
-    T: OutboxTx + ?Sized,
-    E: OutboxEvent,
-{
-    let rows = events
-        .into_iter()
-        .map(NewRow::from_event)
-        .collect::<Result<Vec<_>, _>>()?;
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    tx.insert_rows(rows).await
 }
 
 #[cfg(test)]

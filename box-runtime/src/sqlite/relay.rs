@@ -85,9 +85,8 @@ impl SqliteRelayStore {
                 lease = later("$2")
             )),
             unlock: stmt(format!("DELETE FROM {locks} WHERE owner = $1")),
-            // A row waiting for its retry blocks the later rows of its key, and so does a
-            // parked row until it is unparked (`pending_key_idx`). A scheduled row not yet due
-            // is left out and blocks nothing.
+            // A row waiting for its retry, or parked, blocks its key's later rows
+            // (`pending_key_idx`); a scheduled row not yet due is left out, blocking nothing.
             read: stmt(format!(
                 "SELECT id, seq, topic, message_key, type, payload, headers, attempts, \
                    (julianday(due_at) - 2440587.5) * 86400.0 AS due_epoch FROM {t} o \
@@ -123,8 +122,7 @@ impl SqliteRelayStore {
                  ORDER BY published_at LIMIT $2)",
                 before = earlier("$1")
             )),
-            // Rows not yet due are scheduled, not unpublished; a due scheduled row's age runs
-            // from its due time.
+            // Rows not yet due are counted apart; a due scheduled row is as old as its due time.
             backlog: stmt(format!(
                 "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL \
                      AND (due_at IS NULL OR due_at <= {NOW})), \
@@ -139,7 +137,6 @@ impl SqliteRelayStore {
                    (SELECT count(*) FROM {t} WHERE due_at > {NOW} AND published_at IS NULL \
                      AND parked_at IS NULL)"
             )),
-            // The next due time still ahead (`scheduled_idx`).
             next_due: stmt(format!(
                 "SELECT (julianday(min(due_at)) - julianday('now')) * 86400.0 FROM {t} \
                  WHERE due_at > {NOW} AND published_at IS NULL AND parked_at IS NULL"
