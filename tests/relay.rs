@@ -1242,3 +1242,53 @@ async fn the_backlog_counts_scheduled_rows_apart_on_postgres() {
 async fn the_backlog_counts_scheduled_rows_apart_on_sqlite() {
     the_backlog_counts_scheduled_rows_apart(Scheduling::sqlite("sched-gauge").await).await;
 }
+
+/// A due time in the past is due at once (stored as an ordinary row); one beyond the year 9999
+/// is refused with a clear error before anything is written, and the transaction goes on.
+async fn past_and_impossible_due_times<T: outbox::OutboxTx + ?Sized>(tx: &mut T) {
+    let event = planned("p", 1, None).0;
+    let past = SystemTime::UNIX_EPOCH + Duration::from_secs(1);
+    outbox::enqueue_at(tx, &event, past).await.expect("past");
+    let beyond = SystemTime::UNIX_EPOCH + Duration::from_secs(300_000_000_000);
+    let refused = outbox::enqueue_at(tx, &event, beyond).await.unwrap_err();
+    assert!(
+        matches!(refused, outbox::EnqueueError::DueTime { .. }),
+        "{refused:?}"
+    );
+    let message = refused.to_string();
+    assert!(
+        message.contains("cannot schedule event `Sequenced`") && message.contains("9999"),
+        "{message}"
+    );
+    let refused = outbox::enqueue_after(tx, &event, Duration::MAX).await;
+    assert!(matches!(refused, Err(outbox::EnqueueError::DueTime { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_past_due_time_is_due_at_once_and_an_impossible_one_is_refused() {
+    for store in [
+        Scheduling::postgres("sched_bad").await,
+        Scheduling::sqlite("sched-bad").await,
+    ] {
+        match &store {
+            Scheduling::Pg(db, _) => {
+                let mut tx = db.pool.begin().await.expect("begin");
+                past_and_impossible_due_times(&mut tx).await;
+                tx.commit().await.expect("commit");
+            }
+            Scheduling::Lite(lite) => {
+                let mut tx = lite.pool().begin().await.expect("begin");
+                past_and_impossible_due_times(&mut tx).await;
+                tx.commit().await.expect("commit");
+            }
+        }
+        assert_eq!(store.count("").await, 1, "the past row only");
+        assert_eq!(
+            store.count("WHERE due_at IS NULL").await,
+            1,
+            "stored as due at once"
+        );
+        let backlog = store.backlog().await;
+        assert_eq!((backlog.unpublished, backlog.scheduled), (1, 0));
+    }
+}
