@@ -1292,3 +1292,97 @@ async fn a_past_due_time_is_due_at_once_and_an_impossible_one_is_refused() {
         assert_eq!((backlog.unpublished, backlog.scheduled), (1, 0));
     }
 }
+
+impl Scheduling {
+    /// Parks the row `id`, as the relay does after its attempts.
+    async fn park(&self, id: Uuid) {
+        let table = self.outbox_table();
+        match self {
+            Self::Pg(db, _) => {
+                let sql =
+                    format!("UPDATE {table} SET parked_at = now(), attempts = 3 WHERE id = $1");
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(id)
+                    .execute(&db.pool)
+                    .await
+                    .expect("park");
+            }
+            Self::Lite(store) => {
+                let sql = format!(
+                    "UPDATE {table} SET parked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+                     attempts = 3 WHERE id = $1"
+                );
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .bind(id.to_string())
+                    .execute(store.pool())
+                    .await
+                    .expect("park");
+            }
+        }
+    }
+
+    /// What a worker holding every slot reads as its next due time.
+    async fn next_due(&self) -> Option<Duration> {
+        async fn of<S: RelayStore>(store: S) -> Option<Duration> {
+            let mut session = store.open().await.expect("open");
+            let all: Vec<u32> = (0..store.slots()).collect();
+            let held = session.claim(&all, all.len()).await.expect("claim");
+            let due = session.next_due(&held).await.expect("next due");
+            session.close().await;
+            due
+        }
+        match self {
+            Self::Pg(db, tables) => {
+                of(inoutbox::relay::PgRelayStore::new(
+                    db.pool.clone(),
+                    tables.clone(),
+                ))
+                .await
+            }
+            Self::Lite(store) => {
+                of(inoutbox::relay::SqliteRelayStore::new(
+                    store.pool().clone(),
+                    store.tables(),
+                ))
+                .await
+            }
+        }
+    }
+}
+
+/// Key `k`: a parked row, then a row scheduled 1 s ahead; key `h`: a row an hour ahead. Once
+/// `k`'s second row is due (and held behind the parked one), the next due time a worker reads is
+/// the hour-ahead row's, not 0: a due row that is held never makes an idle worker spin.
+async fn the_next_due_time_is_one_still_ahead(store: Scheduling) {
+    let ids = store
+        .enqueue(&[
+            planned("k", 1, None),
+            planned("k", 2, Some(Duration::from_secs(1))),
+            planned("h", 1, Some(Duration::from_secs(3600))),
+        ])
+        .await;
+    store.park(ids[0]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.backlog().await.scheduled > 1 {
+        assert!(
+            Instant::now() < deadline,
+            "a row due in 1 s still scheduled after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let due = store.next_due().await.expect("the hour-ahead row");
+    assert!(
+        due > Duration::from_secs(3000) && due <= Duration::from_secs(3601),
+        "{due:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_due_time_is_one_still_ahead_on_postgres() {
+    the_next_due_time_is_one_still_ahead(Scheduling::postgres("sched_next").await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_due_time_is_one_still_ahead_on_sqlite() {
+    the_next_due_time_is_one_still_ahead(Scheduling::sqlite("sched-next").await).await;
+}
