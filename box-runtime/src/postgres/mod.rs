@@ -73,6 +73,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "per-key order taken at commit (key locks in ascending order): no deadlock",
         sql: include_str!("migrations/outbox_v4.sql"),
     },
+    Migration {
+        component: "outbox",
+        version: 5,
+        description: "scheduled publishing: a due time per row, ready and scheduled indexes",
+        sql: include_str!("migrations/outbox_v5.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {
