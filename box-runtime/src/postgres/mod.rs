@@ -9,6 +9,7 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod deferred;
 mod effects;
 mod inbox;
 mod legacy;
@@ -73,6 +74,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "per-key order taken at commit (key locks in ascending order): no deadlock",
         sql: include_str!("migrations/outbox_v4.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 6,
+        description: "deferred messages: due time and deferral count (kept message and lease)",
+        sql: include_str!("migrations/inbox_v6.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {
@@ -134,6 +141,7 @@ struct Statements {
     dead_letter: Stmt,
     load_dead_letter: Stmt,
     two_phase: TwoPhaseSql,
+    deferred: deferred::DeferredSql,
 }
 
 impl Statements {
@@ -143,6 +151,7 @@ impl Statements {
             lock_keys: stmt(lock_keys_sql(t)),
             shared: InboxSql::new(t, DIALECT),
             two_phase: TwoPhaseSql::new(t),
+            deferred: deferred::DeferredSql::new(t),
             // Rows are inserted in key order, so that two transactions claiming overlapping
             // batches take the unique-index locks in one order (no deadlock); the answer comes
             // back in the batch's order.
@@ -257,9 +266,10 @@ impl TwoPhaseSql {
                    claims = i.claims + 1 \
                  FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
                    WHERE c.consumer_group = $1 AND c.processed_at IS NULL AND c.event_type = ANY($4) \
-                     AND (c.lease_until IS NULL OR c.lease_until < now()) \
+                     AND c.due_at IS NULL AND (c.lease_until IS NULL OR c.lease_until < now()) \
                      AND (NOT (c.event_type = ANY($5)) OR NOT EXISTS (SELECT 1 FROM {inbox} o \
                        WHERE o.consumer_group = c.consumer_group AND o.processed_at IS NULL \
+                         AND o.due_at IS NULL \
                          AND o.topic = c.topic AND o.\"partition\" = c.\"partition\" \
                          AND o.message_key = c.message_key AND o.\"offset\" < c.\"offset\")) \
                    ORDER BY c.received_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick \
@@ -293,6 +303,7 @@ impl TwoPhaseSql {
             count_stuck: stmt(format!(
                 "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL \
                    AND i.received_at < now() - make_interval(secs => $1) \
+                   AND (i.due_at IS NULL OR i.due_at < now() - make_interval(secs => $1)) \
                    AND (i.lease_until IS NULL OR i.lease_until < now() OR i.claims > 1 \
                      OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
                        AND a.source = i.source AND a.event_id = i.event_id))"

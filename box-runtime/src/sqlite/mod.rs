@@ -15,6 +15,7 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod deferred;
 mod inbox;
 mod legacy;
 pub(crate) mod outbox;
@@ -55,6 +56,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 4,
         description: "business keys: a second unique key per group",
         sql: include_str!("migrations/inbox_v4.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 6,
+        description: "deferred messages: due time and deferral count (kept message and lease)",
+        sql: include_str!("migrations/inbox_v6.sql"),
     },
 ];
 
@@ -106,6 +113,7 @@ struct Statements {
     attempts: Stmt,
     dead_letter: Stmt,
     load_dead_letter: Stmt,
+    deferred: deferred::DeferredSql,
 }
 
 impl Statements {
@@ -113,6 +121,7 @@ impl Statements {
         let now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
         Self {
             shared: InboxSql::new(t, DIALECT),
+            deferred: deferred::DeferredSql::new(t),
             // `WHERE true` keeps SQLite from reading `ON CONFLICT` as a join constraint.
             release_claims: stmt(format!(
                 "DELETE FROM {inbox} WHERE consumer_group = $1 AND EXISTS (SELECT 1 FROM json_each($2) AS j \

@@ -251,6 +251,47 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
     }
 
+    // Deferred messages (`HandlerError::defer`): unsupported unless a store implements them.
+    // A deferred row is claimed, checked, finished, released and dropped with the lease
+    // methods above (`check_lease`, `finish_leased`, `release_lease`, `drop_received`), which
+    // a store that keeps deferred messages implements for them.
+
+    /// Whether the store keeps deferred messages.
+    const DEFERRAL: bool = false;
+
+    /// In `tx`, which holds the inbox row of `key` (just claimed, or checked under a lease):
+    /// keeps the message as an unprocessed row due `after` from now, with its key, headers and
+    /// payload, its lease cleared and its deferral count increased; returns that count.
+    fn defer<'a>(
+        &'a self,
+        _tx: &'a mut Self::Tx,
+        _key: &'a InboxKey,
+        _delivery: &'a Delivery,
+        _after: std::time::Duration,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "deferred messages")))
+    }
+
+    /// Claims one deferred row of `group` that is due and whose lease is free or expired
+    /// (rows being claimed by another worker are skipped, not waited for), leasing it to
+    /// `owner` for `lease`; outside any transaction.
+    fn claim_deferred<'a>(
+        &'a self,
+        _group: &'a str,
+        _owner: &'a str,
+        _lease: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<ReceivedRow>, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "deferred messages")))
+    }
+
+    /// Counts the deferred rows of `group` not yet run.
+    fn count_deferred<'a>(
+        &'a self,
+        _group: &'a str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "deferred messages")))
+    }
+
     // The core of every store: no default.
 
     /// Opens a transaction.
