@@ -132,7 +132,11 @@ impl<S: InboxStore> Inbox<S> {
     ) -> Result<Option<Outcome>, StoreError> {
         self.expire_business_keys(tx, &[&msg.key]).await?;
         Ok(
-            match self.store.claim(tx, &msg.key, msg.event_type, msg.d).await? {
+            match self
+                .store
+                .claim(tx, &msg.key, msg.event_type, msg.d)
+                .await?
+            {
                 Claim::New { .. } => None,
                 claim => Some(super::process::duplicate(&msg.key, claim)),
             },
