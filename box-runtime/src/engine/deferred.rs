@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::prepare::{Prepared, Ready};
-use super::process::wait_outage;
+use super::process::{wait_outage, REJECTIONS_BEFORE_DEAD_LETTER};
 use super::Inbox;
 use crate::handler::HandlerError;
 use crate::message::Outcome;
@@ -56,7 +56,7 @@ impl<S: InboxStore> Inbox<S> {
             );
             return self.give_up_deferred(msg, reason, 0, shutdown).await;
         }
-        let mut outage = self.config.outage_backoff.start();
+        let (mut outage, mut rejections) = (self.config.outage_backoff.start(), 0);
         loop {
             let error = match self.keep(msg, after).await {
                 Ok(Kept::Deferred(deferrals)) => {
@@ -77,6 +77,12 @@ impl<S: InboxStore> Inbox<S> {
                 Ok(Kept::Ended(outcome)) => return outcome,
                 Err(e) => e,
             };
+            // The database refuses to keep it: a few more tries, then given up on, with why.
+            rejections += u32::from(error.is_rejected());
+            if rejections >= REJECTIONS_BEFORE_DEAD_LETTER {
+                let reason = format!("the database rejects this message's deferral: {error}");
+                return self.give_up_deferred(msg, reason, 0, shutdown).await;
+            }
             if !wait_outage(&mut outage, &error, shutdown).await {
                 return Outcome::Abandoned;
             }
