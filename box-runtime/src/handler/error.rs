@@ -105,7 +105,7 @@ impl HandlerError {
     ///
     /// ```
     /// # use std::time::Duration;
-    /// # use inoutbox_runtime::HandlerError;
+    /// # use inoutbox::HandlerError;
     /// # fn cancel(order_exists: bool) -> Result<(), HandlerError> {
     /// if !order_exists {
     ///     return Err(HandlerError::defer(Duration::from_secs(30)));

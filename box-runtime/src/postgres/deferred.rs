@@ -9,52 +9,9 @@ use sqlx::{Postgres, Row};
 
 use super::PgStore;
 use crate::message::Delivery;
-use crate::store::sql::{stmt, Stmt};
-use crate::store::{text, InboxKey, ReceivedRow, StoreError, Tables};
+use crate::store::{text, InboxKey, ReceivedRow, StoreError};
 
 type Tx = sqlx::Transaction<'static, Postgres>;
-
-/// The statements of deferred messages, rendered once from the table names.
-#[derive(Debug)]
-pub(super) struct DeferredSql {
-    defer: Stmt,
-    claim: Stmt,
-    count: Stmt,
-}
-
-impl DeferredSql {
-    pub(super) fn new(t: &Tables) -> Self {
-        let inbox = &t.inbox;
-        Self {
-            // The row is held by the caller's transaction (its claim inserted it, or its lease
-            // check locked it).
-            defer: stmt(format!(
-                "UPDATE {inbox} SET processed_at = NULL, due_at = now() + make_interval(secs => $4), \
-                   deferrals = deferrals + 1, lease_owner = NULL, lease_until = NULL, \
-                   message_key = $5, header_names = $6, header_values = $7, payload = $8 \
-                 WHERE consumer_group = $1 AND source = $2 AND event_id = $3 RETURNING deferrals"
-            )),
-            // The group's earliest due row whose lease is free or expired; rows other workers
-            // are claiming, or whose handler's transaction holds them, are skipped.
-            claim: stmt(format!(
-                "UPDATE {inbox} AS i SET lease_owner = $2, lease_until = now() + make_interval(secs => $3), \
-                   claims = i.claims + 1 \
-                 FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
-                   WHERE c.consumer_group = $1 AND c.processed_at IS NULL AND c.due_at <= now() \
-                     AND (c.lease_until IS NULL OR c.lease_until < now()) \
-                   ORDER BY c.due_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick \
-                 WHERE i.consumer_group = pick.consumer_group AND i.source = pick.source \
-                   AND i.event_id = pick.event_id \
-                 RETURNING i.source, i.event_id, i.business_key, i.topic, i.\"partition\", i.\"offset\", \
-                   i.message_key, i.header_names, i.header_values, i.payload"
-            )),
-            count: stmt(format!(
-                "SELECT count(*) FROM {inbox} \
-                 WHERE consumer_group = $1 AND processed_at IS NULL AND due_at IS NOT NULL"
-            )),
-        }
-    }
-}
 
 impl PgStore {
     pub(super) async fn defer_row(

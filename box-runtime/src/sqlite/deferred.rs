@@ -9,73 +9,12 @@ use std::time::Duration;
 use sqlx::{Row, Sqlite};
 
 use super::inbox::{decode_headers, encode_headers};
-use super::{SqliteStore, NOW};
+use super::SqliteStore;
 use crate::message::Delivery;
-use crate::store::sql::{stmt, Stmt};
-use crate::store::{InboxKey, ReceivedRow, StoreError, Tables};
+use crate::store::sql::Stmt;
+use crate::store::{InboxKey, ReceivedRow, StoreError};
 
 type Tx = sqlx::Transaction<'static, Sqlite>;
-
-/// `now` plus `secs` seconds, in inoutbox's timestamp format.
-fn later(secs: &str) -> String {
-    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%f seconds', {secs}))")
-}
-
-/// The row of `key` (`$1`..`$3`) while `$4` holds its lease and it is not processed.
-const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4 \
-                     AND processed_at IS NULL";
-
-/// The statements of deferred messages, rendered once from the table names.
-#[derive(Debug)]
-pub(super) struct DeferredSql {
-    defer: Stmt,
-    claim: Stmt,
-    count: Stmt,
-    check: Stmt,
-    finish: Stmt,
-    release: Stmt,
-    drop_row: Stmt,
-}
-
-impl DeferredSql {
-    pub(super) fn new(t: &Tables) -> Self {
-        let inbox = &t.inbox;
-        Self {
-            defer: stmt(format!(
-                "UPDATE {inbox} SET processed_at = NULL, due_at = {due}, deferrals = deferrals + 1, \
-                   lease_owner = NULL, lease_until = NULL, message_key = $5, headers = $6, payload = $7 \
-                 WHERE consumer_group = $1 AND source = $2 AND event_id = $3 RETURNING deferrals",
-                due = later("$4"),
-            )),
-            claim: stmt(format!(
-                "UPDATE {inbox} SET lease_owner = $2, lease_until = {until} \
-                 WHERE rowid = (SELECT rowid FROM {inbox} \
-                   WHERE consumer_group = $1 AND processed_at IS NULL AND due_at <= {NOW} \
-                     AND (lease_until IS NULL OR lease_until < {NOW}) \
-                   ORDER BY due_at LIMIT 1) \
-                 RETURNING source, event_id, business_key, topic, \"partition\", \"offset\", \
-                   message_key, headers, payload",
-                until = later("$3"),
-            )),
-            count: stmt(format!(
-                "SELECT count(*) FROM {inbox} \
-                 WHERE consumer_group = $1 AND processed_at IS NULL AND due_at IS NOT NULL"
-            )),
-            // A write: the transaction takes the write lock here, before the handler runs.
-            check: stmt(format!(
-                "UPDATE {inbox} SET lease_until = lease_until WHERE {OWNED} RETURNING 1"
-            )),
-            finish: stmt(format!(
-                "UPDATE {inbox} SET processed_at = {NOW}, lease_owner = NULL, lease_until = NULL \
-                 WHERE {OWNED} RETURNING 1"
-            )),
-            release: stmt(format!(
-                "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
-            )),
-            drop_row: stmt(format!("DELETE FROM {inbox} WHERE {OWNED}")),
-        }
-    }
-}
 
 fn bind_owned<'q>(
     sql: &Stmt,
