@@ -247,6 +247,6 @@ mod tests {
                 m.name
             );
         }
-        assert_eq!(ALL.len(), 18);
+        assert_eq!(ALL.len(), 20);
     }
 }
