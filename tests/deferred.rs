@@ -241,9 +241,14 @@ fn cancelled(order: &str) -> Message {
 }
 
 fn event(event_type: &str, id: &str, order: &str) -> Message {
+    keyed(event_type, id, order, order)
+}
+
+/// An event about `order` sent with the message key `key`.
+fn keyed(event_type: &str, id: &str, key: &str, order: &str) -> Message {
     let payload = serde_json::json!({ "order_id": order }).to_string();
     Message::new(payload)
-        .key(order)
+        .key(key)
         .header("ce_id", id)
         .header("ce_type", event_type)
 }
@@ -528,4 +533,79 @@ async fn postgres_a_message_deferred_more_than_max_deferrals_is_dead_lettered() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_a_message_deferred_more_than_max_deferrals_is_dead_lettered() {
     deferred_past_the_limit_is_dead_lettered(&Lite::open("defer-limit").await).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A two-phase handler defers (PostgreSQL: two-phase handlers need it).
+
+#[inbox_handler(
+    event = "PayOrderCancelled",
+    group = "payments-two-phase",
+    mode = "two_phase",
+    ordered = true
+)]
+async fn cancel_two_phase(event: OrderCancelled, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    cancel_on_pg(event, tx).await
+}
+
+/// The cancel is received, acknowledged and run by a two-phase worker, which defers it; the
+/// two-phase workers leave the deferred row alone (and a later row of its key is not held
+/// behind it), and the deferred worker runs it once its order exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_two_phase_handler_defers_and_its_message_runs_once_when_due() {
+    let db = Pg::open("defer_two_phase").await;
+    let group = "payments-two-phase";
+    let broker = MemoryBroker::new();
+    broker.create_topic(TOPIC, 1);
+    broker.produce(TOPIC, Some(0), cancelled("t-1"));
+    let builder =
+        inoutbox::Consumer::builder(group, db.store(), MemoryTransport::new(&broker, [TOPIC]))
+            .deferred_poll(Duration::from_millis(10))
+            .two_phase_poll(Duration::from_millis(10));
+    let running = RunningConsumer::start(builder);
+    wait_count(
+        &db,
+        "SELECT count(*) FROM inoutbox_inbox WHERE event_id = 'cancelled-t-1' \
+           AND processed_at IS NULL AND deferrals >= 1",
+        1,
+        "the two-phase worker deferred the cancel",
+    )
+    .await;
+    // A later message of the same key, with its order already there: not held behind t-1.
+    db.exec("INSERT INTO orders (id, status) VALUES ('t-1-later', 'placed')")
+        .await;
+    broker.produce(
+        TOPIC,
+        Some(0),
+        keyed(
+            "PayOrderCancelled",
+            "cancelled-t-1-later",
+            "t-1",
+            "t-1-later",
+        ),
+    );
+    wait_count(
+        &db,
+        &refunds_of("t-1-later"),
+        1,
+        "the later message of the key ran while t-1 was deferred",
+    )
+    .await;
+    assert_eq!(db.count(&refunds_of("t-1")).await, 0, "t-1 still deferred");
+    db.exec("INSERT INTO orders (id, status) VALUES ('t-1', 'placed')")
+        .await;
+    wait_count(&db, &refunds_of("t-1"), 1, "the deferred cancel ran").await;
+    wait_count(
+        &db,
+        "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NULL",
+        0,
+        "no row left unprocessed",
+    )
+    .await;
+    running.stop().await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM refunds").await,
+        2,
+        "each once"
+    );
 }
