@@ -269,3 +269,70 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::engine::fake::Faulty;
+    use crate::engine::{Inbox, InboxConfig};
+    use crate::handler::{DispatchTable, HandlerError, HandlerFuture, HandlerRegistration};
+    use crate::message::{Delivery, Outcome};
+    use crate::shutdown::CancellationToken;
+
+    /// A handler that always defers.
+    static LATER: HandlerRegistration = HandlerRegistration::new(
+        "Later",
+        "g3",
+        "later",
+        file!(),
+        line!(),
+        std::any::TypeId::of::<()>,
+        defers,
+    );
+
+    fn defers<'a>(
+        _: &'a [u8],
+        _: &'a mut (dyn std::any::Any + Send),
+        _: &'a crate::handler::MessageMeta,
+    ) -> HandlerFuture<'a> {
+        Box::pin(async {
+            Err(HandlerError::defer_because(
+                Duration::from_secs(30),
+                "the order is not there yet",
+            ))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_deferral_on_a_store_that_keeps_no_deferred_messages_is_dead_lettered_with_why() {
+        let handlers = DispatchTable::from_registrations("g3", [&LATER]).expect("a table");
+        let inbox = Inbox::with_handlers(Faulty::default(), handlers, InboxConfig::default())
+            .expect("inbox");
+        let d = Delivery {
+            topic: "t".into(),
+            partition: 0,
+            offset: 7,
+            key: None,
+            payload: Some(b"{}".to_vec()),
+            headers: vec![
+                ("ce_id".into(), Some(b"e-7".to_vec())),
+                ("ce_type".into(), Some(b"Later".to_vec())),
+            ],
+        };
+        let shutdown = CancellationToken::new();
+        let run = inbox.process(&d, &shutdown);
+        let outcome = tokio::time::timeout(Duration::from_secs(30), run)
+            .await
+            .expect("resolved, not retried for ever");
+        let Outcome::DeadLettered { reason, .. } = outcome else {
+            panic!("dead-lettered, got {outcome:?}");
+        };
+        assert!(
+            reason.contains("deferred messages need the inbox")
+                && reason.contains("faulty does not")
+                && reason.contains("the order is not there yet (again in 30s)"),
+            "{reason}"
+        );
+    }
+}
