@@ -114,6 +114,13 @@ impl DeadLetter<'_> {
     }
 }
 
+/// What a store that keeps no deferred messages answers when asked to.
+fn no_deferral(store: &str) -> StoreError {
+    StoreError::Config(format!(
+        "the {store} store does not keep deferred messages (PostgreSQL and SQLite do)"
+    ))
+}
+
 /// Runs `delete_batch` (a statement deleting at most `batch` rows) until a run deletes fewer:
 /// retention deletes in short statements, never one long one. Returns the rows deleted.
 pub(crate) async fn delete_in_batches<F, Fut>(
@@ -183,7 +190,8 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// Gives up the lease of `owner` on a received row, so that any worker may claim it.
+    /// Gives up the lease of `owner` on a received (or deferred) row, so that any worker may
+    /// claim it.
     fn release_lease<'a>(
         &'a self,
         _key: &'a InboxKey,
@@ -192,8 +200,8 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// Deletes a received row `owner` holds (it was dead-lettered: a redelivery is received
-    /// again, as a one-phase message would be handled again).
+    /// Deletes a received (or deferred) row `owner` holds (it was dead-lettered: a redelivery
+    /// is received again, as a one-phase message would be handled again).
     fn drop_received<'a>(
         &'a self,
         _key: &'a InboxKey,
@@ -202,8 +210,9 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// In the handler's transaction: whether `owner` still holds the received, unprocessed row
-    /// (`Some(earlier failed runs)`), or not (`None`).
+    /// In the handler's transaction: whether `owner` still holds the received (or deferred),
+    /// unprocessed row (`Some(earlier failed runs)`), or not (`None`); the row stays locked
+    /// against other claims until the transaction ends.
     fn check_lease<'a>(
         &'a self,
         _tx: &'a mut Self::Tx,
@@ -269,7 +278,7 @@ pub trait InboxStore: Send + Sync + 'static {
         _delivery: &'a Delivery,
         _after: std::time::Duration,
     ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a {
-        std::future::ready(Err(unsupported(Self::NAME, "deferred messages")))
+        std::future::ready(Err(no_deferral(Self::NAME)))
     }
 
     /// Claims one deferred row of `group` that is due and whose lease is free or expired
@@ -281,7 +290,7 @@ pub trait InboxStore: Send + Sync + 'static {
         _owner: &'a str,
         _lease: std::time::Duration,
     ) -> impl Future<Output = Result<Option<ReceivedRow>, StoreError>> + Send + 'a {
-        std::future::ready(Err(unsupported(Self::NAME, "deferred messages")))
+        std::future::ready(Err(no_deferral(Self::NAME)))
     }
 
     /// Counts the deferred rows of `group` not yet run.
@@ -289,7 +298,7 @@ pub trait InboxStore: Send + Sync + 'static {
         &'a self,
         _group: &'a str,
     ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a {
-        std::future::ready(Err(unsupported(Self::NAME, "deferred messages")))
+        std::future::ready(Err(no_deferral(Self::NAME)))
     }
 
     // The core of every store: no default.
