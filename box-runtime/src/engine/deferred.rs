@@ -274,8 +274,10 @@ impl<S: InboxStore> Inbox<S> {
 mod tests {
     use std::time::Duration;
 
-    use crate::engine::fake::Faulty;
-    use crate::engine::{Inbox, InboxConfig};
+    use std::sync::{Arc, Mutex};
+
+    use crate::engine::fake::{slow_row, two_phase_inbox, Faulty};
+    use crate::engine::{AckStrategy, CommitOn, Inbox, InboxConfig};
     use crate::handler::{DispatchTable, HandlerError, HandlerFuture, HandlerRegistration};
     use crate::message::{Delivery, Outcome};
     use crate::shutdown::CancellationToken;
@@ -305,10 +307,12 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_deferral_on_a_store_that_keeps_no_deferred_messages_is_dead_lettered_with_why() {
+    async fn a_deferral_without_the_inbox_is_dead_lettered_with_why() {
         let handlers = DispatchTable::from_registrations("g3", [&LATER]).expect("a table");
-        let inbox = Inbox::with_handlers(Faulty::default(), handlers, InboxConfig::default())
-            .expect("inbox");
+        let config = InboxConfig::default().ack(AckStrategy::AtLeastOnce {
+            commit: CommitOn::OnSuccess,
+        });
+        let inbox = Inbox::with_handlers(Faulty::default(), handlers, config).expect("inbox");
         let d = Delivery {
             topic: "t".into(),
             partition: 0,
@@ -330,9 +334,35 @@ mod tests {
         };
         assert!(
             reason.contains("deferred messages need the inbox")
-                && reason.contains("faulty does not")
+                && reason.contains("(faulty does)")
                 && reason.contains("the order is not there yet (again in 30s)"),
             "{reason}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_stop_aborts_a_deferred_run_still_running_at_the_end_of_the_grace() {
+        let (held, dropped) = tokio::sync::oneshot::channel::<()>();
+        let held = Arc::new(Mutex::new(Some(held)));
+        let store = Faulty {
+            held: held.clone(),
+            due: Mutex::new(Some(slow_row())),
+            ..Faulty::default()
+        };
+        let config = InboxConfig::default().worker_grace(Duration::from_millis(50));
+        let inbox = two_phase_inbox(store, config);
+        let shutdown = CancellationToken::new();
+        let worker = tokio::spawn(inbox.run_deferred(shutdown.clone()));
+        // Until the run's transaction is stuck on its row.
+        while held.lock().unwrap().is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        shutdown.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(30), worker).await;
+        assert!(
+            stopped.is_ok(),
+            "the deferred worker outlived its grace period"
+        );
+        assert!(dropped.await.is_err(), "the run's transaction was dropped");
     }
 }
