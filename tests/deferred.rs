@@ -494,7 +494,7 @@ async fn sqlite_two_consumers_of_a_group_never_both_run_a_due_message() {
 // The limit.
 
 /// A cancel whose order never comes is deferred `max_deferrals` times, then dead-lettered with
-/// the reason; its inbox row is gone (a replay of the letter runs it anew).
+/// the reason; its inbox row is gone, and a replay of the letter runs it anew (deferred again).
 async fn deferred_past_the_limit_is_dead_lettered<P: Payments>(db: &P) {
     let broker = MemoryBroker::new();
     broker.create_topic(TOPIC, 1);
@@ -523,6 +523,30 @@ async fn deferred_past_the_limit_is_dead_lettered<P: Payments>(db: &P) {
         "the deferred row is deleted with its letter"
     );
     assert_eq!(db.count("SELECT count(*) FROM refunds").await, 0);
+
+    // A replay of the letter runs the handler, which defers again: the message is back in the
+    // inbox (its count starting over) and the letter is replayed.
+    let id = db.count("SELECT id FROM inoutbox_dead_letters").await;
+    let inbox = Inbox::new(db.store(), GROUP, Default::default()).expect("inbox");
+    let replayed = inbox.replay(id).await.expect("replay");
+    assert!(
+        matches!(replayed, Outcome::Deferred { deferrals: 1, .. }),
+        "{replayed:?}"
+    );
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NULL AND due_at IS NOT NULL"
+        )
+        .await,
+        1,
+        "back in the inbox, deferred"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_dead_letters WHERE replayed_at IS NOT NULL")
+            .await,
+        1,
+        "the letter is replayed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
