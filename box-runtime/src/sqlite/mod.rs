@@ -58,6 +58,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/inbox_v4.sql"),
     },
     Migration {
+        component: "outbox",
+        version: 5,
+        description: "scheduled publishing: a due time per row",
+        sql: include_str!("migrations/outbox_v5.sql"),
+    },
+    Migration {
         component: "inbox",
         version: 6,
         description: "deferred messages: due time and deferral count (kept message and lease)",
