@@ -187,6 +187,8 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
     expect(metric::OUTBOX_PARKED_ROWS, &[], 0.0);
     expect(metric::INBOX_DEAD_LETTERS, &group, 1.0);
     expect(metric::INBOX_STUCK, &group, 0.0);
+    expect(metric::INBOX_DEFERRED_PENDING, &group, 0.0);
+    expect(metric::INBOX_DEFERRED, &by_type, 0.0);
     expect(&format!("{}_count", metric::INBOX_EVENT_AGE), &by_type, 9.0);
     expect(
         &format!("{}_count", metric::OUTBOX_PUBLISH_LATENCY),
