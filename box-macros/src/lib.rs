@@ -26,6 +26,8 @@ use proc_macro::TokenStream;
 /// | `event` | the event type handled; must equal the parameter type's `OutboxEvent::EVENT_TYPE` |
 /// | `group` | the consumer group the handler belongs to                                     |
 /// | `batch` | optional flag, no value: a batch handler, which takes `events: Vec<E>` (see below) |
+/// | `dedup_by` | optional: a field of the event whose `Display` text is the business key (an operation id): a second event with the same key is refused in the group |
+/// | `dedup_scope` | optional: the key space of the business keys, shared by the handlers of the group that name it (default: the event type's own, so `OrderPlaced` and `OrderCancelled` with one `order_id` both run) |
 /// | `crate` | optional: the path inoutbox is reachable by, e.g. `crate = "my_inoutbox"` (default `::inoutbox`) |
 ///
 /// `event` and `group` are required string literals of ASCII letters, digits, `.`, `_` and `-`

@@ -48,6 +48,8 @@ struct Parts<'a> {
     krate: TokenStream,
     /// `dedup_by = field`.
     dedup_by: Option<&'a Ident>,
+    /// `dedup_scope = "..."`.
+    dedup_scope: Option<&'a LitStr>,
     /// `mode = "two_phase"`, and whether `ordered = true`.
     two_phase: Option<bool>,
 }
@@ -97,6 +99,7 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             output,
             krate: krate.clone(),
             dedup_by: attr.dedup_by.as_ref(),
+            dedup_scope: attr.dedup_scope.as_ref(),
             two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
         };
         let register = format_ident!("__inoutbox_register_{}{}", parts.name.unraw(), suffix);
@@ -128,6 +131,7 @@ impl Parts<'_> {
         let event_type_check = self.event_type_check();
         let submit = self.submit();
         let business_key = self.business_key();
+        let scope_check = self.scope_check();
         quote! {
             #[doc(hidden)]
             #[allow(non_upper_case_globals)]
@@ -137,6 +141,7 @@ impl Parts<'_> {
                 #invoke
                 #event_type_check
                 #business_key
+                #scope_check
                 #submit
             };
         }
@@ -435,6 +440,31 @@ impl Parts<'_> {
         }
     }
 
+    /// Fails the build when `dedup_scope = "..."` is written but the handler has no business key
+    /// (no `dedup_by`, and an event without `idempotency_key`): the scope would scope nothing.
+    /// Written on the scope string; silent for an event type that failed its own check.
+    fn scope_check(&self) -> TokenStream {
+        let Some(scope) = self.dedup_scope.filter(|_| self.dedup_by.is_none()) else {
+            return TokenStream::new();
+        };
+        let private = self.private_at(scope.span());
+        let event_ty = self.event_ty;
+        let message = format!(
+            "`dedup_scope = \"{}\"` scopes the business key, and this handler has none: add \
+             `dedup_by = field` (a field of `{}`), or `idempotency_key = field` to the event's \
+             `#[outbox(...)]`",
+            scope.value(),
+            compact(event_ty)
+        );
+        quote_spanned! {scope.span()=>
+            const _: () = if #private::Probe::<#event_ty>::EVENT_TYPE.is_some()
+                && #private::Probe::<#event_ty>::BUSINESS_KEY.is_none()
+            {
+                ::core::panic!(#message)
+            };
+        }
+    }
+
     fn submit(&self) -> TokenStream {
         let private = self.private();
         let (name, event, group) = (self.name, self.event, self.group);
@@ -463,6 +493,7 @@ impl Parts<'_> {
             Some(ordered) => quote!(.two_phase(#ordered)),
             None => TokenStream::new(),
         };
+        let dedup_scope = self.dedup_scope.map(|scope| quote!(.dedup_scope(#scope)));
         quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
@@ -475,6 +506,7 @@ impl Parts<'_> {
                 #batch
                 #no_meta
                 .business_key(#business_key)
+                #dedup_scope
                 #two_phase
             }
         }

@@ -79,7 +79,7 @@ fn unknown_key_lists_the_valid_keys() {
     assert_eq!(
         message,
         "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `batch`, \
-         `dedup_by`, `mode`, `ordered`, `stores`, `crate`"
+         `dedup_by`, `dedup_scope`, `mode`, `ordered`, `stores`, `crate`"
     );
 }
 

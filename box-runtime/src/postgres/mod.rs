@@ -73,6 +73,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "per-key order taken at commit (key locks in ascending order): no deadlock",
         sql: include_str!("migrations/outbox_v4.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 5,
+        description: "business keys scoped by event type (or a shared dedup_scope)",
+        sql: include_str!("migrations/inbox_v5.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {

@@ -56,6 +56,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "business keys: a second unique key per group",
         sql: include_str!("migrations/inbox_v4.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 5,
+        description: "business keys scoped by event type (or a shared dedup_scope)",
+        sql: include_str!("migrations/inbox_v5.sql"),
+    },
 ];
 
 /// SQLite's current time in inoutbox's timestamp format.
