@@ -4,7 +4,7 @@
 #[doc = include_str!("docs/inbox_handler.md")]
 pub use inoutbox_macros::inbox_handler;
 #[doc = include_str!("docs/outbox_event.md")]
-pub use inoutbox_macros::OutboxEvent;
+pub use inoutbox_macros::{InboxEvent, OutboxEvent};
 
 #[doc(inline)]
 pub use inoutbox_runtime::app::{App, AppError};
@@ -28,7 +28,9 @@ pub use inoutbox_runtime::sqlite::{SqliteStore, SqliteTx};
 #[doc(inline)]
 pub use inoutbox_runtime::store::Tables;
 #[doc(inline)]
-pub use inoutbox_runtime::{Consumer, ConsumerBuilder, HandlerError, MessageMeta, OutboxEvent};
+pub use inoutbox_runtime::{
+    Consumer, ConsumerBuilder, HandlerError, InboxEvent, MessageMeta, OutboxEvent,
+};
 
 #[doc(hidden)]
 pub use inoutbox_runtime::__private;
@@ -61,6 +63,8 @@ pub mod prelude {
     #[cfg(feature = "sqlite")]
     pub use crate::SqliteTx;
     pub use crate::{inbox_handler, Db, HandlerError, MessageMeta, OutboxEvent, PgTx, Tx};
+    // The derive only: the trait beside `OutboxEvent` would make `T::EVENT_TYPE` ambiguous.
+    pub use inoutbox_macros::InboxEvent;
 }
 
 /// One runner for a service: [`App`](crate::App), the store it picked, and the consumer groups

@@ -563,7 +563,11 @@ async fn postgres_runs_the_cancel_of_a_placed_order_with_the_same_business_key()
     let store = db.migrated_store().await;
     let inbox = Inbox::new(store, "bk-refund", InboxConfig::default()).unwrap();
     place_and_cancel(&inbox).await;
-    assert_eq!(db.invoices().await, 2, "the capture and the refund, once each");
+    assert_eq!(
+        db.invoices().await,
+        2,
+        "the capture and the refund, once each"
+    );
 }
 
 #[tokio::test]
@@ -659,8 +663,10 @@ async fn conflicting_dedup_scopes_in_a_group_are_refused_at_set_up_naming_both_h
     assert!(error.contains("conflict_postgres"), "{error}");
     assert!(error.contains("conflict_sqlite"), "{error}");
     assert!(
-        error.contains("event `OrderPlaced` is deduplicated in scope `OrderPlaced` by one and \
-             `orders` by the other"),
+        error.contains(
+            "event `OrderPlaced` is deduplicated in scope `OrderPlaced` by one and \
+             `orders` by the other"
+        ),
         "{error}"
     );
 }

@@ -652,10 +652,7 @@ async fn capture_sqlite(event: UpgradePlaced, tx: &mut SqliteTx<'_>) -> Result<(
 }
 
 #[inbox_handler(event = "UpgradeCancelled", group = "upgrade-bk", dedup_by = order_id)]
-async fn refund_sqlite(
-    event: UpgradeCancelled,
-    tx: &mut SqliteTx<'_>,
-) -> Result<(), HandlerError> {
+async fn refund_sqlite(event: UpgradeCancelled, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
     handled_sqlite(tx, &event.order_id).await
 }
 
@@ -696,7 +693,8 @@ async fn old_business_keys_keep_their_type<S: inoutbox::store::InboxStore>(store
 async fn postgres_business_keys_of_version_4_take_their_event_type_as_scope() {
     let db = TestDb::new("upgrade_bk").await;
     let store = db.migrated_store().await;
-    db.exec("CREATE TABLE handled (order_id text NOT NULL)").await;
+    db.exec("CREATE TABLE handled (order_id text NOT NULL)")
+        .await;
     sqlx::raw_sql(AT_VERSION_4)
         .execute(&db.pool)
         .await
@@ -706,7 +704,10 @@ async fn postgres_business_keys_of_version_4_take_their_event_type_as_scope() {
         .fetch_all(&db.pool)
         .await
         .unwrap();
-    assert_eq!(keys, ["UpgradePlaced:o-1", "UpgradePlaced:UpgradePlaced:o-1"]);
+    assert_eq!(
+        keys,
+        ["UpgradePlaced:o-1", "UpgradePlaced:UpgradePlaced:o-1"]
+    );
     old_business_keys_keep_their_type(store).await;
     assert_eq!(db.count("SELECT count(*) FROM handled").await, 1);
 }
@@ -728,7 +729,10 @@ async fn sqlite_business_keys_of_version_4_take_their_event_type_as_scope() {
         .fetch_all(&pool)
         .await
         .unwrap();
-    assert_eq!(keys, ["UpgradePlaced:o-1", "UpgradePlaced:UpgradePlaced:o-1"]);
+    assert_eq!(
+        keys,
+        ["UpgradePlaced:o-1", "UpgradePlaced:UpgradePlaced:o-1"]
+    );
     old_business_keys_keep_their_type(store).await;
     let handled: i64 = sqlx::query_scalar("SELECT count(*) FROM handled")
         .fetch_one(&pool)

@@ -7,6 +7,7 @@
 //! unit-tested; this file only holds the entry points and their documentation.
 
 mod ctxt;
+mod inbox_event;
 mod inbox_handler;
 mod kv;
 mod names;
@@ -144,4 +145,23 @@ pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
 pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
     outbox_event::derive(input.into()).into()
+}
+
+/// Reference for `#[derive(InboxEvent)]` and its `#[inbox(...)]` attribute: an event type a
+/// service consumes and never publishes.
+///
+/// | key               | value                                                         | required |
+/// |-------------------|---------------------------------------------------------------|----------|
+/// | `event_type`      | the CloudEvents `ce_type` handlers are found by, e.g. `"OrderPlaced"` | yes |
+/// | `idempotency_key` | a field; its `Display` text is the business key               | no       |
+/// | `crate`           | the path inoutbox is reachable by (default `::inoutbox`)      | no       |
+///
+/// No `topic` and no `key`: those are for publishing. The type implements `InboxEvent` only, so
+/// handlers take it and `enqueue` refuses it at compile time ("is not an outbox event"). To
+/// publish it as well, derive `OutboxEvent` (with a `topic`) instead: every `OutboxEvent` is an
+/// `InboxEvent`. The type must implement serde's `Deserialize`; a struct with named fields or a
+/// unit struct, not generic.
+#[proc_macro_derive(InboxEvent, attributes(inbox))]
+pub fn derive_inbox_event(input: TokenStream) -> TokenStream {
+    inbox_event::derive(input.into()).into()
 }
