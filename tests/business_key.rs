@@ -652,14 +652,14 @@ async fn conflict_sqlite(
 #[tokio::test]
 async fn conflicting_dedup_scopes_in_a_group_are_refused_at_set_up_naming_both_handlers() {
     let db = TestDb::new("bk_conflict").await;
-    let error = Inbox::new(
+    let Err(error) = Inbox::new(
         db.migrated_store().await,
         "bk-conflict",
         InboxConfig::default(),
-    )
-    .err()
-    .expect("conflicting scopes are refused")
-    .to_string();
+    ) else {
+        panic!("conflicting scopes are refused");
+    };
+    let error = error.to_string();
     assert!(error.contains("conflict_postgres"), "{error}");
     assert!(error.contains("conflict_sqlite"), "{error}");
     assert!(
