@@ -177,19 +177,36 @@ impl Parts<'_> {
     /// The checks of the parameter and return types: one trait-qualified path each.
     fn checks(&self) -> TokenStream {
         let private = self.private();
-        let (event_ty, tx_ty, output) = (self.event_ty, self.tx_ty, self.output);
+        // The event type as written: where the signature's own error has no suggestion (a
+        // parameter's type), the same error here is the same diagnostic, shown once.
+        let (event_ty, tx_ty) = (self.aliases.written_event, self.tx_ty);
         let traits = self.check_traits();
         let meta_check = self.meta_ty.map(|meta_ty| {
             quote! { let () = <#meta_ty as __inoutbox_Metadata>::CHECK; }
         });
-        // rustc reports the error type's check on the whole projection: its first and last
-        // tokens take the return type's first and last spans, so that it underlines that type.
+        // rustc reports each check of the return type on a whole projection whose first and
+        // last tokens take the return type's first and last spans, so that it underlines that
+        // type (the alias alone is one token): `<Output as __inoutbox_Same>::It` for the
+        // `Result` check, `<.. as __inoutbox_Return>::Error` for the error type's.
         let (first, last) = first_last_span(self.aliases.written_output);
-        let open = quote_spanned!(first=> <);
+        let output = self.output;
+        let (open, same) = (
+            quote_spanned!(first=> <),
+            quote_spanned!(last=> as __inoutbox_Same>::It),
+        );
+        let output = quote!(#open #output #same);
         let close = quote_spanned!(last=> as __inoutbox_Return>::Error);
         let error_ty = quote!(#open #output #close);
         quote! {
             #traits
+
+            #[allow(non_camel_case_types)]
+            trait __inoutbox_Same {
+                type It: ?::core::marker::Sized;
+            }
+            impl<T: ?::core::marker::Sized> __inoutbox_Same for T {
+                type It = T;
+            }
 
             fn __inoutbox_check() {
                 let () = <#event_ty as __inoutbox_InboxEvent>::CHECK;
