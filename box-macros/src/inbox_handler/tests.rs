@@ -263,11 +263,12 @@ fn expansion_registers_through_the_facade_only() {
         "const __inoutbox_register_create_invoice : () =",
         ":: inoutbox :: __private :: inventory :: submit !",
         ":: inoutbox :: __private :: HandlerRegistration :: new",
-        // The event and return types are named once each, by an alias; then by the alias.
+        // The event and return types are named once each by an alias, and then by it (the
+        // event check names the type as written: see `checks`).
         "type __inoutbox_Event = OrderCreated ;",
         "type __inoutbox_Output = Result < () , HandlerError > ;",
         ":: inoutbox :: __private :: Probe :: < __inoutbox_Event > :: decode",
-        "< __inoutbox_Event as __inoutbox_InboxEvent > :: CHECK",
+        "< OrderCreated as __inoutbox_InboxEvent > :: CHECK",
         "impl < T : :: inoutbox :: __private :: InboxEvent > __inoutbox_InboxEvent for T",
         "< PgTx < '_ > as __inoutbox_Transaction > :: CHECK",
         ":: inoutbox :: __private :: Probe :: < PgTx < '_ > > :: tx_type_id ()",
