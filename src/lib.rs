@@ -3,8 +3,13 @@
 
 #[doc = include_str!("docs/inbox_handler.md")]
 pub use inoutbox_macros::inbox_handler;
+/// Derives [`InboxEvent`](trait@crate::InboxEvent) for an event this service consumes and never
+/// publishes: `#[derive(Deserialize, InboxEvent)]` with `#[inbox(event_type = "OrderPlaced")]`
+/// (and optionally `idempotency_key = field`), no topic. Handlers take it; `enqueue` refuses it
+/// at compile time. See the trait for an example.
+pub use inoutbox_macros::InboxEvent;
 #[doc = include_str!("docs/outbox_event.md")]
-pub use inoutbox_macros::{InboxEvent, OutboxEvent};
+pub use inoutbox_macros::OutboxEvent;
 
 #[doc(inline)]
 pub use inoutbox_runtime::app::{App, AppError};
