@@ -21,6 +21,8 @@ const IDEMPOTENCY_KEY: &str = "idempotency_key";
 const CRATE: &str = "crate";
 /// Every key, in the order messages list them.
 const KEYS: &[&str] = &[EVENT_TYPE, IDEMPOTENCY_KEY, CRATE];
+/// Keys of `#[outbox(...)]` that only publishing needs: each is one error saying so.
+const PUBLISHING_KEYS: &[&str] = &["topic", "key", "aggregate_type", "aggregate_id"];
 /// Words written for a key, and the key meant.
 const ALIASES: &[(&str, &str)] = &[
     ("event", EVENT_TYPE),
@@ -143,6 +145,14 @@ impl Attrs {
 
     fn take(&mut self, cx: &Ctxt, pair: &kv::KeyValue) {
         let key = pair.key.to_string();
+        if PUBLISHING_KEYS.contains(&key.as_str()) {
+            let message = format!(
+                "`{key}` is for publishing, and `#[derive(InboxEvent)]` declares an event this \
+                 service only consumes: remove `{key}`, or to publish the event derive \
+                 `OutboxEvent` instead, with `#[outbox(event_type = \"..\", topic = \"..\")]`"
+            );
+            return cx.error_spanned_by(&pair.key, message);
+        }
         let Some(known) = KEYS.iter().copied().find(|k| *k == key) else {
             let place = "`#[inbox(...)]`";
             self.seen

@@ -22,13 +22,13 @@ fn a_consumed_only_event_implements_inbox_event_alone() {
 }
 
 #[test]
-fn a_topic_is_an_unknown_key_and_the_placeholder_impl_is_kept() {
+fn a_topic_is_refused_as_publishing_only_and_the_placeholder_impl_is_kept() {
     let out = derive(quote! {
         #[inbox(event_type = "OrderPlaced", topic = "orders")]
         struct OrderPlaced { order_id: u64 }
     })
     .to_string();
-    assert!(out.contains("unknown key `topic`"), "{out}");
+    assert!(out.contains("`topic` is for publishing"), "{out}");
     assert!(out.contains("InboxEvent for OrderPlaced"), "{out}");
 }
 
