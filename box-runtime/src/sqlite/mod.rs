@@ -62,6 +62,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "business keys scoped by event type (or a shared dedup_scope)",
         sql: include_str!("migrations/inbox_v5.sql"),
     },
+    Migration {
+        component: "outbox",
+        version: 5,
+        description: "scheduled publishing: a due time per row",
+        sql: include_str!("migrations/outbox_v5.sql"),
+    },
 ];
 
 /// SQLite's current time in inoutbox's timestamp format.
