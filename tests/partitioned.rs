@@ -352,6 +352,7 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
         indexes,
         [
             "inoutbox_inbox_business_key_idx",
+            "inoutbox_inbox_due_idx",
             "inoutbox_inbox_pkey",
             "inoutbox_inbox_processed_idx",
             "inoutbox_inbox_received_idx",
