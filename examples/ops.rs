@@ -19,14 +19,13 @@ use inoutbox::app::{ConsumerSpec, RelaySpec, Store};
 use inoutbox::prelude::*;
 use inoutbox::telemetry::Health;
 use inoutbox::{App, RetryPolicy};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{flag, BoxError, Failure, OrderCreated};
+use common::{flag, http_get as get, BoxError, Failure, OrderCreated};
 
 const ORDERS: i64 = 10;
 /// The order whose handler always fails: it ends as a dead letter.
@@ -143,23 +142,4 @@ async fn wait_until_through(pool: &sqlx::SqlitePool, parts: &[Health]) -> Result
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// `GET path` on `addr`: the status code and the body.
-async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    let text = String::from_utf8_lossy(&response).into_owned();
-    let status = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or(String::new(), |(_, b)| b.to_owned());
-    Ok((status, body))
 }
