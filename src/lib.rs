@@ -82,8 +82,8 @@ pub mod db {
 pub mod admin {
     #[doc(inline)]
     pub use inoutbox_runtime::admin::{
-        consumer_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow, GroupStatus,
-        OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
+        consumer_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow, EffectsStatus,
+        GroupStatus, OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
     };
 }
 
@@ -109,7 +109,7 @@ pub mod inbox {
 pub mod effects {
     #[doc(inline)]
     pub use inoutbox_runtime::effects::{
-        after_commit, idempotency_key, Effect, EffectFuture, EffectsDb,
+        after_commit, idempotency_key, Effect, EffectFuture, EffectsDb, DEFAULT_EFFECT_CONCURRENCY,
     };
 }
 
@@ -152,8 +152,9 @@ pub mod store {
     pub use inoutbox_runtime::redact::redact_url;
     #[doc(inline)]
     pub use inoutbox_runtime::store::{
-        Claim, ClaimRequest, DeadLetter, ErrorClass, InboxKey, InboxStore, LeaseRequest,
-        ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables, CONNECT_TIMEOUT,
+        Claim, ClaimRequest, DeadLetter, EffectCounts, ErrorClass, InboxKey, InboxStore,
+        LeaseRequest, ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables,
+        CONNECT_TIMEOUT,
     };
 }
 
@@ -197,7 +198,9 @@ pub mod shutdown {
 #[doc = include_str!("docs/testing.md")]
 pub mod testing {
     #[doc(inline)]
-    pub use inoutbox_runtime::testing::{delivery, sqlite_memory, wait_idle, NotIdle, TestInbox};
+    pub use inoutbox_runtime::testing::{
+        delivery, sqlite_memory, wait_idle, EffectRun, NotIdle, TestInbox,
+    };
 }
 
 /// Operations: the metric names ([`telemetry::metric`]), the [`Health`](telemetry::Health) of

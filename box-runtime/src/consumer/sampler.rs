@@ -8,7 +8,7 @@ use crate::shutdown::CancellationToken;
 use metrics::SharedString;
 
 use crate::engine::Inbox;
-use crate::store::InboxStore;
+use crate::store::{EffectCounts, InboxStore};
 use crate::telemetry::metric::{self as m, LABEL_GROUP};
 use crate::telemetry::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, MIN_SAMPLE_INTERVAL};
 
@@ -28,8 +28,32 @@ impl Default for Sampling {
     }
 }
 
-/// Samples the group's dead letters and stuck rows every `sampling.interval` until `stop`;
-/// the outcome of the queries is the database half of the consumer's health.
+/// The gauges of the group's effects (on a store that keeps effects).
+struct EffectGauges {
+    pending: metrics::Gauge,
+    failed: metrics::Gauge,
+    oldest: metrics::Gauge,
+}
+
+impl EffectGauges {
+    fn new(group: &SharedString) -> Self {
+        Self {
+            pending: metrics::gauge!(m::EFFECTS_PENDING, LABEL_GROUP => group.clone()),
+            failed: metrics::gauge!(m::EFFECTS_FAILED, LABEL_GROUP => group.clone()),
+            oldest: metrics::gauge!(m::EFFECTS_OLDEST_PENDING_AGE, LABEL_GROUP => group.clone()),
+        }
+    }
+
+    fn set(&self, counts: EffectCounts) {
+        self.pending.set(counts.pending as f64);
+        self.failed.set(counts.failed as f64);
+        self.oldest.set(counts.oldest_pending_secs.unwrap_or(0.0));
+    }
+}
+
+/// Samples the group's dead letters, stuck rows and (on a store that keeps effects) effects not
+/// done every `sampling.interval` until `stop`; the outcome of the queries is the database half
+/// of the consumer's health.
 pub(crate) async fn sample_inbox<S: InboxStore>(
     inbox: Arc<Inbox<S>>,
     sampling: Sampling,
@@ -37,18 +61,26 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
 ) {
     let group = SharedString::from(inbox.group().to_owned());
     let dead_letters = metrics::gauge!(m::INBOX_DEAD_LETTERS, LABEL_GROUP => group.clone());
-    let stuck = metrics::gauge!(m::INBOX_STUCK, LABEL_GROUP => group);
+    let stuck = metrics::gauge!(m::INBOX_STUCK, LABEL_GROUP => group.clone());
+    let effects = S::TWO_PHASE.then(|| EffectGauges::new(&group));
     let health = inbox.health();
     loop {
         let counted = async {
             let letters = inbox.store().count_dead_letters(inbox.group()).await?;
             let stuck = inbox.stuck(sampling.stuck_after).await?;
-            Ok::<_, crate::store::StoreError>((letters, stuck))
+            let effect_counts = match effects {
+                Some(_) => Some(inbox.store().count_effects(inbox.group()).await?),
+                None => None,
+            };
+            Ok::<_, crate::store::StoreError>((letters, stuck, effect_counts))
         };
         match counted.await {
-            Ok((letters, rows)) => {
+            Ok((letters, rows, effect_counts)) => {
                 dead_letters.set(letters as f64);
                 stuck.set(rows as f64);
+                if let (Some(gauges), Some(counts)) = (&effects, effect_counts) {
+                    gauges.set(counts);
+                }
                 health.set_database(true);
             }
             Err(e) => {

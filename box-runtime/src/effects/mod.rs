@@ -43,7 +43,9 @@
 mod drain;
 mod schedule;
 
-pub(crate) use drain::{drain, Executor, Executors};
-pub use drain::{Effect, EffectFuture};
+pub(crate) use drain::{drain, DrainSource, Executors};
+#[cfg(feature = "testing")]
+pub(crate) use drain::{owner_name, run_one, EFFECT_BATCH, EFFECT_LEASE};
+pub use drain::{Effect, EffectFuture, DEFAULT_EFFECT_CONCURRENCY};
 pub use schedule::{after_commit, idempotency_key, EffectsDb};
 pub(crate) use schedule::{ScheduleEffect, ScheduledEffect};

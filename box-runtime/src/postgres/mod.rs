@@ -73,6 +73,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "per-key order taken at commit (key locks in ascending order): no deadlock",
         sql: include_str!("migrations/outbox_v4.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 7,
+        description: "done effects purged by the retention task, oldest first",
+        sql: include_str!("migrations/inbox_v7.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {
