@@ -770,7 +770,9 @@ impl InFlight {
     fn executor(
         &self,
         takes: Duration,
-    ) -> impl Fn(inoutbox::effects::Effect) -> std::pin::Pin<
+    ) -> impl Fn(
+        inoutbox::effects::Effect,
+    ) -> std::pin::Pin<
         Box<dyn std::future::Future<Output = Result<(), inoutbox::HandlerError>> + Send>,
     > + Send
            + Sync
@@ -807,7 +809,8 @@ async fn drain_reviews(
     n: i64,
     build: impl FnOnce(
         inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
-    ) -> inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
+    )
+        -> inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
 ) -> Duration {
     use support::memory::{MemoryBroker, MemoryTransport};
     let broker = MemoryBroker::new();
@@ -856,8 +859,10 @@ async fn eight_slow_effects_run_at_once_each_exactly_once() {
     let keys: Vec<String> = (0..8).map(|i| format!("k-{i}")).collect();
     assert_eq!(seen.ran_sorted(), keys, "each effect ran exactly once");
     assert_eq!(
-        db.count("SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL AND attempts = 0")
-            .await,
+        db.count(
+            "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL AND attempts = 0"
+        )
+        .await,
         8,
         "every effect done at its first run"
     );
@@ -924,7 +929,10 @@ async fn the_consumer_purges_old_done_effects_and_counts_those_not_done() {
     let oldest = counts.oldest_pending_secs.expect("an age");
     assert!(oldest >= 9.0 * 86_400.0, "{oldest}");
     let none = store.count_effects("another-group").await.expect("counts");
-    assert_eq!((none.pending, none.failed, none.oldest_pending_secs), (0, 0, None));
+    assert_eq!(
+        (none.pending, none.failed, none.oldest_pending_secs),
+        (0, 0, None)
+    );
 
     let broker = MemoryBroker::new();
     broker.create_topic("tp-reviews", 1);
