@@ -890,12 +890,36 @@ async fn effect_concurrency_bounds_the_effects_in_flight() {
     );
 
     insert_effects(&db, "tp-reviews", "fraud_review", 6).await;
+    // The effects claimed (leased) at any time: no more than the free slots, so no claimed
+    // effect waits for a slot while its lease runs out.
+    let (pool, stop) = (db.pool.clone(), Arc::new(AtomicBool::new(false)));
+    let stopped = stop.clone();
+    let leased = tokio::spawn(async move {
+        let mut most = 0;
+        while !stopped.load(Ordering::SeqCst) {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL AND lease_until > now()",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("count leased");
+            most = most.max(n);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        most
+    });
     let seen = InFlight::default();
     let executor = seen.executor(Duration::from_millis(300));
     drain_reviews(&db, 6, |b| {
         b.effect("fraud_review", executor).effect_concurrency(2)
     })
     .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_leased = leased.await.expect("watcher");
+    assert!(
+        (1..=2).contains(&most_leased),
+        "claimed only for free slots: {most_leased} leased at once"
+    );
     assert_eq!(seen.max(), 2, "at most two at once, and two did overlap");
     assert_eq!(seen.ran_sorted().len(), 6, "each effect ran once");
 }
