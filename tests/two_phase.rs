@@ -1003,3 +1003,58 @@ async fn the_consumer_purges_old_done_effects_and_counts_those_not_done() {
         "effects not done stay, however old"
     );
 }
+
+/// At shutdown no further effect starts, and effects in flight that outlast the transport's
+/// grace period are abandoned (aborted, left claimed, run again after their lease): the stop
+/// takes the grace period, not the effects' time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_stop_starts_no_effect_and_is_bounded_by_the_grace_period() {
+    let db = TestDb::new("tp_effects_stop").await;
+    db.migrated_store().await;
+    insert_effects(&db, "tp-reviews", "fraud_review", 4).await;
+    let kafka = inoutbox::kafka::InProcessKafka::start().expect("in-process Kafka");
+    kafka.create_topic("tp-reviews", 1).expect("topic");
+    let seen = InFlight::default();
+    let consumer = inoutbox::Consumer::builder(
+        "tp-reviews",
+        db.store(),
+        kafka
+            .consumer_config(["tp-reviews"])
+            .shutdown_grace(Duration::from_millis(500)),
+    )
+    .effect("fraud_review", seen.executor(Duration::from_secs(600)))
+    .effect_concurrency(2)
+    .build()
+    .expect("consumer");
+    let token = inoutbox::shutdown::CancellationToken::new();
+    let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.now.load(Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "two effects started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token.cancel();
+    // Well under the 30 s after which an executor's run is cut as an overrun of its lease.
+    tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("the stop took the grace period, not the effects' 600 s")
+        .expect("no panic")
+        .expect("the consumer ran");
+    assert_eq!(seen.max(), 2, "no effect started after the stop");
+    assert!(
+        seen.ran_sorted().is_empty(),
+        "the two in flight were abandoned"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL AND attempts = 0")
+            .await,
+        4,
+        "none marked done or failed: the abandoned ones run again after their lease"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE lease_until > now()")
+            .await,
+        2,
+        "the two in flight stay claimed until their lease expires"
+    );
+}
