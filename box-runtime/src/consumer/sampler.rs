@@ -44,6 +44,19 @@ impl EffectGauges {
         }
     }
 
+    /// Counts the group's effects not done and sets the gauges. A failure leaves them as they
+    /// were and is no verdict on the database (the inbox queries give it): a store wrapper may
+    /// keep two-phase rows without counting effects.
+    async fn sample<S: InboxStore>(&self, store: &S, group: &str) {
+        match store.count_effects(group).await {
+            Ok(counts) => self.set(counts),
+            Err(e) => {
+                tracing::debug!(target: "inoutbox::inbox", group, error = %e,
+                    "sampling the effect gauges failed");
+            }
+        }
+    }
+
     fn set(&self, counts: EffectCounts) {
         self.pending.set(counts.pending as f64);
         self.failed.set(counts.failed as f64);
@@ -68,19 +81,12 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
         let counted = async {
             let letters = inbox.store().count_dead_letters(inbox.group()).await?;
             let stuck = inbox.stuck(sampling.stuck_after).await?;
-            let effect_counts = match effects {
-                Some(_) => Some(inbox.store().count_effects(inbox.group()).await?),
-                None => None,
-            };
-            Ok::<_, crate::store::StoreError>((letters, stuck, effect_counts))
+            Ok::<_, crate::store::StoreError>((letters, stuck))
         };
         match counted.await {
-            Ok((letters, rows, effect_counts)) => {
+            Ok((letters, rows)) => {
                 dead_letters.set(letters as f64);
                 stuck.set(rows as f64);
-                if let (Some(gauges), Some(counts)) = (&effects, effect_counts) {
-                    gauges.set(counts);
-                }
                 health.set_database(true);
             }
             Err(e) => {
@@ -88,6 +94,9 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
                 tracing::debug!(target: "inoutbox::inbox", group = inbox.group(), error = %e,
                     "sampling the inbox gauges failed");
             }
+        }
+        if let Some(gauges) = &effects {
+            gauges.sample(inbox.store(), inbox.group()).await;
         }
         tokio::select! {
             () = tokio::time::sleep(sampling.interval.max(MIN_SAMPLE_INTERVAL)) => {}
