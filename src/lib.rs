@@ -119,8 +119,8 @@ pub mod outbox {
     pub use inoutbox_runtime::message::Retention;
     #[doc(inline)]
     pub use inoutbox_runtime::outbox::{
-        current_traceparent, enqueue, enqueue_all, is_valid_traceparent, with_traceparent,
-        EnqueueError, NewRow, OutboxTx,
+        current_traceparent, enqueue, enqueue_after, enqueue_all, enqueue_at, is_valid_traceparent,
+        with_traceparent, EnqueueError, NewRow, OutboxTx,
     };
     #[doc(inline)]
     pub use inoutbox_runtime::postgres::PgOutbox;

@@ -142,6 +142,7 @@ fn status_text(s: &Status) -> String {
         o.parked,
         o.held
     );
+    let _ = writeln!(text, "scheduled (not due yet): {}", o.scheduled);
     if !o.parked_keys.is_empty() {
         let rows: Vec<Vec<String>> = o
             .parked_keys
@@ -211,6 +212,7 @@ fn status_json(s: &Status) -> Value {
             "oldest_unpublished_secs": o.oldest_unpublished_secs,
             "parked": o.parked,
             "held": o.held,
+            "scheduled": o.scheduled,
             "parked_keys": o.parked_keys.iter().map(|k| json!({
                 "topic": k.topic, "key": k.key, "rows": k.rows, "held": k.held,
                 "last_error": k.last_error, "parked_at": k.parked_at,

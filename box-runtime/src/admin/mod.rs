@@ -121,7 +121,8 @@ pub struct GroupStatus {
 #[derive(Clone, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct OutboxStatus {
-    /// Rows not published yet (parked rows excepted).
+    /// Rows not published yet that are due (parked rows, and scheduled rows not yet due,
+    /// excepted).
     pub unpublished: i64,
     /// Seconds since the oldest of them was written, if any.
     pub oldest_unpublished_secs: Option<f64>,
@@ -132,6 +133,8 @@ pub struct OutboxStatus {
     pub held: i64,
     /// The keys with parked rows (the 50 with the most), with the last error of each.
     pub parked_keys: Vec<ParkedKey>,
+    /// Scheduled rows not yet due (`outbox::enqueue_at`).
+    pub scheduled: i64,
 }
 
 /// The parked rows of one key.
@@ -339,7 +342,7 @@ impl Admin {
             let groups: Vec<(String, i64, i64, i64, i64)> =
                 sqlx::query_as(sql.groups.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
             let stuck = s.count_stuck(stuck_after).await?;
-            let outbox: (i64, Option<f64>, i64, i64) =
+            let outbox: (i64, Option<f64>, i64, i64, i64) =
                 sqlx::query_as(sql.outbox.clone()).fetch_one(s.pool()).await.map_err(StoreError::from)?;
             let keys: Vec<ParkedKeyRow> =
                 sqlx::query_as(sql.parked_keys.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
@@ -365,6 +368,7 @@ impl Admin {
                 oldest_unpublished_secs: outbox.1.map(|s| s.max(0.0)),
                 parked: outbox.2,
                 held: outbox.3,
+                scheduled: outbox.4,
                 parked_keys: parked_keys
                     .into_iter()
                     .map(

@@ -54,6 +54,7 @@ impl AdminSql {
             (f.text)("dead_lettered_at"),
             (f.text)("replayed_at"),
         );
+        let due = format!("(due_at IS NULL OR due_at <= {})", f.now);
         Self {
             // Inbox rows and dead letters per group (a group may have either alone).
             groups: stmt(format!(
@@ -70,18 +71,23 @@ impl AdminSql {
                 inbox = t.inbox,
                 dead = t.dead_letters,
             )),
-            // The last column: rows held behind a parked row of their key.
+            // The fourth column: rows held behind a parked row of their key. Rows scheduled
+            // for later (`due_at` ahead) are counted apart (the last column); a due scheduled
+            // row's age runs from its due time.
             outbox: stmt(format!(
-                "SELECT count(*) FILTER (WHERE parked_at IS NULL), \
+                "SELECT count(*) FILTER (WHERE parked_at IS NULL AND {due}), \
                    {oldest}, count(*) FILTER (WHERE parked_at IS NOT NULL), \
                    (SELECT count(*) FROM {outbox} h JOIN (\
                       SELECT topic, message_key, min(seq) AS first FROM {outbox} \
                       WHERE parked_at IS NOT NULL AND published_at IS NULL \
                         AND message_key IS NOT NULL GROUP BY topic, message_key) AS p \
                     ON h.topic = p.topic AND h.message_key = p.message_key AND h.seq > p.first \
-                    WHERE h.published_at IS NULL AND h.parked_at IS NULL) \
+                    WHERE h.published_at IS NULL AND h.parked_at IS NULL), \
+                   count(*) FILTER (WHERE parked_at IS NULL AND NOT {due}) \
                  FROM {outbox} WHERE published_at IS NULL",
-                oldest = (f.age)("min(created_at) FILTER (WHERE parked_at IS NULL)"),
+                oldest = (f.age)(&format!(
+                    "min(coalesce(due_at, created_at)) FILTER (WHERE parked_at IS NULL AND {due})"
+                )),
                 outbox = t.outbox,
             )),
             // The error of each parked key's latest parked row, and the rows it holds.

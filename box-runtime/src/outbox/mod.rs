@@ -70,6 +70,17 @@
 //! | `next_attempt_at`| `timestamptz` | NULL until the row fails; then when to try it again (its key's later rows wait) |
 //! | `parked_at`      | `timestamptz` | set when the row was given up on (see the relay)          |
 //! | `slot`           | `smallint`    | the key's hash, 0..63 (set by the insert or a trigger); the unit relays claim |
+//! | `due_at`         | `timestamptz`, null | NULL: publish at once; else not before this time ([`enqueue_at`]) |
+//!
+//! # Scheduled publishing
+//!
+//! [`enqueue_at`] and [`enqueue_after`] write the same row with a due time (`due_at`): the
+//! relay publishes it once the database's clock has reached that time, not before. A time in
+//! the past (or now) is due at once, as [`enqueue`]. A row not yet due does not hold the later
+//! rows of its key: they are published as they come, and the scheduled row goes out when it is
+//! due. Among rows that are due, each key's rows are published in `seq` (commit) order, as
+//! always. The relay wakes up by itself at the next due time (no enqueue or notification
+//! needed). See the guide's "Scheduled publishing" section.
 //!
 //! # Trace context
 //!
@@ -81,6 +92,7 @@
 //! value is ignored (never stored).
 
 use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 use uuid::Uuid;
@@ -106,6 +118,16 @@ pub enum EnqueueError {
         /// The serde error.
         #[source]
         source: serde_json::Error,
+    },
+    /// The due time of a scheduled event cannot be stored (beyond the year 9999).
+    #[error("cannot schedule event `{event_type}` for topic `{topic}`: {reason}")]
+    DueTime {
+        /// Event type.
+        event_type: &'static str,
+        /// Topic.
+        topic: &'static str,
+        /// What is wrong with the time.
+        reason: String,
     },
     /// The insert failed.
     #[error("cannot insert event into the outbox table {table}: {source}")]
@@ -188,6 +210,36 @@ pub struct NewRow {
     pub payload: String,
     /// Extra headers (`traceparent`, ...).
     pub headers: Map<String, Value>,
+    /// Not before when the relay may publish the row (see [`enqueue_at`]); `None` (what
+    /// [`NewRow::from_event`] gives) for at once. A time that has passed when the row is
+    /// inserted (by the database's clock) is stored as NULL: due at once.
+    pub due_at: Option<SystemTime>,
+}
+
+/// The latest due time the stores keep (9999-12-31T23:59:59Z), in seconds since the epoch.
+const LATEST_DUE: f64 = 253_402_300_799.0;
+
+/// `when` in seconds since the Unix epoch, as the stores bind it; a time before the epoch is
+/// the epoch (long due).
+fn epoch_seconds(when: SystemTime) -> f64 {
+    when.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `when`, checked: the stores keep due times up to the year 9999.
+fn checked_due<E: OutboxEvent>(when: SystemTime) -> Result<SystemTime, EnqueueError> {
+    let secs = epoch_seconds(when);
+    if secs > LATEST_DUE {
+        return Err(EnqueueError::DueTime {
+            event_type: E::EVENT_TYPE,
+            topic: E::TOPIC,
+            reason: format!(
+                "the due time is {secs:.0} s after the Unix epoch, beyond the latest the outbox \
+                 stores (9999-12-31T23:59:59Z, {LATEST_DUE:.0} s)"
+            ),
+        });
+    }
+    Ok(when)
 }
 
 impl NewRow {
@@ -211,7 +263,22 @@ impl NewRow {
             aggregate_id: event.aggregate_id(),
             payload,
             headers,
+            due_at: None,
         })
+    }
+
+    /// The row for `event`, published by the relay not before `when` (see [`enqueue_at`]).
+    pub fn scheduled<E: OutboxEvent>(event: &E, when: SystemTime) -> Result<Self, EnqueueError> {
+        let due_at = checked_due::<E>(when)?;
+        Ok(Self {
+            due_at: Some(due_at),
+            ..Self::from_event(event)?
+        })
+    }
+
+    /// [`due_at`](Self::due_at) in seconds since the Unix epoch (what the stores bind).
+    pub fn due_epoch_seconds(&self) -> Option<f64> {
+        self.due_at.map(epoch_seconds)
     }
 }
 
@@ -265,9 +332,103 @@ where
     tx.insert_rows(rows).await
 }
 
+/// Inserts `event` into the outbox like [`enqueue`], to be published **not before `when`**;
+/// returns the event id.
+///
+/// The row commits (or rolls back) with the caller's transaction like any other; the relay
+/// publishes it once the database's clock reaches `when`, and wakes up for it by itself. A time
+/// in the past (or now) is due at once. Until it is due, the row does not hold the later rows
+/// of its key: they are published as they come; among due rows, each key's rows go out in
+/// commit order. A time beyond the year 9999 is refused ([`EnqueueError::DueTime`]) and nothing
+/// is written.
+///
+/// ```no_run
+/// # use serde::{Deserialize, Serialize};
+/// # #[derive(Serialize, Deserialize)]
+/// # struct ReviewDue { payment_id: String }
+/// # impl inoutbox::OutboxEvent for ReviewDue {
+/// #     const EVENT_TYPE: &'static str = "ReviewDue";
+/// #     const TOPIC: &'static str = "payments";
+/// #     fn key(&self) -> Option<String> { Some(self.payment_id.clone()) }
+/// # }
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::{Duration, SystemTime};
+///
+/// let mut tx = pool.begin().await?;
+/// let event = ReviewDue { payment_id: "p-1".into() };
+/// // published at midnight UTC, 1 January 2030 ...
+/// let midnight = SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_456_000);
+/// inoutbox::outbox::enqueue_at(&mut tx, &event, midnight).await?;
+/// // ... and this one 3 seconds after the commit (give or take the relay's wake-up)
+/// inoutbox::outbox::enqueue_after(&mut tx, &event, Duration::from_secs(3)).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+pub async fn enqueue_at<T, E>(tx: &mut T, event: &E, when: SystemTime) -> Result<Uuid, EnqueueError>
+where
+    T: OutboxTx + ?Sized,
+    E: OutboxEvent,
+{
+    let ids = tx
+        .insert_rows(vec![NewRow::scheduled(event, when)?])
+        .await?;
+    Ok(ids[0])
+}
+
+/// Inserts `event` into the outbox to be published **not before `delay` from now** (this
+/// process's clock): [`enqueue_at`] with `SystemTime::now() + delay`. A zero delay is
+/// [`enqueue`].
+pub async fn enqueue_after<T, E>(
+    tx: &mut T,
+    event: &E,
+    delay: Duration,
+) -> Result<Uuid, EnqueueError>
+where
+    T: OutboxTx + ?Sized,
+    E: OutboxEvent,
+{
+    let when = SystemTime::now()
+        .checked_add(delay)
+        .ok_or_else(|| EnqueueError::DueTime {
+            event_type: E::EVENT_TYPE,
+            topic: E::TOPIC,
+            reason: format!(
+                "a delay of {delay:?} from now is not a time this system can represent"
+            ),
+        })?;
+    enqueue_at(tx, event, when).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(serde::Serialize, serde::Deserialize)]
+    struct Ev;
+    impl OutboxEvent for Ev {
+        const EVENT_TYPE: &'static str = "Ev";
+        const TOPIC: &'static str = "t";
+        fn key(&self) -> Option<String> {
+            None
+        }
+    }
+
+    #[test]
+    fn due_times_are_epoch_seconds_and_beyond_9999_is_refused() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_893_456_000_250);
+        let row = NewRow::scheduled(&Ev, at).unwrap();
+        assert_eq!(row.due_epoch_seconds(), Some(1_893_456_000.25));
+        assert_eq!(NewRow::from_event(&Ev).unwrap().due_epoch_seconds(), None);
+        let before_epoch = UNIX_EPOCH - Duration::from_secs(10);
+        let row = NewRow::scheduled(&Ev, before_epoch).unwrap();
+        assert_eq!(row.due_epoch_seconds(), Some(0.0));
+        let far = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        let err = NewRow::scheduled(&Ev, far).unwrap_err().to_string();
+        assert!(
+            err.contains("cannot schedule event `Ev`") && err.contains("9999"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn traceparent_validation() {

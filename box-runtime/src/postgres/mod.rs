@@ -74,6 +74,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/outbox_v4.sql"),
     },
     Migration {
+        component: "outbox",
+        version: 5,
+        description: "scheduled publishing: a due time per row, ready and scheduled indexes",
+        sql: include_str!("migrations/outbox_v5.sql"),
+    },
+    Migration {
         component: "inbox",
         version: 7,
         description: "done effects purged by the retention task, oldest first",

@@ -97,7 +97,13 @@ impl Outbox {
         // ($11) decides whether this transaction notifies.
         let wake = "(NOT pg_try_advisory_xact_lock($11) OR pg_notify($1, '')::text = '')";
         let columns =
-            "id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, slot, seq";
+            "id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, \
+                       slot, seq, due_at";
+        // A due time (seconds since the epoch) that has passed is stored as NULL: due at once,
+        // and the row is read from the ready index like any other (migration outbox v5).
+        let due = |secs: &str| {
+            format!("CASE WHEN to_timestamp({secs}) > now() THEN to_timestamp({secs}) END")
+        };
         // Appends lock ids (text, comma-separated) to the transaction's list.
         let listed = |ids: &str| {
             format!(
@@ -112,24 +118,27 @@ impl Outbox {
             lock_scope,
             insert_one: stmt(format!(
                 "INSERT INTO {table} ({columns}) \
-                 SELECT $3, $4, $5, $6, $7, $8, $9::text::json, $10, {slot}, 0 \
+                 SELECT $3, $4, $5, $6, $7, $8, $9::text::json, $10, {slot}, 0, {due} \
                  WHERE ($2::int8 IS NULL OR {key}) AND {wake}",
                 slot = slot_expr("$8::text", "$3::uuid"),
                 key = listed("$2::int8::text"),
+                due = due("$12::float8"),
             )),
             // `seq` is drawn per row in the order the rows come; ORDER BY the ordinality makes
             // that the caller's order.
             insert_many: stmt(format!(
                 "INSERT INTO {table} ({columns}) \
                  SELECT r.id, r.aggregatetype, r.aggregateid, r.type, r.topic, r.message_key, \
-                        r.payload::json, r.headers, {slot}, 0 \
+                        r.payload::json, r.headers, {slot}, 0, {due} \
                  FROM unnest($3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[], \
-                             $8::text[], $9::text[], $10::jsonb[]) WITH ORDINALITY \
-                   AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, ord) \
+                             $8::text[], $9::text[], $10::jsonb[], $12::float8[]) WITH ORDINALITY \
+                   AS r(id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, \
+                        due, ord) \
                  WHERE (cardinality($2::int8[]) = 0 OR {keys}) AND {wake} \
                  ORDER BY r.ord",
                 slot = slot_expr("r.message_key", "r.id"),
                 keys = listed("array_to_string($2::int8[], ',')"),
+                due = due("r.due"),
             )),
             table,
         }
@@ -161,6 +170,7 @@ impl Outbox {
             .key
             .as_deref()
             .map(|k| enqueue_lock_id(&self.lock_scope, &row.topic, k));
+        let due = row.due_epoch_seconds();
         sqlx::query::<Postgres>(self.insert_one.clone())
             .bind(&self.channel)
             .bind(lock)
@@ -173,6 +183,7 @@ impl Outbox {
             .bind(&row.payload)
             .bind(Value::Object(row.headers))
             .bind(self.wake_lock)
+            .bind(due)
             .execute(conn)
             .await
             .map_err(|e| self.store_error(e))?;
@@ -221,7 +232,9 @@ impl Outbox {
         let mut keys = Vec::with_capacity(rows.len());
         let mut payloads = Vec::with_capacity(rows.len());
         let mut headers = Vec::with_capacity(rows.len());
+        let mut dues = Vec::with_capacity(rows.len());
         for r in rows {
+            dues.push(r.due_epoch_seconds());
             ids.push(r.id);
             agg_types.push(r.aggregate_type);
             agg_ids.push(r.aggregate_id);
@@ -243,6 +256,7 @@ impl Outbox {
             .bind(&payloads)
             .bind(&headers)
             .bind(self.wake_lock)
+            .bind(&dues)
             .execute(conn)
             .await
             .map_err(|e| self.store_error(e))?;

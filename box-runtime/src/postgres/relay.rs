@@ -54,6 +54,7 @@ struct Statements {
     read: Stmt,
     mark_published: Stmt,
     record_failures: Stmt,
+    next_due: Stmt,
 }
 
 /// Members, and this session's rank among them (by member id).
@@ -77,18 +78,29 @@ impl Statements {
     fn new(tables: &Tables) -> Self {
         let t = &tables.outbox;
         let cols = "id, seq, slot, topic, message_key, type, payload::text AS payload, \
-                    headers::text AS headers, attempts";
-        // Per run of contiguous slots ($2, $3: bounds), the fresh index `(seq, slot)` is walked
+                    headers::text AS headers, attempts, \
+                    EXTRACT(EPOCH FROM due_at)::float8 AS due_epoch";
+        // Per run of contiguous slots ($2, $3: bounds), the ready index `(seq, slot)` is walked
         // in `seq` order; other slots' entries are skipped in the index, and LIMIT stops the
         // walk: a read costs what it returns, whatever the backlog, and visits the table in
-        // the order rows were written.
+        // the order rows were written. Beside it, the run's scheduled rows that are due, from
+        // the front of the scheduled index `(due_at, slot)` (rows not yet due are never
+        // visited). The first $4 of each side, merged in `seq` order and cut at $4, are the
+        // first $4 publishable rows of the run in `seq` order: each key's rows come as a
+        // prefix, in order.
+        let ready = "published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL \
+                     AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.topic = o.topic \
+                                     AND b.message_key = o.message_key AND b.seq < o.seq)";
         let fresh = format!(
             "(SELECT f.* FROM unnest($2::int4[], $3::int4[]) AS r(lo, hi) CROSS JOIN LATERAL ( \
-               SELECT {cols} FROM {t} o \
-               WHERE slot >= r.lo AND slot < r.hi AND published_at IS NULL AND parked_at IS NULL \
-                 AND next_attempt_at IS NULL \
-                 AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.topic = o.topic \
-                                 AND b.message_key = o.message_key AND b.seq < o.seq) \
+               SELECT * FROM ( \
+                 (SELECT {cols} FROM {t} o \
+                  WHERE slot >= r.lo AND slot < r.hi AND due_at IS NULL AND {ready} \
+                  ORDER BY seq LIMIT $4) \
+                 UNION ALL \
+                 (SELECT {cols} FROM {t} o \
+                  WHERE slot >= r.lo AND slot < r.hi AND due_at <= now() AND {ready} \
+                  ORDER BY seq LIMIT $4)) AS u \
                ORDER BY seq LIMIT $4) AS f)"
         );
         Self {
@@ -126,6 +138,13 @@ impl Statements {
                  FROM unnest($1::uuid[], $2::text[], $3::bool[], $4::float8[]) \
                    AS f(id, error, park, secs) \
                  WHERE o.id = f.id AND o.published_at IS NULL"
+            )),
+            // The next due time still ahead (strictly: a due row that is held waits for what
+            // holds it, not for this), from the front of the scheduled index.
+            next_due: stmt(format!(
+                "SELECT EXTRACT(EPOCH FROM min(due_at) - now())::float8 FROM {t} \
+                 WHERE due_at > now() AND slot = ANY($1) AND published_at IS NULL \
+                   AND parked_at IS NULL AND next_attempt_at IS NULL"
             )),
         }
     }
@@ -225,6 +244,7 @@ fn pending_row(row: &PgRow) -> Result<PendingRow, sqlx::Error> {
         payload: row.try_get("payload")?,
         headers: parse_headers(headers),
         attempts: row.try_get("attempts")?,
+        due_at: row.try_get("due_epoch")?,
     })
 }
 
@@ -339,6 +359,14 @@ impl RelaySession for PgRelaySession {
             .map_err(Into::into)
     }
 
+    async fn next_due<'a>(&'a mut self, slots: &'a [u32]) -> Result<Option<Duration>, StoreError> {
+        let secs: Option<f64> = sqlx::query_scalar(self.sql.next_due.clone())
+            .bind(as_i32(slots))
+            .fetch_one(&mut self.conn)
+            .await?;
+        Ok(secs.map(crate::relay::due_in))
+    }
+
     async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
         sqlx::query(self.sql.mark_published.clone())
             .bind(ids)
@@ -417,20 +445,27 @@ impl RelayStore for PgRelayStore {
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        // Four scalar subqueries, each on a partial index of the rows it counts.
+        // Five scalar subqueries, each on a partial index of the rows it counts. Rows not yet
+        // due are scheduled, not unpublished; a due scheduled row's age runs from its due time.
         let sql = format!(
-            "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL), \
-               (SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM {t} \
-                 WHERE published_at IS NULL AND parked_at IS NULL), \
+            "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL \
+                 AND (due_at IS NULL OR due_at <= now())), \
+               (SELECT EXTRACT(EPOCH FROM now() - min(coalesce(due_at, created_at)))::float8 \
+                 FROM {t} WHERE published_at IS NULL AND parked_at IS NULL \
+                   AND (due_at IS NULL OR due_at <= now())), \
                (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL), \
                (SELECT count(*) FROM (SELECT DISTINCT topic, message_key FROM {t} \
                  WHERE published_at IS NULL AND parked_at IS NOT NULL \
-                   AND message_key IS NOT NULL) AS k)",
+                   AND message_key IS NOT NULL) AS k), \
+               (SELECT count(*) FROM {t} WHERE due_at > now() AND published_at IS NULL \
+                 AND parked_at IS NULL AND next_attempt_at IS NULL)",
             t = self.tables.outbox
         );
-        let (unpublished, oldest, parked, held): (i64, Option<f64>, i64, i64) =
+        let (unpublished, oldest, parked, held, scheduled): (i64, Option<f64>, i64, i64, i64) =
             sqlx::query_as(stmt(sql)).fetch_one(&self.pool).await?;
-        Ok(Backlog::new(unpublished, oldest, parked).with_held_keys(held))
+        Ok(Backlog::new(unpublished, oldest, parked)
+            .with_held_keys(held)
+            .with_scheduled(scheduled))
     }
 }
 

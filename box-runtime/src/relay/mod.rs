@@ -26,10 +26,11 @@
 //!   second relay gets half the slots within a second, and the slots of a relay that died
 //!   (its connections, and so its locks, gone) are taken over as quickly.
 //! * **A batch.** A worker reads up to [`RelayBuilder::batch_size`] publishable rows of its
-//!   slots, oldest first: PostgreSQL walks the partial index of fresh rows `(seq, slot)` in
+//!   slots, oldest first: PostgreSQL walks the partial index of ready rows `(seq, slot)` in
 //!   `seq` order for each run of contiguous slots held, skipping other slots' entries inside
 //!   the index (no sort, no per-key query, a cost that does not grow with the backlog, and the
-//!   table visited in the order it was written). It produces them in that order, waits for
+//!   table visited in the order it was written), merged in `seq` order with the run's
+//!   scheduled rows that are due (from the front of the index by due time, `(due_at, slot)`). It produces them in that order, waits for
 //!   every delivery report, marks the delivered rows published in one `UPDATE` and the failed
 //!   ones in another, then reads again.
 //! * **Overlap.** The workers run concurrently: while one waits for the broker, others read or
@@ -50,7 +51,9 @@
 //!   one session; it is given back only between batches, with nothing in flight.
 //! * **From the oldest row, in one snapshot.** Each read starts at the slot's oldest
 //!   publishable row and is one statement, so it never returns a row of a key while an older
-//!   row of that key is left behind. (A cursor that moved on past a row still uncommitted
+//!   publishable row of that key is left behind. A row scheduled for later
+//!   ([`crate::outbox::enqueue_at`]) is not publishable until it is due and holds nothing: the
+//!   key's later rows go out before it; among due rows, `seq` order holds. (A cursor that moved on past a row still uncommitted
 //!   could: that row's key could commit a later row before the cursor's next read.)
 //! * **One batch at a time per worker, in order to the producer.** A batch is fully
 //!   acknowledged and marked before the next read, which starts again from the oldest row.
@@ -93,7 +96,10 @@
 //! An enqueue notifies (delivered at commit) if no other transaction in flight already will
 //! (see `postgres::outbox`); the relay `LISTEN`s on a connection of its own and wakes its idle
 //! workers at once. Polling at [`RelayBuilder::poll_interval`] (default 1 s) covers a missed
-//! notification. A worker that finds rows reads again without waiting.
+//! notification. A worker that finds rows reads again without waiting. A worker that finds
+//! none also asks when the next scheduled row of its slots is due
+//! ([`RelaySession::next_due`]: due times still ahead only, so a due row that is held never
+//! makes it spin) and sleeps no longer than that.
 //!
 //! # Stopping
 //!
@@ -119,5 +125,5 @@ pub(crate) use config::relay_setters;
 pub use config::RelayConfig;
 pub use report::{RelayError, RelayReport};
 pub use service::Relay;
-pub(crate) use store::parse_headers;
+pub(crate) use store::{due_in, parse_headers};
 pub use store::{Backlog, Failure, KeyRef, Members, PendingRow, RelaySession, RelayStore};

@@ -100,7 +100,7 @@ impl<S: RelayStore, P: Publisher> Shared<S, P> {
                 topic = Some((&row.topic, self.telemetry.topic(&row.topic)));
             }
             if let Some((_, metrics)) = &topic {
-                metrics.published(&row.id);
+                metrics.published(&row.id, row.due_at);
             }
             if self.reports.is_some() {
                 self.report(RelayReport::Published {

@@ -54,7 +54,8 @@ impl<S: RelayStore, P: Publisher> Relay<S, P> {
 
     /// Publishes every row committed so far and the rows committed while it runs, and returns
     /// once none is left to publish ([`RelayStore::unpublished`] is 0: every row published
-    /// or parked), stopping as [`Relay::run`] does. For tests, tools and batch jobs: a test
+    /// or parked; rows scheduled for later are left for when they are due), stopping as
+    /// [`Relay::run`] does. For tests, tools and batch jobs: a test
     /// enqueues, drains, and then reads the topic knowing everything is there.
     ///
     /// It waits as long as rows remain, a broker outage included: bound it with

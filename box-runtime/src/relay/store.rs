@@ -43,6 +43,9 @@ pub struct PendingRow {
     pub headers: Vec<(String, String)>,
     /// Failed attempts so far.
     pub attempts: i32,
+    /// The due time of a scheduled row (seconds since the Unix epoch); `None` for a row
+    /// published as soon as it commits.
+    pub due_at: Option<f64>,
 }
 
 impl PendingRow {
@@ -113,7 +116,11 @@ pub struct Failure<'a> {
 /// * [`RelaySession::read`] returns, per slot, the slot's publishable rows from its oldest on,
 ///   in `seq` order, read in one snapshot; rows of a key that is backing off are left out, and
 ///   so are the later rows of that key; a parked row holds the later rows of its key in the
-///   same way until it is unparked.
+///   same way until it is unparked;
+/// * a scheduled row (a due time, see [`crate::outbox::enqueue_at`]) is publishable once its
+///   due time has passed by the database's clock; until then it is left out and holds nothing
+///   (the later rows of its key are publishable); [`RelaySession::next_due`] says when the
+///   next one is due, so that an idle worker wakes up for it.
 pub trait RelayStore: Sealed + Send + Sync + 'static {
     /// A worker's hold on the store: its claimed slots and the connection it reads through.
     type Session: RelaySession;
@@ -136,8 +143,8 @@ pub trait RelayStore: Sealed + Send + Sync + 'static {
         retention: &'a Retention,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + 'a;
 
-    /// How many committed rows are still to publish: neither published nor parked (rows
-    /// waiting for a retry count). [`Relay::drain`](crate::relay::Relay::drain) runs until it
+    /// How many committed rows are still to publish: neither published nor parked nor
+    /// scheduled for later (rows waiting for a retry count). [`Relay::drain`](crate::relay::Relay::drain) runs until it
     /// is 0.
     fn unpublished(&self) -> impl Future<Output = Result<u64, StoreError>> + Send + '_ {
         async move { Ok(u64::try_from(self.backlog().await?.unpublished).unwrap_or(0)) }
@@ -151,14 +158,18 @@ pub trait RelayStore: Sealed + Send + Sync + 'static {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[non_exhaustive]
 pub struct Backlog {
-    /// Rows not published yet (parked rows excluded).
+    /// Rows not published yet that are due (parked rows, and scheduled rows not yet due,
+    /// excluded).
     pub unpublished: i64,
-    /// How long ago the oldest of them was enqueued; `None` when there is none.
+    /// How long ago the oldest of them was enqueued (a scheduled row: how long ago it became
+    /// due); `None` when there is none.
     pub oldest_unpublished_age: Option<Duration>,
     /// Parked rows (given up on until unparked).
     pub parked: i64,
     /// Keys held by a parked row: none of their later rows is published until it is unparked.
     pub held_keys: i64,
+    /// Scheduled rows not yet due ([`crate::outbox::enqueue_at`]).
+    pub scheduled: i64,
 }
 
 impl Backlog {
@@ -170,7 +181,14 @@ impl Backlog {
                 .map(|s| Duration::try_from_secs_f64(s.max(0.0)).unwrap_or(Duration::ZERO)),
             parked,
             held_keys: 0,
+            scheduled: 0,
         }
+    }
+
+    /// The same backlog with `scheduled` rows not yet due.
+    pub fn with_scheduled(mut self, scheduled: i64) -> Self {
+        self.scheduled = scheduled;
+        self
     }
 
     /// The same backlog with `held_keys` keys held by a parked row.
@@ -228,6 +246,15 @@ pub trait RelaySession: Sealed + Send + 'static {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<PendingRow>, StoreError>> + Send + 'a;
 
+    /// How long until the next scheduled row of `slots` that is not due yet becomes due;
+    /// `None` when there is none. An idle worker sleeps no longer than this, so a scheduled row
+    /// is published when due without a notification. Only due times still ahead count: a due
+    /// row that is held (behind a parked row, or a key backing off) never makes it 0.
+    fn next_due<'a>(
+        &'a mut self,
+        slots: &'a [u32],
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send + 'a;
+
     /// Marks rows published (one statement).
     fn mark_published<'a>(
         &'a mut self,
@@ -243,4 +270,29 @@ pub trait RelaySession: Sealed + Send + 'static {
 
     /// Releases every slot and leaves the group.
     fn close(self) -> impl Future<Output = ()> + Send;
+}
+
+/// The wait until a due time `secs` seconds ahead (as a store computes it), rounded up to the
+/// next millisecond so that the wake-up does not come a hair before it; a negative or
+/// unreadable number is no wait.
+pub(crate) fn due_in(secs: f64) -> Duration {
+    let ms = (secs * 1000.0).ceil();
+    if ms.is_finite() && ms > 0.0 {
+        Duration::from_millis((ms.min(u64::MAX as f64) as u64).saturating_add(1))
+    } else {
+        Duration::ZERO
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_in_rounds_up_and_never_goes_negative() {
+        assert_eq!(due_in(1.0001), Duration::from_millis(1002));
+        assert_eq!(due_in(0.0), Duration::ZERO);
+        assert_eq!(due_in(-3.0), Duration::ZERO);
+        assert_eq!(due_in(f64::NAN), Duration::ZERO);
+    }
 }

@@ -46,6 +46,9 @@ struct Slots {
     /// The slot the next read starts at (the reads rotate over the held slots).
     start: u32,
     next_rebalance: Instant,
+    /// When the next scheduled row of the held slots is due, as of the last read that found
+    /// nothing: an idle worker wakes up then, notification or not.
+    next_due: Option<Instant>,
     born: Instant,
 }
 
@@ -57,6 +60,7 @@ impl Slots {
             held: Vec::new(),
             start: 0,
             next_rebalance: Instant::now(),
+            next_due: None,
             born: Instant::now(),
         }
     }
@@ -142,9 +146,12 @@ pub(super) async fn run<S: RelayStore, P: Publisher>(
             Ok(Step::Busy) => errors = 0,
             Ok(Step::Idle) => {
                 errors = 0;
+                let until = slots
+                    .next_due
+                    .map_or(slots.next_rebalance, |due| due.min(slots.next_rebalance));
                 tokio::select! {
                     _ = wake.changed() => {}
-                    () = tokio::time::sleep_until(slots.next_rebalance) => {}
+                    () = tokio::time::sleep_until(until) => {}
                     () = stop.cancelled() => {}
                 }
             }
@@ -206,6 +213,7 @@ async fn step<S: RelayStore, P: Publisher>(
     if Instant::now() >= slots.next_rebalance {
         slots.rebalance(session, config.rebalance_interval).await?;
     }
+    slots.next_due = None;
     if slots.held.is_empty() {
         return Ok(Step::Idle);
     }
@@ -215,6 +223,9 @@ async fn step<S: RelayStore, P: Publisher>(
         .read(&slots.held, slots.start, config.batch_size)
         .await?;
     let Some(last) = rows.last() else {
+        // Nothing publishable: sleep until a notification, the poll, or the next due time.
+        let due = session.next_due(&slots.held).await?;
+        slots.next_due = due.map(|wait| Instant::now() + wait);
         return Ok(Step::Idle);
     };
     if rows.len() >= config.batch_size {

@@ -56,6 +56,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "business keys: a second unique key per group",
         sql: include_str!("migrations/inbox_v4.sql"),
     },
+    Migration {
+        component: "outbox",
+        version: 5,
+        description: "scheduled publishing: a due time per row",
+        sql: include_str!("migrations/outbox_v5.sql"),
+    },
 ];
 
 /// SQLite's current time in inoutbox's timestamp format.

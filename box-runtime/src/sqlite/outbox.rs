@@ -12,6 +12,8 @@ use crate::outbox::{EnqueueError, NewRow, OutboxTx};
 use crate::store::sql::{stmt, Stmt};
 use crate::store::Tables;
 
+use super::NOW;
+
 /// The outbox on a SQLite table.
 #[derive(Clone, Debug)]
 pub struct SqliteOutbox {
@@ -29,9 +31,14 @@ impl SqliteOutbox {
     /// The outbox on `tables.outbox`.
     pub fn new(tables: &Tables) -> Self {
         let table = tables.outbox.to_string();
+        // A due time (seconds since the epoch) in inoutbox's timestamp text; one that has
+        // passed is stored as NULL: due at once (migration outbox v5).
+        let due = "strftime('%Y-%m-%dT%H:%M:%fZ', $9, 'unixepoch')";
         let insert = format!(
-            "INSERT INTO {table} (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+            "INSERT INTO {table} \
+               (id, aggregatetype, aggregateid, type, topic, message_key, payload, headers, due_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+               CASE WHEN {due} > {NOW} THEN {due} END)"
         );
         Self {
             table,
@@ -47,6 +54,7 @@ impl SqliteOutbox {
     ) -> Result<Vec<Uuid>, EnqueueError> {
         let mut ids = Vec::with_capacity(rows.len());
         for row in rows {
+            let due = row.due_epoch_seconds();
             sqlx::query::<Sqlite>(self.insert.clone())
                 .bind(row.id.to_string())
                 .bind(&row.aggregate_type)
@@ -56,6 +64,7 @@ impl SqliteOutbox {
                 .bind(&row.key)
                 .bind(row.payload)
                 .bind(Value::Object(row.headers).to_string())
+                .bind(due)
                 .execute(&mut *conn)
                 .await
                 .map_err(|e| EnqueueError::Store {

@@ -9,7 +9,10 @@
 //! releases it after [`LEASE`] ([`SqliteRelayStore::lease`]). Writing the lease is atomic (one
 //! writer at a time). A row whose id is not a UUID is parked with the reason (it holds its
 //! key, as every parked row does, until it is unparked). There is no
-//! NOTIFY: the relay polls at its poll interval.
+//! NOTIFY: the relay polls at its poll interval, and wakes up at the next due time of a
+//! scheduled row. A scheduled row not yet due is skipped by the read's walk in `seq` order
+//! (SQLite's outbox is meant for small volumes: many rows scheduled far ahead cost each read a
+//! pass over them).
 
 use std::time::Duration;
 
@@ -59,6 +62,7 @@ struct Statements {
     record_failure: Stmt,
     purge: Stmt,
     backlog: Stmt,
+    next_due: Stmt,
 }
 
 impl SqliteRelayStore {
@@ -81,11 +85,13 @@ impl SqliteRelayStore {
                 lease = later("$2")
             )),
             unlock: stmt(format!("DELETE FROM {locks} WHERE owner = $1")),
-            // A row waiting for its retry blocks the later rows of its key, and so does a
-            // parked row until it is unparked (`pending_key_idx`).
+            // A row waiting for its retry, or parked, blocks its key's later rows
+            // (`pending_key_idx`); a scheduled row not yet due is left out, blocking nothing.
             read: stmt(format!(
-                "SELECT id, seq, topic, message_key, type, payload, headers, attempts FROM {t} o \
+                "SELECT id, seq, topic, message_key, type, payload, headers, attempts, \
+                   (julianday(due_at) - 2440587.5) * 86400.0 AS due_epoch FROM {t} o \
                  WHERE published_at IS NULL AND parked_at IS NULL \
+                   AND (due_at IS NULL OR due_at <= {NOW}) \
                    AND (message_key IS NOT NULL OR next_attempt_at <= {NOW}) \
                    AND NOT EXISTS (SELECT 1 FROM {t} w \
                      WHERE w.topic = o.topic AND w.message_key = o.message_key AND w.seq <= o.seq \
@@ -116,14 +122,24 @@ impl SqliteRelayStore {
                  ORDER BY published_at LIMIT $2)",
                 before = earlier("$1")
             )),
+            // Rows not yet due are counted apart; a due scheduled row is as old as its due time.
             backlog: stmt(format!(
-                "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL), \
-                   (SELECT (julianday('now') - julianday(min(created_at))) * 86400.0 FROM {t} \
-                     WHERE published_at IS NULL AND parked_at IS NULL), \
+                "SELECT (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NULL \
+                     AND (due_at IS NULL OR due_at <= {NOW})), \
+                   (SELECT (julianday('now') - julianday(min(coalesce(due_at, created_at)))) \
+                       * 86400.0 FROM {t} \
+                     WHERE published_at IS NULL AND parked_at IS NULL \
+                       AND (due_at IS NULL OR due_at <= {NOW})), \
                    (SELECT count(*) FROM {t} WHERE published_at IS NULL AND parked_at IS NOT NULL), \
                    (SELECT count(*) FROM (SELECT DISTINCT topic, message_key FROM {t} \
                      WHERE published_at IS NULL AND parked_at IS NOT NULL \
-                       AND message_key IS NOT NULL))"
+                       AND message_key IS NOT NULL)), \
+                   (SELECT count(*) FROM {t} WHERE due_at > {NOW} AND published_at IS NULL \
+                     AND parked_at IS NULL)"
+            )),
+            next_due: stmt(format!(
+                "SELECT (julianday(min(due_at)) - julianday('now')) * 86400.0 FROM {t} \
+                 WHERE due_at > {NOW} AND published_at IS NULL AND parked_at IS NULL"
             )),
         };
         Self {
@@ -176,6 +192,7 @@ fn pending_row(
         payload: row.try_get("payload")?,
         headers,
         attempts: attempts as i32,
+        due_at: row.try_get("due_epoch")?,
     }))
 }
 
@@ -268,6 +285,16 @@ impl RelaySession for SqliteRelaySession {
         }
     }
 
+    async fn next_due<'a>(&'a mut self, slots: &'a [u32]) -> Result<Option<Duration>, StoreError> {
+        if !slots.contains(&0) {
+            return Ok(None);
+        }
+        let secs: Option<f64> = sqlx::query_scalar(self.sql.next_due.clone())
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(secs.map(crate::relay::due_in))
+    }
+
     fn renew_every(&self) -> Option<Duration> {
         Some(self.lease / 4)
     }
@@ -342,11 +369,13 @@ impl RelayStore for SqliteRelayStore {
     }
 
     async fn backlog(&self) -> Result<Backlog, StoreError> {
-        let (unpublished, oldest, parked, held): (i64, Option<f64>, i64, i64) =
+        let (unpublished, oldest, parked, held, scheduled): (i64, Option<f64>, i64, i64, i64) =
             sqlx::query_as(self.sql.backlog.clone())
                 .fetch_one(&self.pool)
                 .await?;
-        Ok(Backlog::new(unpublished, oldest, parked).with_held_keys(held))
+        Ok(Backlog::new(unpublished, oldest, parked)
+            .with_held_keys(held)
+            .with_scheduled(scheduled))
     }
 }
 

@@ -30,6 +30,8 @@ pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("outbox", "retry_idx"),
     ("outbox", "slot"),
     ("outbox", "order"),
+    ("outbox", "ready_idx"),
+    ("outbox", "scheduled_idx"),
 ];
 
 /// The names of inoutbox's tables. Every name is a validated identifier; set a schema to keep

@@ -72,6 +72,8 @@ pub const OUTBOX_OLDEST_UNPUBLISHED_AGE: &str = "inoutbox_outbox_oldest_unpublis
 pub const OUTBOX_PARKED_ROWS: &str = "inoutbox_outbox_parked";
 /// Gauge: keys held by a parked outbox row (their later rows wait until it is unparked).
 pub const OUTBOX_HELD_KEYS: &str = "inoutbox_outbox_held_keys";
+/// Gauge: scheduled outbox rows not yet due (`enqueue_at`, `enqueue_after`).
+pub const OUTBOX_SCHEDULED: &str = "inoutbox_outbox_scheduled";
 
 /// What kind of metric a name is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,6 +247,12 @@ pub const ALL: &[Metric] = &[
         labels: &[],
         help: "Keys held by a parked outbox row: their later rows wait until it is unparked.",
     },
+    Metric {
+        name: OUTBOX_SCHEDULED,
+        kind: Kind::Gauge,
+        labels: &[],
+        help: "Scheduled outbox rows not yet due.",
+    },
 ];
 
 /// Registers the description of every metric in [`ALL`] with the installed recorder (the
@@ -281,6 +289,6 @@ mod tests {
                 m.name
             );
         }
-        assert_eq!(ALL.len(), 24);
+        assert_eq!(ALL.len(), 25);
     }
 }
