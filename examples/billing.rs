@@ -8,8 +8,9 @@
 //!
 //! Messages are JSON (`{"order_id": "<uuid>", "total_cents": 1200}`) in CloudEvents binary mode:
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
-//! `content-type: application/json`. It logs one line per message and runs until SIGTERM;
-//! `RUST_LOG` (targets syntax) changes what is logged.
+//! `content-type: application/json`. It logs one line per message (inoutbox logs them at debug:
+//! this example shows `inoutbox::engine` at debug) and runs until SIGTERM; `RUST_LOG` (targets
+//! syntax) changes what is logged.
 //!
 //! `--finish-slowly-ms N` (for the graceful-stop test) makes the handler wait N ms after
 //! writing the invoice, saying so on stderr, so a stop can arrive while a message is in hand.
@@ -26,7 +27,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
+use common::{env, flag, OrderCreated};
 
 /// How long the handler waits after writing an invoice (`--finish-slowly-ms`; zero by default).
 static FINISH_SLOWLY: OnceLock<Duration> = OnceLock::new();
@@ -57,18 +58,21 @@ const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
 
 #[tokio::main]
 async fn main() -> Result<(), common::Failure> {
-    // `RUST_LOG` picks what is logged, in targets syntax (e.g. `info,inoutbox_runtime::kafka=debug`
-    // shows when a partition is no longer owned and its offset not committed); info by default.
-    match std::env::var("RUST_LOG")
+    // `RUST_LOG` picks what is logged, in targets syntax (e.g. `info,inoutbox::kafka=debug`
+    // shows when a partition is no longer owned and its offset not committed); by default info,
+    // and each message's line (debug, `inoutbox::engine`): the crash and network tests read them.
+    let filter = std::env::var("RUST_LOG")
         .ok()
         .and_then(|s| s.parse::<Targets>().ok())
-    {
-        Some(filter) => tracing_subscriber::registry()
-            .with(tracing_subscriber::fmt::layer().with_target(false))
-            .with(filter)
-            .init(),
-        None => tracing_subscriber::fmt().with_target(false).init(),
-    }
+        .unwrap_or_else(|| {
+            Targets::new()
+                .with_default(tracing::Level::INFO)
+                .with_target("inoutbox::engine", tracing::Level::DEBUG)
+        });
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_target(false))
+        .with(filter)
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let topic = flag(&args, "--topic", "orders")?;
     let group = flag(&args, "--group", "billing")?;
@@ -83,10 +87,7 @@ async fn main() -> Result<(), common::Failure> {
     sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
 
-    let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
-        |kafka, (k, v)| kafka.set(*k, *v),
-    );
+    let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
     inoutbox::Consumer::builder(group, store, kafka)
         .build()?
         .run_until_signal()

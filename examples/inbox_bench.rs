@@ -58,9 +58,7 @@ use uuid::Uuid;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{
-    create_topic, flag, order_created_headers, BoxError, OrderCreated, QUICK_GROUP_SETTINGS,
-};
+use common::{create_topic, flag, order_created_headers, BoxError, OrderCreated};
 
 /// The inbox group of runs B, C and D; each run still has a Kafka group id of its own.
 const GROUP: &str = "bench";
@@ -177,7 +175,7 @@ struct Broker {
 }
 
 /// The fetch wait of every run on `KAFKA_BROKERS` (the baseline too), besides
-/// [`QUICK_GROUP_SETTINGS`]: Tansu holds a fetch for its whole wait even when it has messages
+/// [`QUICK_JOIN`](inoutbox::kafka::QUICK_JOIN): Tansu holds a fetch for its whole wait even when it has messages
 /// to return, so a consumer's rate on it is bounded by what one fetch returns per wait. Kafka
 /// answers at once when it has messages, where the wait changes nothing.
 const BROKER_FETCH_WAIT: (&str, &str) = ("fetch.wait.max.ms", "20");
@@ -189,7 +187,7 @@ impl Broker {
         if self.in_process.is_some() {
             InProcessKafka::consumer_settings().to_vec()
         } else {
-            [QUICK_GROUP_SETTINGS, &[BROKER_FETCH_WAIT]].concat()
+            [inoutbox::kafka::QUICK_JOIN, &[BROKER_FETCH_WAIT]].concat()
         }
     }
 

@@ -1,32 +1,30 @@
-//! Operations endpoints beside a running consumer and relay, with nothing installed: SQLite in a
-//! temporary directory and an in-process Kafka. Serves the inoutbox metrics for Prometheus on
-//! `--metrics` (default `127.0.0.1:9000`, path `/metrics`) and liveness and readiness on
-//! `--health` (default `127.0.0.1:9001`, paths `/healthz` and `/readyz`), while ten orders go
-//! through the outbox, the relay and the billing consumer; one of them is poisoned and ends as
-//! a dead letter.
+//! Operations endpoint beside a running consumer and relay, with nothing installed: the
+//! zero-setup `App` (SQLite in a temporary directory and an in-process Kafka) with
+//! `ops_endpoint`, serving on `--addr` (default `127.0.0.1:9000`) the inoutbox metrics for
+//! Prometheus (`/metrics`), liveness (`/healthz`) and readiness (`/readyz`), while ten orders
+//! go through the outbox, the relay and the billing consumer; one of them is poisoned and ends
+//! as a dead letter. Needs the `http` feature.
 //!
 //! ```text
-//! cargo run --example ops               # serves until Ctrl-C
-//! cargo run --example ops -- --exit     # prints the scrape and the health once the orders are through
+//! cargo run --features http --example ops               # serves until Ctrl-C
+//! cargo run --features http --example ops -- --exit     # prints the scrape and the health once the orders are through
 //! curl -s 127.0.0.1:9000/metrics | grep '^inoutbox_'
-//! curl -si 127.0.0.1:9001/readyz
+//! curl -si 127.0.0.1:9000/readyz
 //! ```
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use inoutbox::kafka::{InProcessKafka, KafkaProducer};
+use inoutbox::app::{ConsumerSpec, RelaySpec, Store};
 use inoutbox::prelude::*;
-use inoutbox::{Consumer, Relay, RetryPolicy, SqliteStore};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use tokio::net::TcpListener;
+use inoutbox::telemetry::Health;
+use inoutbox::{App, RetryPolicy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use uuid::Uuid;
 
 #[allow(dead_code)] // each example uses only some of the shared helpers
 #[path = "common/mod.rs"]
 mod common;
-#[path = "common/ops_http.rs"]
-mod ops_http;
 
 use common::{flag, BoxError, Failure, OrderCreated};
 
@@ -57,63 +55,37 @@ async fn main() -> Result<(), Failure> {
         .with_max_level(tracing::Level::WARN)
         .init();
     let args: Vec<String> = std::env::args().collect();
-    let metrics: SocketAddr = flag(&args, "--metrics", "127.0.0.1:9000")?.parse()?;
-    let health: SocketAddr = flag(&args, "--health", "127.0.0.1:9001")?.parse()?;
+    let addr: SocketAddr = flag(&args, "--addr", "127.0.0.1:9000")?.parse()?;
     let exit = args.iter().any(|a| a == "--exit");
-    let dir = std::env::temp_dir().join(format!("inoutbox-ops-{}", Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir)?;
-    let result = run(metrics, health, exit, &dir.join("ops.db")).await;
-    let _ = std::fs::remove_dir_all(&dir);
-    Ok(result?)
+    Ok(run(addr, exit).await?)
 }
 
-async fn run(
-    metrics: SocketAddr,
-    health: SocketAddr,
-    exit: bool,
-    path: &std::path::Path,
-) -> Result<(), BoxError> {
-    // First the recorder: consumers and relays take their metric handles when built.
-    ops_http::install_prometheus(metrics)?;
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(
-            SqliteConnectOptions::new()
-                .filename(path)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(30)),
-        )
-        .await?;
+async fn run(addr: SocketAddr, exit: bool) -> Result<(), BoxError> {
+    let app = App::connect(None, None).await?;
+    let Store::Sqlite(store) = app.store().clone() else {
+        return Err("the zero-setup store is SQLite".into());
+    };
+    let pool = store.pool().clone();
     sqlx::raw_sql(
         "CREATE TABLE invoices (id integer PRIMARY KEY AUTOINCREMENT, order_id blob NOT NULL, total_cents integer NOT NULL)",
     )
     .execute(&pool)
     .await?;
-    let store = SqliteStore::new(pool.clone());
-    store.migrate().await?;
-    let kafka = InProcessKafka::start()?;
-    kafka.create_topic("orders", 3)?;
-
-    let relay = Relay::builder(store.clone(), KafkaProducer::new(kafka.brokers()))
+    app.create_topic("orders", 3).await?;
+    let billing = ConsumerSpec::new("billing", ["orders"])
+        .retry(RetryPolicy::no_retries())
+        .sample_interval(Duration::from_secs(1));
+    let relay = RelaySpec::new()
         .source("ops-example")
         .poll_interval(Duration::from_millis(50))
-        .sample_interval(Duration::from_secs(1))
-        .build()?;
-    let config = kafka.consumer_config(["orders"]);
-    let consumer = Consumer::builder("billing", store.clone(), config)
-        .retry(RetryPolicy::no_retries())
-        .sample_interval(Duration::from_secs(1))
-        .build()?;
-    let components = vec![("consumer", consumer.health()), ("relay", relay.health())];
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let until = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let relay = tokio::spawn(relay.run(until(stopped.clone())));
-    let consumer = tokio::spawn(consumer.run(until(stopped.clone())));
-    let listener = TcpListener::bind(health).await?;
-    tokio::spawn(ops_http::serve_health(listener, components.clone()));
+        .sample_interval(Duration::from_secs(1));
+    let mut app = app
+        .consumer_with(billing)
+        .relay_with(relay)
+        .ops_endpoint(addr);
+    let parts: Vec<Health> = app.health().iter().map(|(_, h)| h.clone()).collect();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
 
     for i in 0..ORDERS {
         let total_cents = if i == 3 { POISONED_CENTS } else { 1000 + i };
@@ -125,33 +97,30 @@ async fn run(
         inoutbox::outbox::enqueue(&mut tx, &event).await?;
         tx.commit().await?;
     }
-    wait_until_through(&pool, &components).await?;
-    println!("metrics: http://{metrics}/metrics   health: http://{health}/healthz, http://{health}/readyz");
+    wait_until_through(&pool, &parts).await?;
+    println!(
+        "metrics: http://{addr}/metrics   health: http://{addr}/healthz, http://{addr}/readyz"
+    );
     if exit {
-        let (_, scrape) = ops_http::get(metrics, "/metrics").await?;
+        let (_, scrape) = get(addr, "/metrics").await?;
         for line in scrape
             .lines()
             .filter(|l| l.starts_with("inoutbox_") && !l.contains("_bucket"))
         {
             println!("{line}");
         }
-        let (status, body) = ops_http::get(health, "/readyz").await?;
+        let (status, body) = get(addr, "/readyz").await?;
         println!("GET /readyz -> {status} {body}");
+        stop.cancel();
     } else {
         println!("serving; Ctrl-C to stop");
-        inoutbox::shutdown_signal().await;
     }
-    let _ = stop.send(true);
-    relay.await??;
-    consumer.await??;
+    running.await??;
     Ok(())
 }
 
 /// Waits until every order is invoiced or dead-lettered and the gauges were sampled after.
-async fn wait_until_through(
-    pool: &sqlx::SqlitePool,
-    components: &[(&'static str, inoutbox::telemetry::Health)],
-) -> Result<(), BoxError> {
+async fn wait_until_through(pool: &sqlx::SqlitePool, parts: &[Health]) -> Result<(), BoxError> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
@@ -160,7 +129,7 @@ async fn wait_until_through(
         let letters: i64 = sqlx::query_scalar("SELECT count(*) FROM inoutbox_dead_letters")
             .fetch_one(pool)
             .await?;
-        let ready = components.iter().all(|(_, h)| h.ready());
+        let ready = parts.iter().all(Health::ready);
         if invoices == ORDERS - 1 && letters == 1 && ready {
             // One more sample of the gauges (every second here).
             tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -174,4 +143,23 @@ async fn wait_until_through(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// `GET path` on `addr`: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, b)| b.to_owned());
+    Ok((status, body))
 }

@@ -14,7 +14,7 @@ use sqlx::postgres::PgPoolOptions;
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
+use common::{env, flag, OrderCreated};
 
 #[inbox_handler(event = "OrderCreated", group = "soak")]
 async fn invoice_with_faults(
@@ -47,10 +47,7 @@ async fn main() -> Result<(), common::Failure> {
         .await?;
     let store = inoutbox::PgStore::new(pool);
     store.migrate().await?;
-    let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
-        |kafka, (k, v)| kafka.set(*k, *v),
-    );
+    let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
     let retry =
         inoutbox::RetryPolicy::default()
             .max_attempts(3)

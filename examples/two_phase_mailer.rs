@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 #[path = "common/mod.rs"]
 mod common;
 
-use common::{env, flag, OrderCreated, QUICK_GROUP_SETTINGS};
+use common::{env, flag, OrderCreated};
 
 /// The handler's settings, from the command line.
 struct Settings {
@@ -164,10 +164,7 @@ async fn main() -> Result<(), common::Failure> {
     };
     let _ = SETTINGS.set(settings);
 
-    let kafka = QUICK_GROUP_SETTINGS.iter().fold(
-        inoutbox::KafkaConfig::new(brokers, [topic.as_str()]),
-        |kafka, (k, v)| kafka.set(*k, *v),
-    );
+    let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
     let mut builder = inoutbox::Consumer::builder("mailing", store, kafka)
         .two_phase_workers(workers)
         .lease(Duration::from_millis(lease_ms))

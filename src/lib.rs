@@ -82,8 +82,8 @@ pub mod db {
 pub mod admin {
     #[doc(inline)]
     pub use inoutbox_runtime::admin::{
-        consumer_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow, EffectsStatus,
-        GroupStatus, OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
+        consumer_lag, impossible_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow,
+        EffectsStatus, GroupStatus, OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
     };
 }
 
@@ -208,8 +208,17 @@ pub mod testing {
 pub mod telemetry {
     #[doc(inline)]
     pub use inoutbox_runtime::telemetry::{
-        metric, Health, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER,
+        metric, Health, DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, DEFAULT_SUMMARY_INTERVAL,
     };
+}
+
+/// (Feature `http`.) The operations endpoint: `/metrics` (Prometheus), `/healthz`, `/readyz`
+/// ([`OpsEndpoint`](ops::OpsEndpoint), served for an app by
+/// [`App::ops_endpoint`](crate::App::ops_endpoint)), and the Prometheus recorder behind it.
+#[cfg(feature = "http")]
+pub mod ops {
+    #[doc(inline)]
+    pub use inoutbox_runtime::ops::{install_prometheus, OpsEndpoint, OpsError, Prometheus};
 }
 
 /// The Kafka transport: the consumer's settings ([`KafkaConfig`](kafka::KafkaConfig)), the
@@ -218,7 +227,7 @@ pub mod telemetry {
 pub mod kafka {
     #[doc(inline)]
     pub use inoutbox_runtime::kafka::{
-        InProcessKafka, KafkaConfig, KafkaProducer, KafkaPublisher, KafkaTransportError,
+        InProcessKafka, KafkaConfig, KafkaProducer, KafkaPublisher, KafkaTransportError, QUICK_JOIN,
     };
     #[doc(inline)]
     pub use inoutbox_runtime::names::{

@@ -1,6 +1,8 @@
 //! `inoutbox::App`: its parts run under one shutdown token; the first error of any part stops the
 //! others and is returned; a group that cannot be set up fails the start.
 
+mod support;
+
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -249,4 +251,238 @@ async fn the_debug_of_every_configuration_that_takes_a_secret_hides_it() {
     let shown = format!("{kafka:?} {kafka:#?} {producer:?} {store:?} {app_store:?} {admin:?}");
     assert!(url.contains("pw-database"), "{url}");
     assert!(!shown.contains("pw-"), "a secret in Debug output:\n{shown}");
+}
+
+/// The handler of the ops test's own group (the other tests run `app-test` at the same time).
+#[inbox_handler(event = "AppPing", group = "app-ops", stores(postgres, sqlite))]
+async fn pinged_ops<D: Db>(_event: AppPing, _tx: &mut Tx<'_, D>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+/// Log events of the process, as (level, target, fields) with the message in `message`.
+#[cfg(feature = "http")]
+mod captured {
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing_subscriber::layer::{Context, Layer};
+
+    /// One event: its level and its fields as `name=value` (Debug of the value).
+    #[derive(Clone, Debug)]
+    pub struct Event {
+        pub level: tracing::Level,
+        pub fields: Vec<(String, String)>,
+    }
+
+    impl Event {
+        pub fn field(&self, name: &str) -> Option<&str> {
+            self.fields
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        }
+    }
+
+    /// A layer that keeps every event.
+    #[derive(Clone, Default)]
+    pub struct Events(pub Arc<Mutex<Vec<Event>>>);
+
+    struct Fields(Vec<(String, String)>);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push((field.name().to_owned(), format!("{value:?}")));
+        }
+        fn record_str(&mut self, field: &Field, value: &str) {
+            self.0.push((field.name().to_owned(), value.to_owned()));
+        }
+    }
+
+    impl<S: tracing::Subscriber> Layer<S> for Events {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            let mut fields = Fields(Vec::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(Event {
+                level: *event.metadata().level(),
+                fields: fields.0,
+            });
+        }
+    }
+
+    impl Events {
+        /// The events of `group` whose message is `message`.
+        pub fn of(&self, group: &str, message: &str) -> Vec<Event> {
+            self.0
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|e| e.field("group") == Some(group) && e.field("message") == Some(message))
+                .cloned()
+                .collect()
+        }
+    }
+}
+
+/// Waits (at most 60 s) until `done` holds for the answer to `GET path`; returns the last one.
+#[cfg(feature = "http")]
+async fn get_until(
+    addr: std::net::SocketAddr,
+    path: &str,
+    done: impl Fn(u16, &str) -> bool,
+) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (status, body) = support::http_get(addr, path)
+            .await
+            .unwrap_or((0, "not listening".to_owned()));
+        if done(status, &body) || Instant::now() > deadline {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An app with `ops_endpoint` serves `/metrics` (what its consumer did), `/healthz` and
+/// `/readyz` (the health of its parts, which `ConsumerSpec::health` hands out beforehand) over
+/// HTTP; each message is logged at debug, and the group's summary at info.
+#[cfg(feature = "http")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ops_endpoint_serves_metrics_and_probes_and_the_log_summarises_each_group() {
+    use inoutbox::app::RelaySpec;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let events = captured::Events::default();
+    let subscriber = tracing_subscriber::registry().with(events.clone());
+    tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+    let addr = {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("addr")
+    };
+    let app = App::connect(None, None).await.expect("zero-setup app");
+    app.create_topic("app-pings", 1).await.expect("topic");
+    let Store::Sqlite(store) = app.store().clone() else {
+        panic!("zero-setup store")
+    };
+    let spec = ConsumerSpec::new("app-ops", ["app-pings"])
+        .summary_interval(Duration::from_millis(200))
+        .sample_interval(Duration::from_millis(200));
+    let health = spec.health();
+    let relay = RelaySpec::new()
+        .poll_interval(Duration::from_millis(50))
+        .sample_interval(Duration::from_millis(200));
+    let mut app = app.consumer_with(spec).relay_with(relay).ops_endpoint(addr);
+    assert_eq!(app.health().len(), 2, "the consumer and the relay");
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+    for id in 0..3 {
+        let mut tx = store.pool().begin().await.expect("begin");
+        inoutbox::outbox::enqueue(&mut tx, &AppPing { id })
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+
+    let processed = r#"inoutbox_inbox_processed_total{group="app-ops",event_type="AppPing"} 3"#;
+    let (status, scrape) = get_until(addr, "/metrics", |_, b| b.contains(processed)).await;
+    assert_eq!(status, 200);
+    assert!(scrape.contains(processed), "{scrape}");
+    assert!(
+        scrape.contains("# HELP inoutbox_inbox_processed_total"),
+        "{scrape}"
+    );
+    let (status, body) = get_until(addr, "/readyz", |s, _| s == 200).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""app-ops":{"database":true,"joined":true"#),
+        "{body}"
+    );
+    assert!(body.contains(r#""relay":{"#), "{body}");
+    assert_eq!(get_until(addr, "/healthz", |_, _| true).await.0, 200);
+    assert_eq!(get_until(addr, "/nothing", |_, _| true).await.0, 404);
+    assert!(health.ready(), "the spec's handle is the consumer's");
+
+    // Each message at debug, never at info; the summary at info counts all three.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let summarised = || -> u64 {
+        events
+            .of("app-ops", "summary")
+            .iter()
+            .filter(|e| e.level == tracing::Level::INFO)
+            .filter_map(|e| e.field("processed")?.parse::<u64>().ok())
+            .sum()
+    };
+    while summarised() < 3 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(summarised(), 3, "the summaries count the three messages");
+    let lines = events.of("app-ops", "processed");
+    assert_eq!(lines.len(), 3, "one line per message: {lines:?}");
+    assert!(
+        lines.iter().all(|e| e.level == tracing::Level::DEBUG),
+        "per-message lines at debug: {lines:?}"
+    );
+
+    stop.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(40), running)
+        .await
+        .expect("run returned")
+        .expect("join");
+    assert!(result.is_ok(), "{result:?}");
+    assert!(!health.live(), "stopped");
+}
+
+/// Schedules an effect `app-ping-seen` carrying the ping's id.
+#[inbox_handler(event = "AppPing", group = "app-effects")]
+async fn ping_seen(
+    event: AppPing,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    inoutbox::effects::after_commit(tx, meta, "app-ping-seen", &event.id).await?;
+    Ok(())
+}
+
+/// An effect executor given to a `ConsumerSpec` runs in the app's consumer (PostgreSQL, where
+/// effects are kept, and the in-process Kafka).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_spec_takes_the_effect_executors_of_its_group() {
+    let db = support::TestDb::new("app_effects").await;
+    let app = App::connect(Some(&db.url()), None).await.expect("app");
+    app.create_topic("app-pings", 1).await.expect("topic");
+    let Store::Postgres(store) = app.store().clone() else {
+        panic!("a PostgreSQL store")
+    };
+    let (seen, mut executed) = tokio::sync::mpsc::unbounded_channel::<i64>();
+    let spec = ConsumerSpec::new("app-effects", ["app-pings"]).effect(
+        "app-ping-seen",
+        move |effect: inoutbox::effects::Effect| {
+            let seen = seen.clone();
+            async move {
+                let _ = seen.send(effect.payload_as::<i64>()?);
+                Ok(())
+            }
+        },
+    );
+    let mut app = app.consumer_with(spec).relay();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+    for id in [7, 8] {
+        let mut tx = store.pool().begin().await.expect("begin");
+        inoutbox::outbox::enqueue(&mut tx, &AppPing { id })
+            .await
+            .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let mut ids = Vec::new();
+    while ids.len() < 2 {
+        match tokio::time::timeout(Duration::from_secs(60), executed.recv()).await {
+            Ok(Some(id)) => ids.push(id),
+            other => panic!("the executor ran for {ids:?}, then {other:?}"),
+        }
+    }
+    ids.sort_unstable();
+    assert_eq!(ids, [7, 8], "the spec's executor ran each effect");
+    stop.cancel();
+    let result = running.await.expect("join");
+    assert!(result.is_ok(), "{result:?}");
 }

@@ -165,6 +165,10 @@ fn delivery(offset: i64, event_type: &str, payload: &str) -> Delivery {
     }
 }
 
+/// A payload that is not a `CliOrder`, its keys out of order and a number as the producer
+/// wrote it (`1.50`): `show` must keep the order, `show --raw` every byte.
+const MALFORMED: &str = "{\"zeta\": 1,  \"order_id\":\"not-a-uuid\", \"amount\": 1.50}";
+
 fn order(total: i64) -> String {
     format!(
         r#"{{"order_id":"{}","total_cents":{total}}}"#,
@@ -236,11 +240,7 @@ async fn every_subcommand_works_on_postgres() {
     .await
     .expect("books_closed");
     let inbox = Inbox::new(db.store(), "cli", once()).expect("inbox");
-    let malformed = dead_letter_id(
-        &inbox,
-        delivery(1, "CliOrder", r#"{"order_id":"not-a-uuid"}"#),
-    )
-    .await;
+    let malformed = dead_letter_id(&inbox, delivery(1, "CliOrder", MALFORMED)).await;
     let closed = dead_letter_id(&inbox, delivery(2, "CliOrder", &order(1200))).await;
     sqlx::raw_sql("DELETE FROM books_closed")
         .execute(&db.pool)
@@ -405,6 +405,15 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
         .inoutbox(&["dead-letters", "show", &malformed.to_string(), "--json"])
         .json();
     assert_eq!(show_json["payload"]["order_id"], "not-a-uuid");
+    let at = |text: &str| show.stdout.find(text).unwrap_or(usize::MAX);
+    assert!(
+        at("\"zeta\": 1,") < at("\"order_id\"") && at("\"order_id\"") < at("\"amount\": 1.50"),
+        "the payload's keys in their stored order:\n{}",
+        show.stdout
+    );
+    let raw = t.inoutbox(&["dead-letters", "show", &malformed.to_string(), "--raw"]);
+    assert_eq!(raw.code, 0, "{}", raw.stderr);
+    assert_eq!(raw.stdout, MALFORMED, "the stored bytes, exactly");
     assert_eq!(t.inoutbox(&["dead-letters", "show", "999999"]).code, 3);
 
     let standalone = t.inoutbox(&["dead-letters", "replay", &closed.to_string()]);
@@ -431,6 +440,18 @@ async fn dead_letters_on_postgres(db: &TestDb, t: &Target, malformed: i64, close
     );
     let again = t.app(&["dead-letters", "replay", &malformed.to_string()]);
     assert_eq!(again.code, 1, "a letter that fails again: {}", again.stdout);
+    assert!(
+        again.stdout.contains(&format!(
+            "dead letter {malformed} was dead-lettered again: "
+        )),
+        "a sentence: {}",
+        again.stdout
+    );
+    assert!(
+        !again.stdout.contains("DeadLettered {"),
+        "no Debug dump: {}",
+        again.stdout
+    );
     let s = t.inoutbox(&["status", "--json"]).json();
     assert_eq!(s["groups"][0]["dead_letters_pending"], 1);
 
@@ -804,6 +825,9 @@ async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
     }
     running.stop().await;
     support::send(&producer, &topic, send(0, None)).await;
+    // Partition 1 holds 2 messages; a committed offset of 1000 is past its end (a topic
+    // deleted and created again looks like this).
+    commit(&broker.brokers, "cli", &topic, 1, 1000);
 
     let t = Target(vec![
         "--database-url".into(),
@@ -824,12 +848,30 @@ async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
         .as_array()
         .expect("kafka_lag")
         .iter()
-        .map(|l| (l["partition"].as_i64().unwrap(), l["lag"].as_i64().unwrap()))
+        .filter_map(|l| Some((l["partition"].as_i64()?, l["lag"].as_i64()?)))
         .collect();
     assert_eq!(
         lags,
-        [(0, 1), (1, 0)],
-        "one message sent after the consumer stopped"
+        [(0, 1)],
+        "one message sent after the consumer stopped; partition 1 has no lag to show"
+    );
+    let impossible = &json["kafka_lag"][1];
+    assert_eq!(
+        (impossible["partition"].as_i64(), &impossible["lag"]),
+        (Some(1), &Value::Null),
+        "{json}"
+    );
+    let hint = format!("committed offset 1000 on {topic}/1, past its end (2)");
+    assert!(
+        impossible["impossible"]
+            .as_str()
+            .is_some_and(|h| h.contains(&hint)),
+        "{json}"
+    );
+    assert!(
+        status.stdout.contains(&format!("! group `cli` {hint}")),
+        "{}",
+        status.stdout
     );
     let id = t.inoutbox(&["dead-letters", "list", "--json"]).json()[0]["id"]
         .as_i64()
@@ -840,5 +882,28 @@ async fn status_shows_a_poisoned_message_and_the_kafka_lag() {
         show.stdout.contains("\"total_cents\": \"lots\""),
         "{}",
         show.stdout
+    );
+}
+
+/// Commits `offset` for `group` on `topic`/`partition`, as a member of no generation (the group
+/// has no member).
+fn commit(brokers: &str, group: &str, topic: &str, partition: i32, offset: i64) {
+    use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer as _};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut offsets = rdkafka::TopicPartitionList::new();
+    offsets
+        .add_partition_offset(topic, partition, rdkafka::Offset::Offset(offset))
+        .expect("offset");
+    consumer
+        .commit(&offsets, CommitMode::Sync)
+        .expect("commit an offset past the end");
+    assert_eq!(
+        support::committed(brokers, group, topic, partition),
+        Some(offset)
     );
 }

@@ -685,7 +685,10 @@ async fn consumer_cut_off_from_the_broker_past_its_session_commits_nothing_it_lo
 
     // The old member, on a link of its own (its connections are told apart by process), with
     // the transport's debug lines; then a second member.
-    let debug = [("RUST_LOG", "info,inoutbox_runtime::kafka=debug")];
+    let debug = [(
+        "RUST_LOG",
+        "info,inoutbox_runtime::kafka=debug,inoutbox::engine=debug",
+    )];
     let mut old = ChildProcess::start_with("billing", &url, broker.brokers(), &args, &debug);
     let link = broker
         .proxy

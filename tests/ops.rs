@@ -1,13 +1,13 @@
 //! Operations: the metrics a Prometheus scrape finds (served as `examples/ops.rs` serves them),
 //! the health probes, and the store queries behind the gauges, on PostgreSQL and SQLite.
 //!
-//! The scrape test installs the process-wide `metrics` recorder: it is the only test of this
-//! binary that records metrics.
+//! The scrape test (feature `http`) installs the process-wide `metrics` recorder and serves
+//! `inoutbox::ops::OpsEndpoint`: it is the only test of this binary that records metrics.
+
+// Without `http` only the store queries behind the gauges are tested here.
+#![cfg_attr(not(feature = "http"), allow(unused))]
 
 mod support;
-
-#[path = "../examples/common/ops_http.rs"]
-mod ops_http;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,16 +71,11 @@ fn value(scrape: &str, name: &str, labels: &[&str]) -> Option<f64> {
     })
 }
 
-fn free_port() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
-    l.local_addr().expect("local addr")
-}
-
 /// Scrapes until `done` holds for the scrape (or 60 s pass); returns the last scrape.
 async fn scrape_until(addr: SocketAddr, done: impl Fn(&str) -> bool) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let scrape = match ops_http::get(addr, "/metrics").await {
+        let scrape = match support::http_get(addr, "/metrics").await {
             Ok((200, body)) => body,
             other => format!("{other:?}"),
         };
@@ -91,10 +86,10 @@ async fn scrape_until(addr: SocketAddr, done: impl Fn(&str) -> bool) -> String {
     }
 }
 
+#[cfg(feature = "http")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follows_the_consumer() {
-    let metrics_addr = free_port();
-    ops_http::install_prometheus(metrics_addr).expect("install the Prometheus recorder");
+    let prometheus = inoutbox::ops::install_prometheus().expect("install the Prometheus recorder");
     let db = TestDb::new("ops").await;
     let store = db.migrated_store().await;
     let kafka = InProcessKafka::start().expect("in-process kafka");
@@ -138,13 +133,16 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
         !consumer_health.live() && !relay_health.live(),
         "not live before run"
     );
-    let health_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let health_addr = health_listener.local_addr().unwrap();
-    let components = vec![
-        ("consumer", consumer_health.clone()),
-        ("relay", relay_health.clone()),
-    ];
-    tokio::spawn(ops_http::serve_health(health_listener, components));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (metrics_addr, health_addr) = (
+        listener.local_addr().unwrap(),
+        listener.local_addr().unwrap(),
+    );
+    let endpoint = inoutbox::ops::OpsEndpoint::new()
+        .metrics(prometheus)
+        .part("consumer", consumer_health.clone())
+        .part("relay", relay_health.clone());
+    tokio::spawn(endpoint.serve(listener, inoutbox::shutdown::CancellationToken::new()));
     let (stop_consumer, consumer_stopped) = tokio::sync::oneshot::channel::<()>();
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let relay_task = tokio::spawn(relay.run(async move {
@@ -250,20 +248,21 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
     );
 
     // Health: both live and ready, over HTTP.
-    let (status, body) = ops_http::get(health_addr, "/readyz").await.unwrap();
+    let (status, body) = support::http_get(health_addr, "/readyz").await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert!(
-        body.contains(
-            "\"consumer\":{\"live\":true,\"ready\":true,\"joined\":true,\"database\":true"
-        ),
+        body.contains("\"consumer\":{\"database\":true,\"joined\":true"),
         "{body}"
     );
     assert!(
-        body.contains("\"relay\":{\"live\":true,\"ready\":true,\"joined\":true,\"database\":true"),
+        body.contains("\"relay\":{\"database\":true,\"joined\":true"),
         "{body}"
     );
     assert!(consumer_health.last_cycle().is_some() && relay_health.last_cycle().is_some());
-    assert_eq!(ops_http::get(health_addr, "/healthz").await.unwrap().0, 200);
+    assert_eq!(
+        support::http_get(health_addr, "/healthz").await.unwrap().0,
+        200
+    );
 
     // A replay counts as replayed, and the dead-letter gauge goes back to 0.
     POISON.store(false, Ordering::SeqCst);
@@ -289,10 +288,16 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
     let _ = stop_consumer.send(());
     consumer_task.await.unwrap().expect("consumer run");
     assert!(!consumer_health.live() && !consumer_health.ready());
-    let (status, body) = ops_http::get(health_addr, "/readyz").await.unwrap();
+    let (status, body) = support::http_get(health_addr, "/readyz").await.unwrap();
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("\"consumer\":{\"live\":false"), "{body}");
-    assert_eq!(ops_http::get(health_addr, "/healthz").await.unwrap().0, 503);
+    assert!(
+        body.contains("\"consumer\":{\"database\":true,\"joined\":false"),
+        "{body}"
+    );
+    assert_eq!(
+        support::http_get(health_addr, "/healthz").await.unwrap().0,
+        503
+    );
     let _ = stop_relay.send(());
     relay_task.await.unwrap().expect("relay run");
     assert!(!relay_health.live());
@@ -400,4 +405,70 @@ async fn outbox_backlog_and_dead_letters_are_counted_on_sqlite() {
     })
     .await;
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every string of a JSON value, depth first.
+fn strings(value: &serde_json::Value, out: &mut Vec<String>) {
+    match value {
+        serde_json::Value::String(s) => out.push(s.clone()),
+        serde_json::Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+        serde_json::Value::Object(map) => map.values().for_each(|v| strings(v, out)),
+        _ => {}
+    }
+}
+
+/// The names `inoutbox_...` in `text`.
+fn metric_names(text: &str) -> Vec<&str> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("inoutbox_") {
+        let name = &rest[at..];
+        let end = name
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(name.len());
+        names.push(&name[..end]);
+        rest = &name[end..];
+    }
+    names
+}
+
+/// Whether inoutbox records a series of this name: a metric of `metric::ALL`, or the
+/// `_bucket`, `_sum` or `_count` series of one of its histograms.
+fn recorded(name: &str) -> bool {
+    metric::ALL.iter().any(|m| {
+        m.name == name
+            || (m.kind == metric::Kind::Histogram
+                && ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .any(|suffix| name.strip_suffix(suffix) == Some(m.name)))
+    })
+}
+
+/// The Grafana dashboard in `docs/` names only metrics inoutbox records: a renamed or removed
+/// metric fails here instead of leaving an empty panel.
+#[test]
+fn the_grafana_dashboard_names_only_metrics_that_exist() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/grafana-dashboard.json");
+    let text = std::fs::read_to_string(path).expect("docs/grafana-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut texts = Vec::new();
+    strings(&dashboard, &mut texts);
+    let named: Vec<&str> = texts.iter().flat_map(|t| metric_names(t)).collect();
+    assert!(
+        panels.len() > 10 && named.len() > 20,
+        "{} panels naming {} series",
+        panels.len(),
+        named.len()
+    );
+    for name in named {
+        assert!(
+            recorded(name),
+            "the dashboard names `{name}`, which inoutbox does not record (see metric::ALL)"
+        );
+    }
+    assert!(
+        !recorded("inoutbox_inbox_processed_total_bucket"),
+        "a counter has no buckets"
+    );
 }

@@ -20,6 +20,8 @@ mod ident;
 pub mod kafka;
 pub mod message;
 pub mod names;
+#[cfg(feature = "http")]
+pub mod ops;
 pub mod outbox;
 pub mod postgres;
 pub mod redact;

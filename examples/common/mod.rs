@@ -64,13 +64,6 @@ pub fn env(name: &str, example: &str) -> Result<String, String> {
     std::env::var(name).map_err(|_| format!("set {name} (e.g. {example})"))
 }
 
-/// Consumer settings for quick group joins on a real broker: a 6 s session (librdkafka's
-/// default is 45 s) makes joins and rebalances quick; a member that dies is noticed after 6 s.
-pub const QUICK_GROUP_SETTINGS: &[(&str, &str)] = &[
-    ("session.timeout.ms", "6000"),
-    ("heartbeat.interval.ms", "1000"),
-];
-
 /// Creates `topic` with `partitions` partitions (replication 1) unless it exists.
 pub async fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<(), BoxError> {
     let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()

@@ -60,10 +60,15 @@ pub(super) enum Command {
 pub(super) enum DeadLetters {
     /// Dead letters, newest first.
     List(#[command(flatten)] Filter),
-    /// One dead letter: headers, payload (pretty-printed), error and attempts.
+    /// One dead letter: headers, payload (pretty-printed, its keys in their stored order),
+    /// error and attempts.
     Show {
         /// Its id.
         id: i64,
+        /// Writes the stored payload bytes alone to stdout, exactly as stored (e.g. `> msg.json`
+        /// to send it again or diff it); takes precedence over `--json`.
+        #[arg(long)]
+        raw: bool,
     },
     /// Run dead letters through their handler again, in the inbox transaction. Needs the
     /// application's binary (`inoutbox::cli::run()`): the standalone `inoutbox` has no handlers.

@@ -9,7 +9,8 @@ use super::args::{Command, DeadLetters, Filter, Outbox};
 use super::render::{age, block, cell, or_dash, table};
 use super::{exit, Failure, Reply};
 use crate::admin::{
-    consumer_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow, EffectsStatus, Status,
+    consumer_lag, impossible_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow,
+    EffectsStatus, PartitionLag, Status,
 };
 use crate::inbox::{InboxConfig, Outcome};
 use crate::store::StoredDeadLetter;
@@ -35,7 +36,7 @@ pub(super) async fn run(
             stuck_after,
         } => status(admin, brokers.as_deref(), stuck_after).await,
         Command::DeadLetters(DeadLetters::List(filter)) => list(admin, &filter).await,
-        Command::DeadLetters(DeadLetters::Show { id }) => show(admin, id).await,
+        Command::DeadLetters(DeadLetters::Show { id, raw }) => show(admin, id, raw).await,
         Command::DeadLetters(DeadLetters::Replay { ids }) => replay(admin, &ids, config).await,
         Command::DeadLetters(DeadLetters::Discard { ids, filter, yes }) => {
             discard(admin, ids, &filter, yes).await
@@ -47,6 +48,7 @@ pub(super) async fn run(
                 text: format!("unparked {n} row(s) of {}\n", cell(&what, 200)),
                 json: json!({ "unparked": n }),
                 code: if n == 0 { exit::NOT_FOUND } else { exit::OK },
+                raw: None,
             })
         }
         Command::Purge {
@@ -80,33 +82,52 @@ async fn status(
     if let Some(brokers) = brokers {
         let groups: Vec<String> = status.groups.iter().map(|g| g.group.clone()).collect();
         let lags = consumer_lag(brokers, &groups, &[], KAFKA_TIMEOUT).await?;
-        let rows: Vec<Vec<String>> = lags
-            .iter()
-            .map(|l| {
-                vec![
-                    cell(&l.group, 40),
-                    cell(&l.topic, 40),
-                    l.partition.to_string(),
-                    l.committed.to_string(),
-                    l.high_watermark.to_string(),
-                    l.lag.to_string(),
-                ]
-            })
-            .collect();
-        text.push_str("\nKAFKA LAG\n");
-        text.push_str(&table(
-            &["GROUP", "TOPIC", "PARTITION", "COMMITTED", "END", "LAG"],
-            &rows,
-        ));
+        text.push_str(&lag_text(&lags));
         json["kafka_lag"] = lags
             .iter()
             .map(|l| {
+                let hint = impossible_lag(l);
                 json!({ "group": l.group, "topic": l.topic, "partition": l.partition,
-                        "committed": l.committed, "high_watermark": l.high_watermark, "lag": l.lag })
+                        "committed": l.committed, "high_watermark": l.high_watermark,
+                        "lag": if hint.is_some() { Value::Null } else { json!(l.lag) },
+                        "impossible": hint })
             })
             .collect();
     }
     Ok(Reply::ok(text, json))
+}
+
+/// The lag table; a row whose committed offset is past the end shows `!` for its lag, and its
+/// hint below the table.
+fn lag_text(lags: &[PartitionLag]) -> String {
+    let mut hints = String::new();
+    let rows: Vec<Vec<String>> = lags
+        .iter()
+        .map(|l| {
+            let lag = match impossible_lag(l) {
+                Some(hint) => {
+                    let _ = writeln!(hints, "! {}", cell(&hint, 1000));
+                    "!".to_owned()
+                }
+                None => l.lag.to_string(),
+            };
+            vec![
+                cell(&l.group, 40),
+                cell(&l.topic, 40),
+                l.partition.to_string(),
+                l.committed.to_string(),
+                l.high_watermark.to_string(),
+                lag,
+            ]
+        })
+        .collect();
+    let mut text = String::from("\nKAFKA LAG\n");
+    text.push_str(&table(
+        &["GROUP", "TOPIC", "PARTITION", "COMMITTED", "END", "LAG"],
+        &rows,
+    ));
+    text.push_str(&hints);
+    text
 }
 
 fn status_text(s: &Status) -> String {
@@ -275,8 +296,12 @@ async fn list(admin: &Admin, filter: &Filter) -> Result<Reply, Failure> {
     ))
 }
 
-async fn show(admin: &Admin, id: i64) -> Result<Reply, Failure> {
+async fn show(admin: &Admin, id: i64, raw: bool) -> Result<Reply, Failure> {
     let (row, stored) = admin.dead_letter(id).await?;
+    if raw {
+        // The bytes as stored (a `bytea` / `blob`), never decoded or re-encoded.
+        return Ok(Reply::raw(stored.delivery.payload.unwrap_or_default()));
+    }
     Ok(Reply::ok(
         show_text(&row, &stored),
         show_json(&row, &stored),
@@ -302,8 +327,10 @@ fn payload_text(payload: Option<&[u8]>) -> String {
     let Some(bytes) = payload else {
         return "(none)".into();
     };
-    if let Ok(value) = serde_json::from_slice::<Value>(bytes) {
-        return serde_json::to_string_pretty(&value).unwrap_or_default();
+    if serde_json::from_slice::<Value>(bytes).is_ok() {
+        if let Ok(text) = std::str::from_utf8(bytes) {
+            return indent_json(text);
+        }
     }
     match std::str::from_utf8(bytes) {
         Ok(text) => text.to_owned(),
@@ -312,6 +339,61 @@ fn payload_text(payload: Option<&[u8]>) -> String {
             s
         }),
     }
+}
+
+/// Valid JSON `text` indented as `serde_json::to_string_pretty` does, but its keys in the order
+/// the producer wrote them (a `Value` would sort them) and its numbers and strings as written.
+fn indent_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    let mut chars = text.chars().peekable();
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                    chars.next();
+                }
+                out.push(c);
+                if matches!(chars.peek(), Some('}' | ']')) {
+                    out.extend(chars.next());
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 fn show_text(row: &DeadLetterRow, stored: &StoredDeadLetter) -> String {
@@ -396,9 +478,9 @@ async fn replay(admin: &Admin, ids: &[i64], config: &InboxConfig) -> Result<Repl
                 exit::OK,
             ),
             Ok(other) => {
-                let why = format!("{other:?}");
+                let why = not_replayed(id, &other);
                 (
-                    format!("dead letter {id}: failed again: {}", cell(&why, 300)),
+                    cell(&why, 1000),
                     json!({ "id": id, "replayed": false, "outcome": other.label(), "detail": why }),
                     exit::ERROR,
                 )
@@ -421,7 +503,41 @@ async fn replay(admin: &Admin, ids: &[i64], config: &InboxConfig) -> Result<Repl
         text,
         json: Value::Array(results),
         code,
+        raw: None,
     })
+}
+
+/// What became of dead letter `id` when its replay did not process it, as a sentence.
+fn not_replayed(id: i64, outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::DeadLettered { reason, id: again } if *again == id => {
+            format!("dead letter {id} was dead-lettered again: {reason}")
+        }
+        Outcome::DeadLettered { reason, id: again } => {
+            format!("dead letter {id} was dead-lettered again, as dead letter {again}: {reason}")
+        }
+        Outcome::FailedAcknowledged { error } => format!(
+            "dead letter {id} failed again, and the acknowledgement strategy drops failures: {error}"
+        ),
+        Outcome::FailedUnacknowledged { error, attempts } => {
+            format!("dead letter {id} failed again ({attempts} attempt(s)): {error}")
+        }
+        Outcome::DuplicateBusinessKey { key } => format!(
+            "dead letter {id} was not run: the group already processed an event with business \
+             key `{key}`"
+        ),
+        Outcome::Skipped { reason } => format!("dead letter {id} was skipped: {reason}"),
+        Outcome::Abandoned => {
+            format!("dead letter {id} was abandoned before it finished (the command was stopped)")
+        }
+        Outcome::LeaseLost => format!(
+            "dead letter {id} was rolled back: its lease was lost to another worker; try again"
+        ),
+        other => format!(
+            "dead letter {id} was not replayed: its outcome was `{}`",
+            other.label()
+        ),
+    }
 }
 
 /// The code of two results together: an error outweighs "not found", which outweighs success.
@@ -475,5 +591,21 @@ async fn discard(
         } else {
             exit::OK
         },
+        raw: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::indent_json;
+
+    #[test]
+    fn json_is_indented_with_its_keys_and_numbers_as_written() {
+        let text = r#"{"z": 1.50, "a" :[ ], "m":{"q\"}":"a,b:[c]\\"}, "e": {}}"#;
+        assert_eq!(
+            indent_json(text),
+            "{\n  \"z\": 1.50,\n  \"a\": [],\n  \"m\": {\n    \"q\\\"}\": \"a,b:[c]\\\\\"\n  },\n  \"e\": {}\n}"
+        );
+        assert_eq!(indent_json("[1,2]"), "[\n  1,\n  2\n]");
+    }
 }

@@ -142,6 +142,11 @@ impl Cli {
         let json = line.json;
         let result = self.dispatch(line).await;
         let (code, out) = match result {
+            Ok(Reply {
+                raw: Some(bytes),
+                code,
+                ..
+            }) => return write_raw(&bytes, code),
             Ok(reply) => (
                 reply.code,
                 if json {
@@ -181,6 +186,8 @@ struct Reply {
     text: String,
     json: Value,
     code: u8,
+    /// Bytes written to stdout as they are, instead of the text or JSON.
+    raw: Option<Vec<u8>>,
 }
 
 impl Reply {
@@ -189,6 +196,15 @@ impl Reply {
             text,
             json,
             code: exit::OK,
+            raw: None,
+        }
+    }
+
+    /// `bytes`, written to stdout exactly.
+    fn raw(bytes: Vec<u8>) -> Self {
+        Self {
+            raw: Some(bytes),
+            ..Self::ok(String::new(), Value::Null)
         }
     }
 }
@@ -216,6 +232,19 @@ impl From<AdminError> for Failure {
             _ => exit::ERROR,
         };
         Self::new(code, e.to_string())
+    }
+}
+
+/// Writes `bytes` to stdout as they are; the exit code is `code`, or an error if stdout fails.
+fn write_raw(bytes: &[u8], code: u8) -> ExitCode {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Ok(()) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: cannot write the payload to stdout: {e}");
+            ExitCode::from(exit::ERROR)
+        }
     }
 }
 

@@ -31,7 +31,7 @@ mod lag;
 mod sql;
 
 pub use crate::kafka::PartitionLag;
-pub use lag::consumer_lag;
+pub use lag::{consumer_lag, impossible_lag};
 
 /// Why an operation failed.
 #[derive(Debug, thiserror::Error)]

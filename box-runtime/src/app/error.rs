@@ -57,6 +57,10 @@ pub enum AppError {
     /// A relay failed.
     #[error("relay: {0}")]
     Relay(Box<RelayError>),
+    /// The operations endpoint could not start (see [`App::ops_endpoint`](super::App::ops_endpoint)).
+    #[cfg(feature = "http")]
+    #[error("operations endpoint: {0}")]
+    Ops(#[from] crate::ops::OpsError),
     /// A part panicked.
     #[error("{part} panicked: {message}")]
     Panicked {

@@ -5,10 +5,13 @@
 //! - `store`: [`Store`], opened from a URL or the zero-setup SQLite file;
 //! - `spec`: [`ConsumerSpec`] and [`RelaySpec`], the parts to run;
 //! - `run`: [`App`] and its run; `parts`: each part as a future;
+//! - `ops`: (feature `http`) the operations endpoint of the app's parts;
 //! - `error`: [`AppError`].
 
 mod env;
 mod error;
+#[cfg(feature = "http")]
+mod ops;
 mod parts;
 mod run;
 mod spec;

@@ -1,12 +1,11 @@
 //! Each part of an [`App`]: a consumer group or a relay as a future that ends with the part,
 //! and the panic of a part as an [`AppError`].
 
-use tokio::sync::mpsc;
-
 use super::run::Part;
 use super::{App, AppError, ConsumerSpec, RelaySpec, Store};
+use crate::consumer::Settings;
 use crate::kafka::{KafkaConfig, KafkaProducer, CONSUMER_SETTINGS};
-use crate::relay::{IntoRelayStore, Relay, RelayConfig, RelayReport};
+use crate::relay::{IntoRelayStore, Relay};
 use crate::shutdown::CancellationToken;
 use crate::store::InboxStore;
 use crate::Consumer;
@@ -39,11 +38,10 @@ impl App {
     /// A relay of the app's store to its broker, as `spec` says.
     pub(super) fn relay_part(&self, spec: RelaySpec) -> Result<Part, AppError> {
         let producer = KafkaProducer::new(self.brokers()).idempotence(spec.idempotence);
-        let (config, reports, token) = (spec.config, spec.reports, &self.token);
         match &self.store {
-            Store::Postgres(store) => relay(store.clone(), producer, config, reports, token),
+            Store::Postgres(store) => relay(store.clone(), producer, spec, &self.token),
             #[cfg(feature = "sqlite")]
-            Store::Sqlite(store) => relay(store.clone(), producer, config, reports, token),
+            Store::Sqlite(store) => relay(store.clone(), producer, spec, &self.token),
         }
     }
 }
@@ -55,10 +53,14 @@ fn consumer<S: InboxStore>(
     token: &CancellationToken,
 ) -> Result<Part, AppError> {
     let group = spec.group;
-    let mut builder = Consumer::builder(group.clone(), store, kafka).config(spec.config);
-    if let Some(reports) = spec.reports {
-        builder = builder.reports(reports);
-    }
+    let settings = Settings {
+        config: spec.config,
+        reports: spec.reports,
+        sampling: spec.sampling,
+        effects: spec.effects,
+        health: spec.health,
+    };
+    let builder = Consumer::builder(group.clone(), store, kafka).settings(settings);
     let consumer = builder.build().map_err(|source| AppError::Setup {
         group: group.clone(),
         source: Box::new(source),
@@ -78,18 +80,16 @@ fn consumer<S: InboxStore>(
 fn relay<T: IntoRelayStore>(
     store: T,
     producer: KafkaProducer,
-    config: RelayConfig,
-    reports: Option<mpsc::UnboundedSender<RelayReport>>,
+    spec: RelaySpec,
     token: &CancellationToken,
 ) -> Result<Part, AppError>
 where
     T::Store: Send + Sync + 'static,
 {
-    let mut builder = Relay::builder(store, producer).config(config);
-    if let Some(reports) = reports {
-        builder = builder.reports(reports);
-    }
-    let relay = builder.build()?;
+    let relay = Relay::builder(store, producer)
+        .config(spec.config)
+        .handed(spec.reports, spec.sample_interval, spec.health)
+        .build()?;
     let shutdown = token.clone().cancelled_owned();
     Ok(Box::pin(async move { Ok(relay.run(shutdown).await?) }))
 }

@@ -11,6 +11,7 @@ use super::store::{open_store, TempDir};
 use super::{AppError, ConsumerSpec, RelaySpec, Store};
 use crate::kafka::{create_topic, InProcessKafka};
 use crate::shutdown::CancellationToken;
+use crate::telemetry::Health;
 
 /// Where the app's events go: a broker outside, or librdkafka's mock cluster in this process.
 enum Broker {
@@ -54,6 +55,11 @@ pub struct App {
     describe: String,
     consumers: Vec<ConsumerSpec>,
     relays: Vec<RelaySpec>,
+    /// The health of every part added, by name.
+    health: Vec<(String, Health)>,
+    /// Where the operations endpoint listens, if anywhere.
+    #[cfg(feature = "http")]
+    pub(super) ops: Option<std::net::SocketAddr>,
     pub(super) token: CancellationToken,
     // Dropped last: the store's pool closes before its directory goes.
     _temp: Option<TempDir>,
@@ -128,6 +134,9 @@ impl App {
             broker,
             consumers: Vec::new(),
             relays: Vec::new(),
+            health: Vec::new(),
+            #[cfg(feature = "http")]
+            ops: None,
             token: CancellationToken::new(),
             _temp: None,
         };
@@ -186,6 +195,7 @@ impl App {
 
     /// Runs a consumer group as `spec` says.
     pub fn consumer_with(mut self, spec: ConsumerSpec) -> Self {
+        self.health.push((spec.group.clone(), spec.health.clone()));
         self.consumers.push(spec);
         self
     }
@@ -197,8 +207,20 @@ impl App {
 
     /// Runs a relay as `spec` says.
     pub fn relay_with(mut self, spec: RelaySpec) -> Self {
+        let name = match self.relays.len() {
+            0 => "relay".to_owned(),
+            n => format!("relay {}", n + 1),
+        };
+        self.health.push((name, spec.health.clone()));
         self.relays.push(spec);
         self
+    }
+
+    /// The [`Health`] of every part added, named by its consumer group (`relay`, `relay 2`,
+    /// ... for relays): live while it runs, ready while it is joined and its database answers.
+    /// The handles are those the parts update once [`run`](Self::run) starts them.
+    pub fn health(&self) -> &[(String, Health)] {
+        &self.health
     }
 
     /// The token every part stops on: cancel it to stop the app as a signal would.
@@ -211,6 +233,18 @@ impl App {
     /// (the others stop) and is returned once all have stopped. The parts are taken: a second
     /// call runs nothing and returns at the next shutdown.
     pub async fn run(&mut self) -> Result<(), AppError> {
+        #[cfg(feature = "http")]
+        let ops = self.start_ops().await?;
+        let result = self.run_until_stopped().await;
+        #[cfg(feature = "http")]
+        if let Some(ops) = ops {
+            // Served until every part has stopped: the probes see the stop.
+            ops.cancel();
+        }
+        result
+    }
+
+    async fn run_until_stopped(&mut self) -> Result<(), AppError> {
         let mut parts = Vec::new();
         for spec in std::mem::take(&mut self.consumers) {
             let name = format!("consumer group `{}`", spec.group);

@@ -7,4 +7,5 @@ mod run;
 pub(crate) mod sampler;
 
 pub use builder::ConsumerBuilder;
+pub(crate) use builder::{consumer_setters, Settings};
 pub use run::Consumer;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::effects::watch_drain;
-use super::sampler::{sample_inbox, Sampling};
+use super::sampler::{log_summaries, sample_inbox, Sampling};
 use crate::effects::{self, Executors};
 use crate::engine::partition::Starter;
 use crate::engine::{Inbox, InboxConfig, Report};
@@ -78,6 +78,7 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
         let health = inbox.health();
         health.set_live(true);
         let sampler = tokio::spawn(sample_inbox(inbox.clone(), self.sampling, token.clone()));
+        let summaries = tokio::spawn(log_summaries(inbox.clone(), self.sampling.summary_interval));
         let purge = tokio::spawn(retention(inbox.clone(), token.clone()));
         // Two-phase workers (none when the group has no two-phase handler) run beside the
         // transport and stop with it, each after the message in hand.
@@ -96,7 +97,7 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
             ))
         });
         let partitions = Starter {
-            inbox,
+            inbox: inbox.clone(),
             reports: self.reports,
             sample_interval: self.sampling.interval,
         };
@@ -108,6 +109,9 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
         }
         sampler.abort();
         purge.abort();
+        summaries.abort();
+        let _ = summaries.await;
+        inbox.log_summary();
         health.set_live(false);
         health.set_joined(false);
         result

@@ -10,13 +10,17 @@ use metrics::SharedString;
 use crate::engine::Inbox;
 use crate::store::{EffectCounts, InboxStore};
 use crate::telemetry::metric::{self as m, LABEL_GROUP};
-use crate::telemetry::{DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, MIN_SAMPLE_INTERVAL};
+use crate::telemetry::{
+    DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, DEFAULT_SUMMARY_INTERVAL, MIN_SAMPLE_INTERVAL,
+};
 
 /// What a consumer samples, and how often.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Sampling {
     pub(crate) interval: Duration,
     pub(crate) stuck_after: Duration,
+    /// How often the summary of the group's messages is logged at info.
+    pub(crate) summary_interval: Duration,
 }
 
 impl Default for Sampling {
@@ -24,6 +28,7 @@ impl Default for Sampling {
         Self {
             interval: DEFAULT_SAMPLE_INTERVAL,
             stuck_after: DEFAULT_STUCK_AFTER,
+            summary_interval: DEFAULT_SUMMARY_INTERVAL,
         }
     }
 }
@@ -102,5 +107,16 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
             () = tokio::time::sleep(sampling.interval.max(MIN_SAMPLE_INTERVAL)) => {}
             _ = stop.cancelled() => return,
         }
+    }
+}
+
+/// Logs the summary of the group every `interval` (see
+/// [`Inbox::log_summary`](crate::engine::Inbox)), until aborted; the consumer logs the last
+/// one when it stops.
+pub(crate) async fn log_summaries<S: InboxStore>(inbox: Arc<Inbox<S>>, interval: Duration) {
+    let interval = interval.max(MIN_SAMPLE_INTERVAL);
+    loop {
+        tokio::time::sleep(interval).await;
+        inbox.log_summary();
     }
 }

@@ -78,6 +78,17 @@ impl<S: InboxStore> Inbox<S> {
         self.telemetry.health.clone()
     }
 
+    /// Logs at info what the group did since the last summary, unless it did nothing (the
+    /// consumer calls it every `summary_interval` and when it stops).
+    pub(crate) fn log_summary(&self) {
+        self.telemetry.log_summary();
+    }
+
+    /// Makes `health` the inbox's health handle (one handed out before the consumer was built).
+    pub(crate) fn share_health(&mut self, health: Health) {
+        self.telemetry.health = health;
+    }
+
     /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
     pub(crate) fn acknowledges_before_processing(&self) -> bool {
         self.config.ack == AckStrategy::AtMostOnce

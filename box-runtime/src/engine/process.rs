@@ -127,18 +127,20 @@ impl<S: InboxStore> Inbox<S> {
         }
     }
 
+    /// Logs what became of one message: at debug (the consumer logs a summary of its group at
+    /// info), a failure or a dead letter at warn.
     pub(super) fn log(&self, d: &Delivery, outcome: &Outcome) {
         let id = d.header_str(self.config.event_id_header()).unwrap_or("-");
         let (group, at) = (self.group(), d.coordinates());
         match outcome {
             Outcome::Processed { attempt } => {
-                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, attempt, "processed")
+                tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, attempt, "processed")
             }
             Outcome::Duplicate => {
-                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, "duplicate")
+                tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, "duplicate")
             }
             Outcome::DuplicateBusinessKey { key } => {
-                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, business_key = key.as_str(), "duplicate business key")
+                tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, business_key = key.as_str(), "duplicate business key")
             }
             // Text from the message (ids, types, reasons quoting them) is logged as a field with
             // Debug escaping, never in the message part: a newline in it cannot forge a line.
@@ -149,13 +151,13 @@ impl<S: InboxStore> Inbox<S> {
                 tracing::warn!(target: "inoutbox::engine", group, %at, event_id = id, reason = reason.as_str(), "dead-lettered")
             }
             Outcome::Skipped { reason } => {
-                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, reason = reason.as_str(), "skipped")
+                tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, reason = reason.as_str(), "skipped")
             }
             Outcome::Abandoned => {
-                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, "abandoned (stopping, or the partition was revoked): left for the next owner")
+                tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, "abandoned (stopping, or the partition was revoked): left for the next owner")
             }
             Outcome::Received => {
-                tracing::info!(target: "inoutbox::engine", group, %at, event_id = id, "received")
+                tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, "received")
             }
             Outcome::LeaseLost => {
                 tracing::warn!(target: "inoutbox::engine", group, %at, event_id = id, "lease lost, rolled back")
@@ -503,7 +505,7 @@ impl<S: InboxStore> Inbox<S> {
         if transient && attempts < self.config.retry.max_attempts {
             self.telemetry.retried(msg.event_type);
             let wait = self.config.retry.delay(attempts);
-            tracing::info!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
+            tracing::debug!(target: "inoutbox::engine", group = self.group(), at = %msg.d.coordinates(), attempt = attempts,
                 error = chain.as_str(), retry_in = ?wait, "handler failed, retrying");
             if !sleep_unless_cancelled(wait, shutdown).await {
                 return Some(Outcome::Abandoned);

@@ -2,6 +2,7 @@
 //! message costs a map lookup and a few atomic adds, never a label string.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use metrics::{Counter, Histogram, SharedString};
@@ -48,6 +49,50 @@ pub(crate) struct InboxTelemetry {
     unknown: TypeMetrics,
     batch_size: Histogram,
     pub(crate) health: Health,
+    /// What the group did since the last summary.
+    tally: Tally,
+}
+
+/// Counts of one group's messages since the last [`Summary`], whatever the recorder.
+#[derive(Debug)]
+struct Tally {
+    /// When the last summary was taken.
+    since: std::sync::Mutex<Instant>,
+    processed: AtomicU64,
+    duplicates: AtomicU64,
+    retries: AtomicU64,
+    dead_lettered: AtomicU64,
+}
+
+/// What one consumer group did since the last summary, logged at info by the consumer every
+/// `summary_interval`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Summary {
+    pub(crate) processed: u64,
+    pub(crate) duplicates: u64,
+    pub(crate) retries: u64,
+    pub(crate) dead_lettered: u64,
+    /// The time the summary covers.
+    pub(crate) over: Duration,
+}
+
+impl Summary {
+    /// Whether nothing happened.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.processed + self.duplicates + self.retries + self.dead_lettered == 0
+    }
+}
+
+impl Default for Tally {
+    fn default() -> Self {
+        Self {
+            since: std::sync::Mutex::new(Instant::now()),
+            processed: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+        }
+    }
 }
 
 impl std::fmt::Debug for InboxTelemetry {
@@ -71,6 +116,36 @@ impl InboxTelemetry {
             group,
             types,
             health: Health::default(),
+            tally: Tally::default(),
+        }
+    }
+
+    /// Logs at info what the group did since the last summary (messages processed, duplicates,
+    /// retries, dead letters), unless it did nothing.
+    pub(crate) fn log_summary(&self) {
+        let s = self.take_summary();
+        if s.is_empty() {
+            return;
+        }
+        tracing::info!(target: "inoutbox::consumer", group = &*self.group,
+            processed = s.processed, duplicates = s.duplicates, retries = s.retries,
+            dead_lettered = s.dead_lettered, seconds = s.over.as_secs(), "summary");
+    }
+
+    /// What the group did since the last call, and starts counting again.
+    pub(crate) fn take_summary(&self) -> Summary {
+        let take = |n: &AtomicU64| n.swap(0, Ordering::Relaxed);
+        let t = &self.tally;
+        let over = match t.since.lock() {
+            Ok(mut since) => std::mem::replace(&mut *since, Instant::now()).elapsed(),
+            Err(_) => Duration::ZERO,
+        };
+        Summary {
+            over,
+            processed: take(&t.processed),
+            duplicates: take(&t.duplicates),
+            retries: take(&t.retries),
+            dead_lettered: take(&t.dead_lettered),
         }
     }
 
@@ -107,16 +182,28 @@ impl InboxTelemetry {
         started: Instant,
     ) {
         let metrics = self.of(event_type);
+        let tally = |n: &AtomicU64| {
+            n.fetch_add(1, Ordering::Relaxed);
+        };
         match outcome {
             Outcome::Processed { attempt } => {
+                tally(&self.tally.processed);
                 metrics.processed.increment(1);
                 if let Some(age) = event_id.and_then(event_age) {
                     metrics.event_age.record(age.as_secs_f64());
                 }
                 span.record("attempt", attempt);
             }
-            Outcome::Duplicate => metrics.duplicates.increment(1),
-            Outcome::DeadLettered { .. } => metrics.dead_lettered.increment(1),
+            Outcome::Duplicate | Outcome::DuplicateBusinessKey { .. } => {
+                tally(&self.tally.duplicates);
+                if matches!(outcome, Outcome::Duplicate) {
+                    metrics.duplicates.increment(1);
+                }
+            }
+            Outcome::DeadLettered { .. } => {
+                tally(&self.tally.dead_lettered);
+                metrics.dead_lettered.increment(1);
+            }
             _ => {}
         }
         if !span.is_disabled() {
@@ -127,6 +214,7 @@ impl InboxTelemetry {
 
     /// A failed run of `event_type` is retried.
     pub(crate) fn retried(&self, event_type: &str) {
+        self.tally.retries.fetch_add(1, Ordering::Relaxed);
         self.of(Some(event_type)).retries.increment(1);
     }
 

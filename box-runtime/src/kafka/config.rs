@@ -71,6 +71,24 @@ pub struct KafkaConfig {
     pub shutdown_grace: Duration,
 }
 
+/// Consumer settings for quick group joins on a development broker (Kafka, Redpanda or Tansu
+/// on a laptop or in CI): a 6 s session instead of librdkafka's 45 s, with a heartbeat every
+/// second, so that a member joins, rebalances and notices a dead member in seconds. Not for
+/// production, where a member paused for 6 s (a long GC, a stalled disk, a busy node) would
+/// lose its partitions: keep librdkafka's defaults there.
+///
+/// [`KafkaConfig::quick_join`] and [`ConsumerSpec::quick_join`](crate::app::ConsumerSpec::quick_join)
+/// set them.
+///
+/// ```
+/// let kafka = inoutbox::KafkaConfig::new("127.0.0.1:9092", ["orders"]).quick_join();
+/// assert!(kafka.settings.iter().any(|(k, v)| k == "session.timeout.ms" && v == "6000"));
+/// ```
+pub const QUICK_JOIN: &[(&str, &str)] = &[
+    ("session.timeout.ms", "6000"),
+    ("heartbeat.interval.ms", "1000"),
+];
+
 impl KafkaConfig {
     /// Consume `topics` from `brokers`.
     pub fn new(
@@ -105,6 +123,13 @@ impl KafkaConfig {
     pub fn set_producer(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.producer_settings.push((key.into(), value.into()));
         self
+    }
+
+    /// Sets [`QUICK_JOIN`]: quick group joins on a development broker (not for production).
+    pub fn quick_join(self) -> Self {
+        QUICK_JOIN
+            .iter()
+            .fold(self, |kafka, (key, value)| kafka.set(*key, *value))
     }
 
     /// Sets a librdkafka setting (e.g. `session.timeout.ms`).

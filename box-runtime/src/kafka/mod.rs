@@ -26,7 +26,7 @@ mod ownership;
 mod producer;
 mod topics;
 
-pub use config::KafkaConfig;
+pub use config::{KafkaConfig, QUICK_JOIN};
 pub(crate) use group_lag::group_lag;
 pub use group_lag::PartitionLag;
 pub use in_process::InProcessKafka;

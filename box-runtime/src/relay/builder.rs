@@ -5,10 +5,48 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::service::Relay;
-use super::{relay_setters, RelayConfig, RelayError, RelayReport, RelayStore};
+use super::{RelayConfig, RelayError, RelayReport, RelayStore};
 use crate::sealed::Sealed;
-use crate::telemetry::DEFAULT_SAMPLE_INTERVAL;
+use crate::telemetry::{Health, DEFAULT_SAMPLE_INTERVAL};
 use crate::transport::{IntoPublisher, Publisher};
+
+/// The setters of a relay that are not its store or publisher, written once: expanded in
+/// [`RelayBuilder`] and in [`RelaySpec`](crate::app::RelaySpec), which hold the same fields
+/// (`config`, `reports`, `sample_interval`, `health`), so that a setting added here reaches both.
+macro_rules! relay_builder_setters {
+    () => {
+        $crate::relay::relay_setters!(config);
+
+        /// Replaces every setting of the [`RelayConfig`](crate::relay::RelayConfig) at once.
+        pub fn config(mut self, config: $crate::relay::RelayConfig) -> Self {
+            self.config = config;
+            self
+        }
+
+        /// Sends a [`RelayReport`](crate::relay::RelayReport) per row to `sender`.
+        pub fn reports(
+            mut self,
+            sender: tokio::sync::mpsc::UnboundedSender<$crate::relay::RelayReport>,
+        ) -> Self {
+            self.reports = Some(sender);
+            self
+        }
+
+        /// How often the backlog gauges are sampled (one statement; default 15 s, see
+        /// [`crate::telemetry`]).
+        pub fn sample_interval(mut self, interval: std::time::Duration) -> Self {
+            self.sample_interval = interval;
+            self
+        }
+
+        /// The relay's [`Health`](crate::telemetry::Health), before it is built or run: the
+        /// handle that [`Relay::health`](crate::relay::Relay::health) returns once built.
+        pub fn health(&self) -> $crate::telemetry::Health {
+            self.health.clone()
+        }
+    };
+}
+pub(crate) use relay_builder_setters;
 
 /// Builds a [`Relay`] on a PostgreSQL or SQLite store; every setting has a safe default.
 #[must_use]
@@ -18,6 +56,7 @@ pub struct RelayBuilder<S, I> {
     config: RelayConfig,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
     sample_interval: Duration,
+    health: Health,
 }
 
 impl<S: RelayStore, P: Publisher> Relay<S, P> {
@@ -42,27 +81,22 @@ impl<S: RelayStore, I: IntoPublisher> RelayBuilder<S, I> {
             config: RelayConfig::default(),
             reports: None,
             sample_interval: DEFAULT_SAMPLE_INTERVAL,
+            health: Health::default(),
         }
     }
 
-    relay_setters!(config);
+    relay_builder_setters!();
 
-    /// Replaces every setting at once.
-    pub fn config(mut self, config: RelayConfig) -> Self {
-        self.config = config;
-        self
-    }
-
-    /// Sends a [`RelayReport`] per row to `sender`.
-    pub fn reports(mut self, sender: mpsc::UnboundedSender<RelayReport>) -> Self {
-        self.reports = Some(sender);
-        self
-    }
-
-    /// How often the backlog gauges are sampled (one statement; default 15 s, see
-    /// [`crate::telemetry`]).
-    pub fn sample_interval(mut self, interval: Duration) -> Self {
-        self.sample_interval = interval;
+    /// Takes the settings a [`RelaySpec`](crate::app::RelaySpec) holds besides its config.
+    pub(crate) fn handed(
+        mut self,
+        reports: Option<mpsc::UnboundedSender<RelayReport>>,
+        sample_interval: Duration,
+        health: Health,
+    ) -> Self {
+        self.reports = reports;
+        self.sample_interval = sample_interval;
+        self.health = health;
         self
     }
 
@@ -75,6 +109,7 @@ impl<S: RelayStore, I: IntoPublisher> RelayBuilder<S, I> {
         let mut relay = Relay::with_store(self.store, publisher, self.config);
         relay.reports = self.reports;
         relay.sample_interval = self.sample_interval;
+        relay.health = self.health;
         Ok(relay)
     }
 }

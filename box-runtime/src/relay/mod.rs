@@ -120,6 +120,7 @@ mod store;
 mod telemetry;
 mod worker;
 
+pub(crate) use builder::relay_builder_setters;
 pub use builder::{IntoRelayStore, RelayBuilder};
 pub(crate) use config::relay_setters;
 pub use config::RelayConfig;

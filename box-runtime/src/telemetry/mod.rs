@@ -13,7 +13,12 @@
 //!   Gauges are sampled by a task of each consumer and relay every
 //!   [`DEFAULT_SAMPLE_INTERVAL`] (configurable), one set of queries per tick.
 //! - **Health.** [`Consumer::health`](crate::Consumer::health) and
-//!   [`Relay::health`](crate::relay::Relay::health) return a [`Health`].
+//!   [`Relay::health`](crate::relay::Relay::health) return a [`Health`] (the builders and an
+//!   app's specs hand it out before the part runs); with the `http` feature the operations
+//!   endpoint serves it, and the metrics, over HTTP.
+//! - **Logs.** One line per message at debug (target `inoutbox::engine`); a summary of each
+//!   group at info every [`DEFAULT_SUMMARY_INTERVAL`] (configurable): messages processed,
+//!   duplicates, retries and dead letters since the last one.
 
 use std::time::Duration;
 
@@ -28,3 +33,6 @@ pub const DEFAULT_SAMPLE_INTERVAL: Duration = Duration::from_secs(15);
 pub(crate) const MIN_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
 /// After how long a received, unprocessed inbox row counts as stuck, by default: 5 minutes.
 pub const DEFAULT_STUCK_AFTER: Duration = Duration::from_secs(300);
+/// How often a consumer logs the summary of its group's messages at info, by default: every
+/// minute (see [`ConsumerBuilder::summary_interval`](crate::ConsumerBuilder::summary_interval)).
+pub const DEFAULT_SUMMARY_INTERVAL: Duration = Duration::from_secs(60);
