@@ -222,6 +222,8 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
         oldest.is_some_and(|age| (3600.0..7200.0).contains(&age)),
         "the held effect is an hour old: {oldest:?}"
     );
+    expect(metric::INBOX_DEFERRED_PENDING, &group, 0.0);
+    expect(metric::INBOX_DEFERRED, &by_type, 0.0);
     expect(&format!("{}_count", metric::INBOX_EVENT_AGE), &by_type, 9.0);
     expect(
         &format!("{}_count", metric::OUTBOX_PUBLISH_LATENCY),

@@ -83,6 +83,9 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
         // Two-phase workers (none when the group has no two-phase handler) run beside the
         // transport and stop with it, each after the message in hand.
         let workers = tokio::spawn(inbox.clone().run_two_phase(token.clone()));
+        // The deferred worker (none when the store keeps no deferred messages) runs due
+        // messages beside them, and stops as they do.
+        let deferred = tokio::spawn(inbox.clone().run_deferred(token.clone()));
         // The effects drain (none without executors) stops within the transport's grace.
         let effects = (!self.effects.by_kind.is_empty()).then(|| {
             let group = inbox.group().to_owned();
@@ -104,6 +107,7 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
         let result = self.transport.run(partitions, token.clone()).await;
         token.cancel();
         let _ = workers.await;
+        let _ = deferred.await;
         if let Some(effects) = effects {
             let _ = effects.await;
         }

@@ -81,15 +81,20 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
     let dead_letters = metrics::gauge!(m::INBOX_DEAD_LETTERS, LABEL_GROUP => group.clone());
     let stuck = metrics::gauge!(m::INBOX_STUCK, LABEL_GROUP => group.clone());
     let effects = S::TWO_PHASE.then(|| EffectGauges::new(&group));
+    let deferred = metrics::gauge!(m::INBOX_DEFERRED_PENDING, LABEL_GROUP => group);
     let health = inbox.health();
     loop {
         let counted = async {
             let letters = inbox.store().count_dead_letters(inbox.group()).await?;
             let stuck = inbox.stuck(sampling.stuck_after).await?;
-            Ok::<_, crate::store::StoreError>((letters, stuck))
+            let pending = inbox.deferred_pending().await?;
+            Ok::<_, crate::store::StoreError>((letters, stuck, pending))
         };
         match counted.await {
-            Ok((letters, rows)) => {
+            Ok((letters, rows, pending)) => {
+                if let Some(pending) = pending {
+                    deferred.set(pending as f64);
+                }
                 dead_letters.set(letters as f64);
                 stuck.set(rows as f64);
                 health.set_database(true);

@@ -268,6 +268,14 @@ pub struct InboxConfig {
     /// How often idle workers look for received rows that other processes stored (rows this
     /// process receives wake them at once), default 500 ms.
     pub two_phase_poll: Duration,
+    /// How many times a handler may defer one message
+    /// ([`HandlerError::defer`](crate::HandlerError::defer)); deferred once more, the message
+    /// is dead-lettered with the reason (default 20).
+    pub max_deferrals: u32,
+    /// How often the consumer's deferred worker looks for deferred messages that are due
+    /// (default 1 s): a message runs at most this long after its due time while the worker is
+    /// idle.
+    pub deferred_poll: Duration,
 }
 
 impl Default for InboxConfig {
@@ -295,6 +303,8 @@ impl Default for InboxConfig {
             two_phase_workers: 4,
             lease: Duration::from_secs(30),
             two_phase_poll: Duration::from_millis(500),
+            max_deferrals: 20,
+            deferred_poll: Duration::from_secs(1),
         }
     }
 }
@@ -444,6 +454,20 @@ macro_rules! inbox_setters {
         /// How often idle workers look for rows other processes received (default 500 ms).
         pub fn two_phase_poll(mut self, every: std::time::Duration) -> Self {
             self$(.$field)?.two_phase_poll = every;
+            self
+        }
+
+        /// How many times a handler may defer one message before it is dead-lettered
+        /// (default 20; 0 dead-letters the first deferral).
+        pub fn max_deferrals(mut self, deferrals: u32) -> Self {
+            self$(.$field)?.max_deferrals = deferrals;
+            self
+        }
+
+        /// How often the deferred worker looks for due messages (default 1 s, at least
+        /// 10 ms).
+        pub fn deferred_poll(mut self, every: std::time::Duration) -> Self {
+            self$(.$field)?.deferred_poll = every.max(std::time::Duration::from_millis(10));
             self
         }
     };

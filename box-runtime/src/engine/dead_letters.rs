@@ -63,8 +63,9 @@ impl<S: InboxStore> Inbox<S> {
     }
 
     /// Runs a dead letter of this group through the normal inbox path again (the handler, in
-    /// its transaction with the inbox row). Marks it replayed when it was processed, or when
-    /// the event turns out to be processed already.
+    /// its transaction with the inbox row). Marks it replayed when it was processed, when the
+    /// event turns out to be processed already, or when its handler deferred it (it is back in
+    /// the inbox, and dead-lettered again, as a new letter state, if it is deferred too often).
     pub async fn replay(&self, id: i64) -> Result<Outcome, ReplayError> {
         let letter = self
             .store
@@ -92,7 +93,10 @@ impl<S: InboxStore> Inbox<S> {
             }
         };
         self.finish(d, &span, started, &outcome);
-        if matches!(outcome, Outcome::Processed { .. } | Outcome::Duplicate) {
+        if matches!(
+            outcome,
+            Outcome::Processed { .. } | Outcome::Duplicate | Outcome::Deferred { .. }
+        ) {
             self.store.mark_replayed(id).await?;
             self.telemetry.replayed(letter.event_type.as_deref());
         }

@@ -28,12 +28,16 @@ pub(crate) struct Faulty {
     /// The received row a two-phase worker claims (once); its handler's transaction never
     /// gets past the lease check, holding `held`'s sender.
     pub(crate) received: Mutex<Option<ReceivedRow>>,
+    /// The due deferred row the deferred worker claims (once); its run gets no further than
+    /// the received row's.
+    pub(crate) due: Mutex<Option<ReceivedRow>>,
 }
 
 impl InboxStore for Faulty {
     type Tx = ();
     const NAME: &'static str = "faulty";
     const TWO_PHASE: bool = true;
+    const DEFERRAL: bool = true;
 
     fn tables(&self) -> &Tables {
         &self.tables
@@ -43,6 +47,14 @@ impl InboxStore for Faulty {
         _: &LeaseRequest<'_>,
     ) -> Result<Option<ReceivedRow>, StoreError> {
         Ok(self.received.lock().unwrap().take())
+    }
+    async fn claim_deferred(
+        &self,
+        _: &str,
+        _: &str,
+        _: Duration,
+    ) -> Result<Option<ReceivedRow>, StoreError> {
+        Ok(self.due.lock().unwrap().take())
     }
     async fn renew_lease(&self, _: &InboxKey, _: &str, _: Duration) -> Result<bool, StoreError> {
         Ok(true)

@@ -9,6 +9,7 @@
 mod batch;
 pub(crate) mod config;
 mod dead_letters;
+mod deferred;
 #[cfg(test)]
 mod fake;
 mod inbox;

@@ -162,6 +162,8 @@ impl<S: InboxStore> Inbox<S> {
             Outcome::LeaseLost => {
                 tracing::warn!(target: "inoutbox::engine", group, %at, event_id = id, "lease lost, rolled back")
             }
+            // Logged with its reason where it was kept (`deferred.rs`).
+            Outcome::Deferred { .. } => {}
         }
     }
 
@@ -226,6 +228,9 @@ impl<S: InboxStore> Inbox<S> {
                 }
                 Attempt::Failed(error) => error,
             };
+            if error.kind() == ErrorKind::Deferred {
+                return self.defer(msg, &error, shutdown).await;
+            }
             outage.reset();
             let chain = error.to_string();
             if self.config.ack.acknowledges_failures() {

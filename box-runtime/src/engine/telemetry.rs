@@ -18,6 +18,7 @@ struct TypeMetrics {
     duplicates: Counter,
     retries: Counter,
     dead_lettered: Counter,
+    deferred: Counter,
     replayed: Counter,
     handler_duration: Histogram,
     event_age: Histogram,
@@ -34,6 +35,7 @@ impl TypeMetrics {
             duplicates: metrics::counter!(m::INBOX_DUPLICATES, &labels),
             retries: metrics::counter!(m::INBOX_RETRIES, &labels),
             dead_lettered: metrics::counter!(m::INBOX_DEAD_LETTERED, &labels),
+            deferred: metrics::counter!(m::INBOX_DEFERRED, &labels),
             replayed: metrics::counter!(m::INBOX_REPLAYED, &labels),
             handler_duration: metrics::histogram!(m::INBOX_HANDLER_DURATION, &labels),
             event_age: metrics::histogram!(m::INBOX_EVENT_AGE, &labels),
@@ -204,6 +206,7 @@ impl InboxTelemetry {
                 tally(&self.tally.dead_lettered);
                 metrics.dead_lettered.increment(1);
             }
+            Outcome::Deferred { .. } => metrics.deferred.increment(1),
             _ => {}
         }
         if !span.is_disabled() {

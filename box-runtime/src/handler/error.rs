@@ -9,7 +9,8 @@ use std::fmt;
 /// [`IntoHandlerError`]).
 ///
 /// An ordinary error is *transient*: the transaction is rolled back and the message retried. An
-/// error made with [`HandlerError::permanent`] is not retried.
+/// error made with [`HandlerError::permanent`] is not retried. [`HandlerError::defer`] is not a
+/// failure but an answer: "not yet, again in 30 s" (see [`defer`](HandlerError::defer)).
 pub struct HandlerError {
     kind: ErrorKind,
     /// Whether the handler chose the kind (`transient`, `permanent`), rather than `?` on an
@@ -28,10 +29,28 @@ pub enum ErrorKind {
     Permanent,
     /// The message itself is unusable (payload does not decode into the event type, ...).
     BadMessage,
+    /// Not a failure: the handler asked to run the message again later
+    /// ([`HandlerError::defer`]).
+    Deferred,
 }
 
 #[derive(Debug)]
 struct Message(String);
+
+/// What [`HandlerError::defer`] carries: how long to wait, and why.
+#[derive(Debug)]
+struct Deferral {
+    after: std::time::Duration,
+    reason: String,
+}
+
+impl fmt::Display for Deferral {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (again in {:?})", self.reason, self.after)
+    }
+}
+
+impl StdError for Deferral {}
 
 impl fmt::Display for Message {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -66,6 +85,56 @@ impl HandlerError {
             kind: ErrorKind::BadMessage,
             explicit: true,
             source: Box::new(Message(reason.into())),
+        }
+    }
+
+    /// Not yet: the handler's transaction is rolled back (nothing it wrote stays), the message
+    /// is kept in the inbox with its due time, `after` from now, and its handler runs again
+    /// once it is due, exactly once, in a transaction with its inbox row.
+    ///
+    /// The partition does not wait: its offset is committed past the message and the messages
+    /// after it (of its key too) are handled at once; a redelivery of the deferred message is a
+    /// duplicate. A message may be deferred at most
+    /// [`max_deferrals`](crate::engine::InboxConfig::max_deferrals) times: deferred once more,
+    /// it is dead-lettered with the reason. Deferral needs the inbox
+    /// ([`AckStrategy::ExactlyOnceInbox`](crate::engine::AckStrategy::ExactlyOnceInbox)); under
+    /// another strategy it counts as a failure that cannot be retried.
+    ///
+    /// The typical case is an event that arrives before the one it depends on: a cancel
+    /// before its order.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use inoutbox::HandlerError;
+    /// # fn cancel(order_exists: bool) -> Result<(), HandlerError> {
+    /// if !order_exists {
+    ///     return Err(HandlerError::defer(Duration::from_secs(30)));
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn defer(after: std::time::Duration) -> Self {
+        Self::defer_because(after, "not yet")
+    }
+
+    /// [`defer`](Self::defer), with the reason (logged, and kept in the dead letter when the
+    /// message is deferred once more than the limit allows).
+    pub fn defer_because(after: std::time::Duration, reason: impl Into<String>) -> Self {
+        Self {
+            kind: ErrorKind::Deferred,
+            explicit: true,
+            source: Box::new(Deferral {
+                after,
+                reason: reason.into(),
+            }),
+        }
+    }
+
+    /// How long the handler asked to wait when it deferred the message
+    /// ([`defer`](Self::defer)); `None` for every other kind.
+    pub fn deferred_for(&self) -> Option<std::time::Duration> {
+        match self.kind {
+            ErrorKind::Deferred => self.source.downcast_ref::<Deferral>().map(|d| d.after),
+            _ => None,
         }
     }
 
@@ -130,6 +199,7 @@ impl fmt::Display for HandlerError {
             ErrorKind::Transient => write!(f, "{}", self.chain()),
             ErrorKind::Permanent => write!(f, "permanent: {}", self.chain()),
             ErrorKind::BadMessage => write!(f, "bad message: {}", self.chain()),
+            ErrorKind::Deferred => write!(f, "deferred: {}", self.chain()),
         }
     }
 }

@@ -49,6 +49,15 @@ pub enum Outcome {
     /// A two-phase handler's message is stored as received; workers will run the handler.
     /// Acknowledged.
     Received,
+    /// The handler deferred the message (`HandlerError::defer`): its transaction rolled back,
+    /// the message is kept in the inbox, due `after` from now, and runs again then.
+    /// Acknowledged: the partition goes on past it.
+    Deferred {
+        /// How long the handler asked to wait.
+        after: std::time::Duration,
+        /// How many times the message has been deferred, this one included.
+        deferrals: u32,
+    },
     /// A two-phase worker lost its claim on the row (its lease expired and another worker
     /// claimed it): its transaction rolled back; the other worker resolves the message.
     LeaseLost,
@@ -73,6 +82,7 @@ impl Outcome {
             Self::Abandoned => "abandoned",
             Self::Received => "received",
             Self::LeaseLost => "lease lost",
+            Self::Deferred { .. } => "deferred",
         }
     }
 }

@@ -247,6 +247,31 @@ impl InboxStore for PgStore {
         self.delete_done_effect_rows(older_than, limit).await
     }
 
+    const DEFERRAL: bool = true;
+
+    async fn defer<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        delivery: &'a Delivery,
+        after: std::time::Duration,
+    ) -> Result<u32, StoreError> {
+        self.defer_row(tx, key, delivery, after).await
+    }
+
+    async fn claim_deferred<'a>(
+        &'a self,
+        group: &'a str,
+        owner: &'a str,
+        lease: std::time::Duration,
+    ) -> Result<Option<ReceivedRow>, StoreError> {
+        self.claim_deferred_row(group, owner, lease).await
+    }
+
+    async fn count_deferred<'a>(&'a self, group: &'a str) -> Result<i64, StoreError> {
+        self.count_deferred_rows(group).await
+    }
+
     async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
         self.shared().count_dead_letters(group).await
     }

@@ -9,6 +9,7 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod deferred;
 mod effects;
 mod inbox;
 mod legacy;
@@ -81,6 +82,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         component: "inbox",
+        version: 6,
+        description: "deferred messages: due time and deferral count (kept message and lease)",
+        sql: include_str!("migrations/inbox_v6.sql"),
+    },
+    Migration {
+        component: "inbox",
         version: 7,
         description: "done effects purged by the retention task, oldest first",
         sql: include_str!("migrations/inbox_v7.sql"),
@@ -146,6 +153,7 @@ struct Statements {
     dead_letter: Stmt,
     load_dead_letter: Stmt,
     two_phase: TwoPhaseSql,
+    deferred: DeferredSql,
 }
 
 impl Statements {
@@ -155,6 +163,7 @@ impl Statements {
             lock_keys: stmt(lock_keys_sql(t)),
             shared: InboxSql::new(t, DIALECT),
             two_phase: TwoPhaseSql::new(t),
+            deferred: DeferredSql::new(t),
             // Rows are inserted in key order, so that two transactions claiming overlapping
             // batches take the unique-index locks in one order (no deadlock); the answer comes
             // back in the batch's order.
@@ -269,9 +278,10 @@ impl TwoPhaseSql {
                    claims = i.claims + 1 \
                  FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
                    WHERE c.consumer_group = $1 AND c.processed_at IS NULL AND c.event_type = ANY($4) \
-                     AND (c.lease_until IS NULL OR c.lease_until < now()) \
+                     AND c.due_at IS NULL AND (c.lease_until IS NULL OR c.lease_until < now()) \
                      AND (NOT (c.event_type = ANY($5)) OR NOT EXISTS (SELECT 1 FROM {inbox} o \
                        WHERE o.consumer_group = c.consumer_group AND o.processed_at IS NULL \
+                         AND o.due_at IS NULL \
                          AND o.topic = c.topic AND o.\"partition\" = c.\"partition\" \
                          AND o.message_key = c.message_key AND o.\"offset\" < c.\"offset\")) \
                    ORDER BY c.received_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick \
@@ -305,6 +315,7 @@ impl TwoPhaseSql {
             count_stuck: stmt(format!(
                 "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL \
                    AND i.received_at < now() - make_interval(secs => $1) \
+                   AND (i.due_at IS NULL OR i.due_at < now() - make_interval(secs => $1)) \
                    AND (i.lease_until IS NULL OR i.lease_until < now() OR i.claims > 1 \
                      OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
                        AND a.source = i.source AND a.event_id = i.event_id))"
@@ -326,6 +337,48 @@ impl TwoPhaseSql {
             effect_failed: stmt(format!(
                 "UPDATE {effects} SET attempts = attempts + 1, last_error = $3, \
                    lease_until = now() + make_interval(secs => $4) WHERE id = $1 AND lease_owner = $2"
+            )),
+        }
+    }
+}
+
+/// The statements of deferred messages, rendered once from the table names.
+#[derive(Debug)]
+pub(super) struct DeferredSql {
+    pub(super) defer: Stmt,
+    pub(super) claim: Stmt,
+    pub(super) count: Stmt,
+}
+
+impl DeferredSql {
+    fn new(t: &Tables) -> Self {
+        let inbox = &t.inbox;
+        Self {
+            // The row is held by the caller's transaction (its claim inserted it, or its lease
+            // check locked it).
+            defer: stmt(format!(
+                "UPDATE {inbox} SET processed_at = NULL, due_at = now() + make_interval(secs => $4), \
+                   deferrals = deferrals + 1, lease_owner = NULL, lease_until = NULL, \
+                   message_key = $5, header_names = $6, header_values = $7, payload = $8 \
+                 WHERE consumer_group = $1 AND source = $2 AND event_id = $3 RETURNING deferrals"
+            )),
+            // The group's earliest due row whose lease is free or expired; rows other workers
+            // are claiming, or whose handler's transaction holds them, are skipped.
+            claim: stmt(format!(
+                "UPDATE {inbox} AS i SET lease_owner = $2, lease_until = now() + make_interval(secs => $3), \
+                   claims = i.claims + 1 \
+                 FROM (SELECT c.consumer_group, c.source, c.event_id FROM {inbox} c \
+                   WHERE c.consumer_group = $1 AND c.processed_at IS NULL AND c.due_at <= now() \
+                     AND (c.lease_until IS NULL OR c.lease_until < now()) \
+                   ORDER BY c.due_at LIMIT 1 FOR UPDATE SKIP LOCKED) AS pick \
+                 WHERE i.consumer_group = pick.consumer_group AND i.source = pick.source \
+                   AND i.event_id = pick.event_id \
+                 RETURNING i.source, i.event_id, i.business_key, i.topic, i.\"partition\", i.\"offset\", \
+                   i.message_key, i.header_names, i.header_values, i.payload"
+            )),
+            count: stmt(format!(
+                "SELECT count(*) FROM {inbox} \
+                 WHERE consumer_group = $1 AND processed_at IS NULL AND due_at IS NOT NULL"
             )),
         }
     }

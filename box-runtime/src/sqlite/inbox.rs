@@ -5,7 +5,8 @@ use sqlx::{Row, Sqlite};
 use super::SqliteStore;
 use crate::message::Delivery;
 use crate::store::{
-    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
+    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, ReceivedRow, StoreError,
+    StoredDeadLetter, Tables,
 };
 
 impl InboxStore for SqliteStore {
@@ -151,6 +152,69 @@ impl InboxStore for SqliteStore {
         self.shared().count_stuck(older_than).await
     }
 
+    // Deferred messages: the lease methods serve their rows (SQLite has no two-phase
+    // handlers: `TWO_PHASE` stays false).
+
+    const DEFERRAL: bool = true;
+
+    async fn defer<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        delivery: &'a Delivery,
+        after: std::time::Duration,
+    ) -> Result<u32, StoreError> {
+        self.defer_row(tx, key, delivery, after).await
+    }
+
+    async fn claim_deferred<'a>(
+        &'a self,
+        group: &'a str,
+        owner: &'a str,
+        lease: std::time::Duration,
+    ) -> Result<Option<ReceivedRow>, StoreError> {
+        self.claim_deferred_row(group, owner, lease).await
+    }
+
+    async fn count_deferred<'a>(&'a self, group: &'a str) -> Result<i64, StoreError> {
+        self.count_deferred_rows(group).await
+    }
+
+    async fn check_lease<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<Option<u32>, StoreError> {
+        self.check_row(tx, key, owner).await
+    }
+
+    async fn finish_leased<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        key: &'a InboxKey,
+        owner: &'a str,
+        had_failures: bool,
+    ) -> Result<bool, StoreError> {
+        self.finish_row(tx, key, owner, had_failures).await
+    }
+
+    async fn release_lease<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<(), StoreError> {
+        self.release_row(key, owner).await
+    }
+
+    async fn drop_received<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+    ) -> Result<(), StoreError> {
+        self.drop_row(key, owner).await
+    }
+
     async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
         self.shared().count_dead_letters(group).await
     }
@@ -253,7 +317,7 @@ impl InboxStore for SqliteStore {
 }
 
 /// Headers as JSON: `[[name, "hex" | null], ...]`, exact for any bytes.
-fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
+pub(super) fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
     let list: Vec<(&str, Option<String>)> = headers
         .iter()
         .map(|(n, v)| {
@@ -267,7 +331,7 @@ fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
     serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned())
 }
 
-fn decode_headers(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
+pub(super) fn decode_headers(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
     let list: Vec<(String, Option<String>)> = serde_json::from_str(text).unwrap_or_default();
     list.into_iter()
         .map(|(n, v)| {

@@ -15,6 +15,7 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod deferred;
 mod inbox;
 mod legacy;
 pub(crate) mod outbox;
@@ -61,6 +62,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 5,
         description: "scheduled publishing: a due time per row",
         sql: include_str!("migrations/outbox_v5.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 6,
+        description: "deferred messages: due time and deferral count (kept message and lease)",
+        sql: include_str!("migrations/inbox_v6.sql"),
     },
 ];
 
@@ -112,6 +119,7 @@ struct Statements {
     attempts: Stmt,
     dead_letter: Stmt,
     load_dead_letter: Stmt,
+    deferred: DeferredSql,
 }
 
 impl Statements {
@@ -119,6 +127,7 @@ impl Statements {
         let now = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
         Self {
             shared: InboxSql::new(t, DIALECT),
+            deferred: DeferredSql::new(t),
             // `WHERE true` keeps SQLite from reading `ON CONFLICT` as a join constraint.
             release_claims: stmt(format!(
                 "DELETE FROM {inbox} WHERE consumer_group = $1 AND EXISTS (SELECT 1 FROM json_each($2) AS j \
@@ -174,6 +183,67 @@ impl Statements {
                  FROM {} WHERE consumer_group = $1 AND id = $2",
                 t.dead_letters
             )),
+        }
+    }
+}
+
+/// `now` plus `secs` seconds, in inoutbox's timestamp format.
+fn later(secs: &str) -> String {
+    format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%f seconds', {secs}))")
+}
+
+/// The row of `key` (`$1`..`$3`) while `$4` holds its lease and it is not processed.
+const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4 \
+                     AND processed_at IS NULL";
+
+/// The statements of deferred messages, rendered once from the table names.
+#[derive(Debug)]
+pub(super) struct DeferredSql {
+    pub(super) defer: Stmt,
+    pub(super) claim: Stmt,
+    pub(super) count: Stmt,
+    pub(super) check: Stmt,
+    pub(super) finish: Stmt,
+    pub(super) release: Stmt,
+    pub(super) drop_row: Stmt,
+}
+
+impl DeferredSql {
+    fn new(t: &Tables) -> Self {
+        let inbox = &t.inbox;
+        Self {
+            defer: stmt(format!(
+                "UPDATE {inbox} SET processed_at = NULL, due_at = {due}, deferrals = deferrals + 1, \
+                   lease_owner = NULL, lease_until = NULL, message_key = $5, headers = $6, payload = $7 \
+                 WHERE consumer_group = $1 AND source = $2 AND event_id = $3 RETURNING deferrals",
+                due = later("$4"),
+            )),
+            claim: stmt(format!(
+                "UPDATE {inbox} SET lease_owner = $2, lease_until = {until} \
+                 WHERE rowid = (SELECT rowid FROM {inbox} \
+                   WHERE consumer_group = $1 AND processed_at IS NULL AND due_at <= {NOW} \
+                     AND (lease_until IS NULL OR lease_until < {NOW}) \
+                   ORDER BY due_at LIMIT 1) \
+                 RETURNING source, event_id, business_key, topic, \"partition\", \"offset\", \
+                   message_key, headers, payload",
+                until = later("$3"),
+            )),
+            count: stmt(format!(
+                "SELECT count(*) FROM {inbox} \
+                 WHERE consumer_group = $1 AND processed_at IS NULL AND due_at IS NOT NULL"
+            )),
+            // A write: the transaction takes the write lock here, before the handler runs.
+            check: stmt(format!(
+                "UPDATE {inbox} SET lease_until = lease_until WHERE {OWNED} RETURNING 1"
+            )),
+            finish: stmt(format!(
+                "UPDATE {inbox} SET processed_at = {NOW}, lease_owner = NULL, lease_until = NULL \
+                 WHERE {OWNED} RETURNING 1"
+            )),
+            release: stmt(format!(
+                "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
+            )),
+            drop_row: stmt(format!("DELETE FROM {inbox} WHERE {OWNED}")),
         }
     }
 }

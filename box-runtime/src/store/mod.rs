@@ -114,6 +114,13 @@ impl DeadLetter<'_> {
     }
 }
 
+/// What a store that keeps no deferred messages answers when asked to.
+fn no_deferral(store: &str) -> StoreError {
+    StoreError::Config(format!(
+        "the {store} store does not keep deferred messages (PostgreSQL and SQLite do)"
+    ))
+}
+
 /// Runs `delete_batch` (a statement deleting at most `batch` rows) until a run deletes fewer:
 /// retention deletes in short statements, never one long one. Returns the rows deleted.
 pub(crate) async fn delete_in_batches<F, Fut>(
@@ -183,7 +190,8 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// Gives up the lease of `owner` on a received row, so that any worker may claim it.
+    /// Gives up the lease of `owner` on a received (or deferred) row, so that any worker may
+    /// claim it.
     fn release_lease<'a>(
         &'a self,
         _key: &'a InboxKey,
@@ -192,8 +200,8 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// Deletes a received row `owner` holds (it was dead-lettered: a redelivery is received
-    /// again, as a one-phase message would be handled again).
+    /// Deletes a received (or deferred) row `owner` holds (it was dead-lettered: a redelivery
+    /// is received again, as a one-phase message would be handled again).
     fn drop_received<'a>(
         &'a self,
         _key: &'a InboxKey,
@@ -202,8 +210,9 @@ pub trait InboxStore: Send + Sync + 'static {
         std::future::ready(Err(unsupported(Self::NAME, "two-phase handlers")))
     }
 
-    /// In the handler's transaction: whether `owner` still holds the received, unprocessed row
-    /// (`Some(earlier failed runs)`), or not (`None`).
+    /// In the handler's transaction: whether `owner` still holds the received (or deferred),
+    /// unprocessed row (`Some(earlier failed runs)`), or not (`None`); the row stays locked
+    /// against other claims until the transaction ends.
     fn check_lease<'a>(
         &'a self,
         _tx: &'a mut Self::Tx,
@@ -268,6 +277,47 @@ pub trait InboxStore: Send + Sync + 'static {
         _limit: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_ {
         std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
+    }
+
+    // Deferred messages (`HandlerError::defer`): unsupported unless a store implements them.
+    // A deferred row is claimed, checked, finished, released and dropped with the lease
+    // methods above (`check_lease`, `finish_leased`, `release_lease`, `drop_received`), which
+    // a store that keeps deferred messages implements for them.
+
+    /// Whether the store keeps deferred messages.
+    const DEFERRAL: bool = false;
+
+    /// In `tx`, which holds the inbox row of `key` (just claimed, or checked under a lease):
+    /// keeps the message as an unprocessed row due `after` from now, with its key, headers and
+    /// payload, its lease cleared and its deferral count increased; returns that count.
+    fn defer<'a>(
+        &'a self,
+        _tx: &'a mut Self::Tx,
+        _key: &'a InboxKey,
+        _delivery: &'a Delivery,
+        _after: std::time::Duration,
+    ) -> impl Future<Output = Result<u32, StoreError>> + Send + 'a {
+        std::future::ready(Err(no_deferral(Self::NAME)))
+    }
+
+    /// Claims one deferred row of `group` that is due and whose lease is free or expired
+    /// (rows being claimed by another worker are skipped, not waited for), leasing it to
+    /// `owner` for `lease`; outside any transaction.
+    fn claim_deferred<'a>(
+        &'a self,
+        _group: &'a str,
+        _owner: &'a str,
+        _lease: std::time::Duration,
+    ) -> impl Future<Output = Result<Option<ReceivedRow>, StoreError>> + Send + 'a {
+        std::future::ready(Err(no_deferral(Self::NAME)))
+    }
+
+    /// Counts the deferred rows of `group` not yet run.
+    fn count_deferred<'a>(
+        &'a self,
+        _group: &'a str,
+    ) -> impl Future<Output = Result<i64, StoreError>> + Send + 'a {
+        std::future::ready(Err(no_deferral(Self::NAME)))
     }
 
     // The core of every store: no default.

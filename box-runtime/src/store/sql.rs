@@ -66,9 +66,10 @@ impl InboxSql {
                 before = (d.ago)("$1"),
             )),
             count_stuck: stmt(format!(
-                "SELECT count(*) FROM {} WHERE processed_at IS NULL AND received_at < {}",
+                "SELECT count(*) FROM {} WHERE processed_at IS NULL AND received_at < {ago} \
+                 AND (due_at IS NULL OR due_at < {ago})",
                 t.inbox,
-                (d.ago)("$1")
+                ago = (d.ago)("$1")
             )),
             count_dead_letters: stmt(format!(
                 "SELECT count(*) FROM {} WHERE consumer_group = $1 AND replayed_at IS NULL",

@@ -15,6 +15,7 @@ pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("effects", "pending_idx"),
     ("effects", "done_idx"),
     ("inbox", "business_key_idx"),
+    ("inbox", "due_idx"),
     // The partitioned inbox (`PgStore::partitioned_by_day`): its default partition, and its
     // daily partitions `<inbox>_pYYYYMMDD` (this entry stands for the length of each).
     ("inbox", "default"),

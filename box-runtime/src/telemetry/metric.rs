@@ -39,6 +39,10 @@ pub const INBOX_EVENT_AGE: &str = "inoutbox_inbox_event_age_seconds";
 pub const INBOX_DEAD_LETTERS: &str = "inoutbox_inbox_dead_letters";
 /// Gauge: inbox rows received and still not processed after the consumer's `stuck_after`.
 pub const INBOX_STUCK: &str = "inoutbox_inbox_stuck";
+/// Counter: messages a handler deferred (`HandlerError::defer`), each deferral counted.
+pub const INBOX_DEFERRED: &str = "inoutbox_inbox_deferred_total";
+/// Gauge: deferred messages of the group kept in the inbox, waiting to be due or to run.
+pub const INBOX_DEFERRED_PENDING: &str = "inoutbox_inbox_deferred";
 /// Gauge: consumer lag of a partition: the broker's high watermark minus the group's
 /// committed offset.
 pub const CONSUMER_LAG: &str = "inoutbox_consumer_lag";
@@ -162,6 +166,18 @@ pub const ALL: &[Metric] = &[
         kind: Kind::Gauge,
         labels: &[LABEL_GROUP],
         help: "Inbox rows received and not processed after the consumer's stuck_after.",
+    },
+    Metric {
+        name: INBOX_DEFERRED,
+        kind: Kind::Counter,
+        labels: BY_TYPE,
+        help: "Messages a handler deferred (each deferral counted).",
+    },
+    Metric {
+        name: INBOX_DEFERRED_PENDING,
+        kind: Kind::Gauge,
+        labels: &[LABEL_GROUP],
+        help: "Deferred messages kept in the inbox, not yet run.",
     },
     Metric {
         name: CONSUMER_LAG,
@@ -289,6 +305,6 @@ mod tests {
                 m.name
             );
         }
-        assert_eq!(ALL.len(), 25);
+        assert_eq!(ALL.len(), 27);
     }
 }
