@@ -3,6 +3,11 @@
 
 #[doc = include_str!("docs/inbox_handler.md")]
 pub use inoutbox_macros::inbox_handler;
+/// Derives [`InboxEvent`](trait@crate::InboxEvent) for an event this service consumes and never
+/// publishes: `#[derive(Deserialize, InboxEvent)]` with `#[inbox(event_type = "OrderPlaced")]`
+/// (and optionally `idempotency_key = field`), no topic. Handlers take it; `enqueue` refuses it
+/// at compile time. See the trait for an example.
+pub use inoutbox_macros::InboxEvent;
 #[doc = include_str!("docs/outbox_event.md")]
 pub use inoutbox_macros::OutboxEvent;
 
@@ -28,7 +33,9 @@ pub use inoutbox_runtime::sqlite::{SqliteStore, SqliteTx};
 #[doc(inline)]
 pub use inoutbox_runtime::store::Tables;
 #[doc(inline)]
-pub use inoutbox_runtime::{Consumer, ConsumerBuilder, HandlerError, MessageMeta, OutboxEvent};
+pub use inoutbox_runtime::{
+    Consumer, ConsumerBuilder, HandlerError, InboxEvent, MessageMeta, OutboxEvent,
+};
 
 #[doc(hidden)]
 pub use inoutbox_runtime::__private;
@@ -61,6 +68,8 @@ pub mod prelude {
     #[cfg(feature = "sqlite")]
     pub use crate::SqliteTx;
     pub use crate::{inbox_handler, Db, HandlerError, MessageMeta, OutboxEvent, PgTx, Tx};
+    // The derive only: the trait beside `OutboxEvent` would make `T::EVENT_TYPE` ambiguous.
+    pub use inoutbox_macros::InboxEvent;
 }
 
 /// One runner for a service: [`App`](crate::App), the store it picked, and the consumer groups

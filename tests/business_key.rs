@@ -1,7 +1,10 @@
 //! Business-key deduplication: an event's `idempotency_key = field`, or a handler's `dedup_by =
 //! field`, makes the inbox refuse a second event with the same business key in the same group
-//! (a second unique key beside the event id), reported as `Outcome::DuplicateBusinessKey` with
-//! the key; the business-key window frees a key after a while. On PostgreSQL and SQLite.
+//! and key space (a second unique key beside the event id), reported as
+//! `Outcome::DuplicateBusinessKey` with the key as held, `scope:key`; the business-key window
+//! frees a key after a while. The key space is the event type's own unless handlers of the group
+//! share one with `dedup_scope`: `OrderPlaced` and `OrderCancelled` with one `order_id` both run
+//! (the refund case). On PostgreSQL and SQLite.
 
 mod support;
 
@@ -156,7 +159,7 @@ async fn same_operation_twice<S: InboxStore>(inbox: &Inbox<S>) {
             .process(&credited(1, "evt-2", operation), &shutdown)
             .await,
         Outcome::DuplicateBusinessKey {
-            key: operation.to_string()
+            key: format!("AccountCredited:{operation}")
         },
         "a second event id with the same operation id is a duplicate by meaning"
     );
@@ -218,7 +221,9 @@ async fn a_handler_dedup_by_field_refuses_a_second_event_with_the_same_field() {
     );
     assert_eq!(
         inbox.process(&transfer(1, "t-2", 42), &shutdown).await,
-        Outcome::DuplicateBusinessKey { key: "42".into() }
+        Outcome::DuplicateBusinessKey {
+            key: "TransferBooked:42".into()
+        }
     );
     assert_eq!(db.invoices().await, 1);
 }
@@ -242,7 +247,9 @@ async fn in_one_batch_the_first_event_of_a_business_key_runs_and_the_later_one_i
     let refs: Vec<&Delivery> = batch.iter().collect();
     let outcomes = inbox.process_batch(&refs, &no_shutdown()).await;
     let processed = Outcome::Processed { attempt: 1 };
-    let dup = |k: &str| Outcome::DuplicateBusinessKey { key: k.into() };
+    let dup = |k: &str| Outcome::DuplicateBusinessKey {
+        key: format!("TransferBooked:{k}"),
+    };
     assert_eq!(
         outcomes,
         [
@@ -287,7 +294,7 @@ async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
             .process(&credited(3, "evt-recent-2", recent), &shutdown)
             .await,
         Outcome::DuplicateBusinessKey {
-            key: recent.to_string()
+            key: format!("AccountCredited:{recent}")
         },
         "inside the window: refused"
     );
@@ -296,7 +303,7 @@ async fn a_business_key_older_than_the_window_no_longer_refuses_an_event() {
             .process(&credited(4, "evt-old-3", old), &shutdown)
             .await,
         Outcome::DuplicateBusinessKey {
-            key: old.to_string()
+            key: format!("AccountCredited:{old}")
         },
         "the key taken again is refused again"
     );
@@ -359,7 +366,7 @@ async fn the_same_operations_again<S: InboxStore>(inbox: &Inbox<S>, ops: &[Uuid;
             processed.clone(),
             processed,
             Outcome::DuplicateBusinessKey {
-                key: ops[2].to_string()
+                key: format!("AccountCredited:{}", ops[2])
             }
         ],
         "the two expired keys are freed by the batch, the recent one still refuses"
@@ -448,4 +455,218 @@ async fn a_business_key_that_panics_dead_letters_its_event_and_the_next_one_runs
         Outcome::Processed { attempt: 1 }
     );
     assert_eq!(db.invoices().await, 1);
+}
+
+/// The refund case: a payments service consumes `OrderPlaced` (capture) and `OrderCancelled`
+/// (refund), both deduplicated by `order_id` in one group.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderPlaced", topic = "orders", key = order_id)]
+pub struct OrderPlaced {
+    pub order_id: Uuid,
+    pub cents: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCancelled", topic = "orders", key = order_id)]
+pub struct OrderCancelled {
+    pub order_id: Uuid,
+}
+
+#[inbox_handler(event = "OrderPlaced", group = "bk-refund", dedup_by = order_id)]
+async fn capture_postgres(event: OrderPlaced, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.order_id, event.cents).await
+}
+
+#[inbox_handler(event = "OrderCancelled", group = "bk-refund", dedup_by = order_id)]
+async fn refund_postgres(event: OrderCancelled, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.order_id, -100).await
+}
+
+async fn write_sqlite(
+    tx: &mut inoutbox::SqliteTx<'_>,
+    order_id: Uuid,
+    cents: i64,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(order_id)
+        .bind(cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler(event = "OrderPlaced", group = "bk-refund", dedup_by = order_id)]
+async fn capture_sqlite(
+    event: OrderPlaced,
+    tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), HandlerError> {
+    write_sqlite(tx, event.order_id, event.cents).await
+}
+
+#[inbox_handler(event = "OrderCancelled", group = "bk-refund", dedup_by = order_id)]
+async fn refund_sqlite(
+    event: OrderCancelled,
+    tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), HandlerError> {
+    write_sqlite(tx, event.order_id, -100).await
+}
+
+fn placed(offset: i64, event_id: &str, order_id: Uuid) -> Delivery {
+    let payload = serde_json::to_vec(&OrderPlaced {
+        order_id,
+        cents: 100,
+    })
+    .unwrap();
+    delivery(offset, event_id, "OrderPlaced", payload)
+}
+
+fn cancelled(offset: i64, event_id: &str, order_id: Uuid) -> Delivery {
+    let payload = serde_json::to_vec(&OrderCancelled { order_id }).unwrap();
+    delivery(offset, event_id, "OrderCancelled", payload)
+}
+
+/// An order placed, then cancelled: the cancel's handler runs (the refund is not lost), and
+/// each type still refuses a second event of its own with the same order id.
+async fn place_and_cancel<S: InboxStore>(inbox: &Inbox<S>) {
+    let shutdown = no_shutdown();
+    let order = Uuid::new_v4();
+    let processed = Outcome::Processed { attempt: 1 };
+    assert_eq!(
+        inbox.process(&placed(0, "o-1", order), &shutdown).await,
+        processed
+    );
+    assert_eq!(
+        inbox.process(&cancelled(1, "c-1", order), &shutdown).await,
+        processed,
+        "the cancel of a placed order runs its handler: the same order id in another event \
+         type is another key"
+    );
+    assert_eq!(
+        inbox.process(&placed(2, "o-2", order), &shutdown).await,
+        Outcome::DuplicateBusinessKey {
+            key: format!("OrderPlaced:{order}")
+        },
+        "a second OrderPlaced of the order is still refused"
+    );
+    assert_eq!(
+        inbox.process(&cancelled(3, "c-2", order), &shutdown).await,
+        Outcome::DuplicateBusinessKey {
+            key: format!("OrderCancelled:{order}")
+        },
+        "and so is a second OrderCancelled"
+    );
+}
+
+#[tokio::test]
+async fn postgres_runs_the_cancel_of_a_placed_order_with_the_same_business_key() {
+    let db = TestDb::new("bk_refund_pg").await;
+    let store = db.migrated_store().await;
+    let inbox = Inbox::new(store, "bk-refund", InboxConfig::default()).unwrap();
+    place_and_cancel(&inbox).await;
+    assert_eq!(
+        db.invoices().await,
+        2,
+        "the capture and the refund, once each"
+    );
+}
+
+#[tokio::test]
+async fn sqlite_runs_the_cancel_of_a_placed_order_with_the_same_business_key() {
+    let dir = TempDir::new("bk-refund-sqlite");
+    let store = sqlite_store(&dir).await;
+    let pool = store.pool().clone();
+    let inbox = Inbox::new(store, "bk-refund", InboxConfig::default()).unwrap();
+    place_and_cancel(&inbox).await;
+    let invoices: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(invoices, 2, "the capture and the refund, once each");
+}
+
+/// Two kinds of dispute of one order are one operation: their handlers share a key space.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "ChargebackOpened", topic = "disputes", key = order_id)]
+pub struct ChargebackOpened {
+    pub order_id: Uuid,
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "RefundRequested", topic = "disputes", key = order_id)]
+pub struct RefundRequested {
+    pub order_id: Uuid,
+}
+
+#[inbox_handler(event = "ChargebackOpened", group = "bk-shared", dedup_by = order_id, dedup_scope = "disputes")]
+async fn open_chargeback(event: ChargebackOpened, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.order_id, -100).await
+}
+
+#[inbox_handler(event = "RefundRequested", group = "bk-shared", dedup_by = order_id, dedup_scope = "disputes")]
+async fn request_refund(event: RefundRequested, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.order_id, -100).await
+}
+
+#[tokio::test]
+async fn a_shared_dedup_scope_refuses_an_event_of_another_type_with_the_same_key() {
+    let db = TestDb::new("bk_shared").await;
+    let inbox = Inbox::new(
+        db.migrated_store().await,
+        "bk-shared",
+        InboxConfig::default(),
+    )
+    .unwrap();
+    let shutdown = no_shutdown();
+    let order = Uuid::new_v4();
+    let payload = serde_json::to_vec(&ChargebackOpened { order_id: order }).unwrap();
+    let chargeback = delivery(0, "cb-1", "ChargebackOpened", payload.clone());
+    assert_eq!(
+        inbox.process(&chargeback, &shutdown).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    let refund = delivery(1, "rr-1", "RefundRequested", payload);
+    assert_eq!(
+        inbox.process(&refund, &shutdown).await,
+        Outcome::DuplicateBusinessKey {
+            key: format!("disputes:{order}")
+        },
+        "the refund request of a charged-back order is the same operation"
+    );
+    assert_eq!(db.invoices().await, 1, "the order is paid back once");
+}
+
+/// One event handled on two stores, deduplicated in two key spaces: a mistake.
+#[inbox_handler(event = "OrderPlaced", group = "bk-conflict", dedup_by = order_id)]
+async fn conflict_postgres(event: OrderPlaced, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    credit_pg(tx, event.order_id, event.cents).await
+}
+
+#[inbox_handler(event = "OrderPlaced", group = "bk-conflict", dedup_by = order_id, dedup_scope = "orders")]
+async fn conflict_sqlite(
+    event: OrderPlaced,
+    tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), HandlerError> {
+    write_sqlite(tx, event.order_id, event.cents).await
+}
+
+#[tokio::test]
+async fn conflicting_dedup_scopes_in_a_group_are_refused_at_set_up_naming_both_handlers() {
+    let db = TestDb::new("bk_conflict").await;
+    let Err(error) = Inbox::new(
+        db.migrated_store().await,
+        "bk-conflict",
+        InboxConfig::default(),
+    ) else {
+        panic!("conflicting scopes are refused");
+    };
+    let error = error.to_string();
+    assert!(error.contains("conflict_postgres"), "{error}");
+    assert!(error.contains("conflict_sqlite"), "{error}");
+    assert!(
+        error.contains(
+            "event `OrderPlaced` is deduplicated in scope `OrderPlaced` by one and \
+             `orders` by the other"
+        ),
+        "{error}"
+    );
 }

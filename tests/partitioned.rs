@@ -352,6 +352,7 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
         indexes,
         [
             "inoutbox_inbox_business_key_idx",
+            "inoutbox_inbox_due_idx",
             "inoutbox_inbox_pkey",
             "inoutbox_inbox_processed_idx",
             "inoutbox_inbox_received_idx",
@@ -371,7 +372,9 @@ async fn migrate_partitions_an_existing_inbox_and_keeps_its_rows_and_their_dedup
         inbox
             .process(&payment(6, "evt-new", "op-2"), &shutdown)
             .await,
-        Outcome::DuplicateBusinessKey { key: "op-2".into() },
+        Outcome::DuplicateBusinessKey {
+            key: "Payment:op-2".into()
+        },
         "and so does its business key"
     );
     store.migrate().await.expect("migrate again: a no-op");
@@ -394,7 +397,7 @@ async fn a_business_key_taken_in_another_partition_refuses_a_second_event() {
             .process(&payment(1, "evt-credit-2", "op-credit"), &shutdown)
             .await,
         Outcome::DuplicateBusinessKey {
-            key: "op-credit".into()
+            key: "Payment:op-credit".into()
         }
     );
     assert_eq!(db.invoices().await, 1);

@@ -9,5 +9,6 @@ fn ui() {
     t.pass("tests/ui/pass/*.rs");
     t.compile_fail("tests/ui/inbox_handler/*.rs");
     t.compile_fail("tests/ui/outbox_event/*.rs");
+    t.compile_fail("tests/ui/inbox_event/*.rs");
     t.compile_fail("tests/ui/sql/*.rs");
 }

@@ -8,6 +8,10 @@
 //! inbox) upgrades the same way; a table named explicitly keeps its name; and when a table
 //! exists under both names the migrator refuses, renaming nothing.
 //!
+//! Business keys stored before inbox migration 5 (held per group, across event types) take
+//! their row's event type as scope: they keep refusing events of their own type, and an event
+//! of another type with the same key runs (the refund case).
+//!
 //! PostgreSQL in a schema of its own (DATABASE_URL), SQLite in a temporary file; Kafka in
 //! process.
 
@@ -602,4 +606,137 @@ async fn the_rename_waits_for_a_first_release_migrator_running_at_the_same_time(
         .expect("task")
         .expect("migrate");
     assert_eq!(db.count("SELECT count(*) FROM inoutbox_outbox").await, 2);
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "UpgradePlaced", topic = "upgrade", key = order_id)]
+pub struct UpgradePlaced {
+    pub order_id: String,
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "UpgradeCancelled", topic = "upgrade", key = order_id)]
+pub struct UpgradeCancelled {
+    pub order_id: String,
+}
+
+async fn handled_pg(tx: &mut PgTx<'_>, order_id: &str) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO handled (order_id) VALUES ($1)")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn handled_sqlite(tx: &mut SqliteTx<'_>, order_id: &str) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO handled (order_id) VALUES ($1)")
+        .bind(order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler(event = "UpgradePlaced", group = "upgrade-bk", dedup_by = order_id)]
+async fn capture_pg(event: UpgradePlaced, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    handled_pg(tx, &event.order_id).await
+}
+
+#[inbox_handler(event = "UpgradeCancelled", group = "upgrade-bk", dedup_by = order_id)]
+async fn refund_pg(event: UpgradeCancelled, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    handled_pg(tx, &event.order_id).await
+}
+
+#[inbox_handler(event = "UpgradePlaced", group = "upgrade-bk", dedup_by = order_id)]
+async fn capture_sqlite(event: UpgradePlaced, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
+    handled_sqlite(tx, &event.order_id).await
+}
+
+#[inbox_handler(event = "UpgradeCancelled", group = "upgrade-bk", dedup_by = order_id)]
+async fn refund_sqlite(event: UpgradeCancelled, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
+    handled_sqlite(tx, &event.order_id).await
+}
+
+/// Puts a migrated inbox back at version 4 with two business keys as version 4 stored them:
+/// `o-1` of a placed order, and a key that already reads like a scoped one (so the update
+/// meets the index mid-way unless the migration takes the index away first).
+const AT_VERSION_4: &str = "DELETE FROM inoutbox_migrations WHERE component = 'inbox' AND version = 5; \
+    INSERT INTO inoutbox_inbox (consumer_group, source, event_id, event_type, processed_at, business_key) \
+    VALUES ('upgrade-bk', '', 'e-1', 'UpgradePlaced', '2026-01-01T00:00:00Z', 'o-1'); \
+    INSERT INTO inoutbox_inbox (consumer_group, source, event_id, event_type, processed_at, business_key) \
+    VALUES ('upgrade-bk', '', 'e-2', 'UpgradePlaced', '2026-01-01T00:00:00Z', 'UpgradePlaced:o-1');";
+
+const KEYS_AFTER: &str = "SELECT business_key FROM inoutbox_inbox ORDER BY event_id";
+
+/// After the upgrade: the old key refuses a second placed order, and the cancel runs.
+async fn old_business_keys_keep_their_type<S: inoutbox::store::InboxStore>(store: S) {
+    let inbox = TestInbox::new(store, "upgrade-bk").expect("set up");
+    let order_id = "o-1".to_owned();
+    assert_eq!(
+        inbox
+            .deliver(&UpgradePlaced {
+                order_id: order_id.clone()
+            })
+            .await,
+        Outcome::DuplicateBusinessKey {
+            key: "UpgradePlaced:o-1".into()
+        },
+        "a key stored before the upgrade still refuses its own event type"
+    );
+    assert_eq!(
+        inbox.deliver(&UpgradeCancelled { order_id }).await,
+        Outcome::Processed { attempt: 1 },
+        "and no longer an event of another type"
+    );
+}
+
+#[tokio::test]
+async fn postgres_business_keys_of_version_4_take_their_event_type_as_scope() {
+    let db = TestDb::new("upgrade_bk").await;
+    let store = db.migrated_store().await;
+    db.exec("CREATE TABLE handled (order_id text NOT NULL)")
+        .await;
+    sqlx::raw_sql(AT_VERSION_4)
+        .execute(&db.pool)
+        .await
+        .expect("back to version 4");
+    store.migrate().await.expect("inbox migration 5");
+    let keys: Vec<String> = sqlx::query_scalar(KEYS_AFTER)
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys,
+        ["UpgradePlaced:o-1", "UpgradePlaced:UpgradePlaced:o-1"]
+    );
+    old_business_keys_keep_their_type(store).await;
+    assert_eq!(db.count("SELECT count(*) FROM handled").await, 1);
+}
+
+#[tokio::test]
+async fn sqlite_business_keys_of_version_4_take_their_event_type_as_scope() {
+    let store = inoutbox::testing::sqlite_memory().await.expect("SQLite");
+    let pool = store.pool().clone();
+    sqlx::raw_sql("CREATE TABLE handled (order_id text NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::raw_sql(AT_VERSION_4)
+        .execute(&pool)
+        .await
+        .expect("back to version 4");
+    store.migrate().await.expect("inbox migration 5");
+    let keys: Vec<String> = sqlx::query_scalar(KEYS_AFTER)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys,
+        ["UpgradePlaced:o-1", "UpgradePlaced:UpgradePlaced:o-1"]
+    );
+    old_business_keys_keep_their_type(store).await;
+    let handled: i64 = sqlx::query_scalar("SELECT count(*) FROM handled")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(handled, 1);
 }

@@ -7,6 +7,7 @@
 //! unit-tested; this file only holds the entry points and their documentation.
 
 mod ctxt;
+mod inbox_event;
 mod inbox_handler;
 mod kv;
 mod names;
@@ -26,6 +27,8 @@ use proc_macro::TokenStream;
 /// | `event` | the event type handled; must equal the parameter type's `OutboxEvent::EVENT_TYPE` |
 /// | `group` | the consumer group the handler belongs to                                     |
 /// | `batch` | optional flag, no value: a batch handler, which takes `events: Vec<E>` (see below) |
+/// | `dedup_by` | optional: a field of the event whose `Display` text is the business key (an operation id): a second event with the same key is refused in the group |
+/// | `dedup_scope` | optional: the key space of the business keys, shared by the handlers of the group that name it (default: the event type's own, so `OrderPlaced` and `OrderCancelled` with one `order_id` both run) |
 /// | `crate` | optional: the path inoutbox is reachable by, e.g. `crate = "my_inoutbox"` (default `::inoutbox`) |
 ///
 /// `event` and `group` are required string literals of ASCII letters, digits, `.`, `_` and `-`
@@ -142,4 +145,23 @@ pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro_derive(OutboxEvent, attributes(outbox))]
 pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
     outbox_event::derive(input.into()).into()
+}
+
+/// Reference for `#[derive(InboxEvent)]` and its `#[inbox(...)]` attribute: an event type a
+/// service consumes and never publishes.
+///
+/// | key               | value                                                         | required |
+/// |-------------------|---------------------------------------------------------------|----------|
+/// | `event_type`      | the CloudEvents `ce_type` handlers are found by, e.g. `"OrderPlaced"` | yes |
+/// | `idempotency_key` | a field; its `Display` text is the business key               | no       |
+/// | `crate`           | the path inoutbox is reachable by (default `::inoutbox`)      | no       |
+///
+/// No `topic` and no `key`: those are for publishing. The type implements `InboxEvent` only, so
+/// handlers take it and `enqueue` refuses it at compile time ("is not an outbox event"). To
+/// publish it as well, derive `OutboxEvent` (with a `topic`) instead: every `OutboxEvent` is an
+/// `InboxEvent`. The type must implement serde's `Deserialize`; a struct with named fields or a
+/// unit struct, not generic.
+#[proc_macro_derive(InboxEvent, attributes(inbox))]
+pub fn derive_inbox_event(input: TokenStream) -> TokenStream {
+    inbox_event::derive(input.into()).into()
 }

@@ -37,7 +37,9 @@ use serde::Serialize;
     label = "this type has no `#[derive(OutboxEvent)]`",
     note = "an event is a struct of your own with `#[derive(Serialize, Deserialize, OutboxEvent)]` \
             and `#[outbox(event_type = \"...\", topic = \"...\")]`; a type from another crate \
-            cannot derive them: wrap it in a struct of your own that does"
+            cannot derive them: wrap it in a struct of your own that does",
+    note = "a type with `#[derive(InboxEvent)]` is consumed only and has no topic: to publish it, \
+            derive `OutboxEvent` with a `topic` instead (its handlers take it as they are)"
 )]
 pub trait OutboxEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// The event type name (`ce_type`), e.g. `"OrderCreated"`.
@@ -65,6 +67,60 @@ pub trait OutboxEvent: Serialize + DeserializeOwned + Send + Sync + 'static {
     /// consumer group (see `docs/modes.md`).
     fn idempotency_key(&self) -> Option<String> {
         None
+    }
+}
+
+/// An event type inbox handlers can take: its event type and how to decode it, the part of an
+/// event a consumer needs.
+///
+/// Every [`OutboxEvent`] is one. A type that a service consumes and never publishes derives
+/// this alone, and names no topic:
+///
+/// ```
+/// use inoutbox::prelude::*;
+/// use inoutbox::InboxEvent as _;
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize, InboxEvent)]
+/// #[inbox(event_type = "OrderPlaced", idempotency_key = order_id)]
+/// pub struct OrderPlaced { pub order_id: String }
+///
+/// assert_eq!(OrderPlaced::EVENT_TYPE, "OrderPlaced");
+/// let event = OrderPlaced { order_id: "o-1".into() };
+/// assert_eq!(event.idempotency_key().as_deref(), Some("o-1"));
+/// ```
+///
+/// Such a type is not an `OutboxEvent`: `enqueue` refuses it at compile time. (One trait for
+/// both sides with an optional topic would let that mistake through to run time.) The prelude
+/// brings the derive only: with both traits in scope, `OrderCreated::EVENT_TYPE` of a type
+/// that implements both would be ambiguous.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an event an inbox handler can take",
+    label = "this type has no `#[derive(InboxEvent)]` or `#[derive(OutboxEvent)]`",
+    note = "an event a handler takes is a struct of your own with `#[derive(Deserialize, \
+            InboxEvent)]` and `#[inbox(event_type = \"...\")]` (consumed only), or \
+            `#[derive(Serialize, Deserialize, OutboxEvent)]` (also published)"
+)]
+pub trait InboxEvent: DeserializeOwned + Send + 'static {
+    /// The event type name (`ce_type`), e.g. `"OrderPlaced"`.
+    const EVENT_TYPE: &'static str;
+
+    /// The field named by `idempotency_key = field`, if any (see
+    /// [`OutboxEvent::IDEMPOTENCY_KEY`]).
+    const IDEMPOTENCY_KEY: Option<&'static str> = None;
+
+    /// The business key, when the derive names one (`idempotency_key = field`).
+    fn idempotency_key(&self) -> Option<String> {
+        None
+    }
+}
+
+impl<T: OutboxEvent> InboxEvent for T {
+    const EVENT_TYPE: &'static str = <T as OutboxEvent>::EVENT_TYPE;
+    const IDEMPOTENCY_KEY: Option<&'static str> = <T as OutboxEvent>::IDEMPOTENCY_KEY;
+
+    fn idempotency_key(&self) -> Option<String> {
+        <T as OutboxEvent>::idempotency_key(self)
     }
 }
 

@@ -39,13 +39,13 @@ mod util;
 
 pub use backoff::Backoff;
 pub use consumer::{Consumer, ConsumerBuilder};
-pub use event::OutboxEvent;
+pub use event::{InboxEvent, OutboxEvent};
 pub use handler::{ErrorKind, HandlerError, HandlerMode, IntoHandlerError, MessageMeta};
 
 /// What generated code reaches; not a public API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::event::{key_string, BusinessKey, KeyField, OutboxEvent};
+    pub use crate::event::{key_string, BusinessKey, InboxEvent, KeyField, OutboxEvent};
     pub use crate::handler::event_check::{check_event_type, event_type_mismatch, ConstMessage};
     pub use crate::handler::glue::{
         decode, decode_all, downcast_tx, fail, into_future, meta_param, tx_type_id, HandlerOutput,

@@ -20,6 +20,10 @@ pub(crate) const BATCH: &str = "batch";
 /// `dedup_by = field`: a field of the event whose `Display` text is the business key; the
 /// inbox then also refuses a second event with the same key in the group.
 pub(crate) const DEDUP_BY: &str = "dedup_by";
+/// `dedup_scope = "orders"`: the key space of the handler's business keys in its group, shared
+/// with the handlers of the group that name the same scope; by default each event type has its
+/// own.
+pub(crate) const DEDUP_SCOPE: &str = "dedup_scope";
 /// `stores(postgres, sqlite)`: the handler is generic over its store (`D: inoutbox::Db`) and is
 /// registered once per store listed.
 pub(crate) const STORES: &str = "stores";
@@ -39,7 +43,17 @@ pub(crate) const ONE_PHASE: &str = "one_phase";
 pub(crate) const TWO_PHASE: &str = "two_phase";
 
 /// Every key, in the order messages list them.
-pub(crate) const KEYS: &[&str] = &[EVENT, GROUP, BATCH, DEDUP_BY, MODE, ORDERED, STORES, CRATE];
+pub(crate) const KEYS: &[&str] = &[
+    EVENT,
+    GROUP,
+    BATCH,
+    DEDUP_BY,
+    DEDUP_SCOPE,
+    MODE,
+    ORDERED,
+    STORES,
+    CRATE,
+];
 
 /// The stores `stores(..)` may list, and the type of each (under `__private`).
 pub(crate) const STORE_NAMES: &[(&str, &str)] = &[("postgres", "Postgres"), ("sqlite", "Sqlite")];
@@ -57,6 +71,9 @@ const ALIASES: &[(&str, &str)] = &[
     ("idempotency_key", DEDUP_BY),
     ("business_key", DEDUP_BY),
     ("dedup", DEDUP_BY),
+    ("scope", DEDUP_SCOPE),
+    ("key_scope", DEDUP_SCOPE),
+    ("business_key_scope", DEDUP_SCOPE),
     ("two_phase", MODE),
     ("phase", MODE),
     ("ordering", ORDERED),
@@ -82,6 +99,8 @@ pub(crate) struct HandlerAttr {
     pub(crate) batch: Option<Ident>,
     /// `dedup_by = field`: the event's field, as written (for spans).
     pub(crate) dedup_by: Option<Ident>,
+    /// `dedup_scope = "..."`, a valid name.
+    pub(crate) dedup_scope: Option<LitStr>,
     /// `mode = "..."`, when written with a known value.
     pub(crate) mode: Option<LitStr>,
     /// `ordered = <bool>`, with the key for spans.
@@ -116,6 +135,7 @@ impl HandlerAttr {
             krate: None,
             batch: None,
             dedup_by: None,
+            dedup_scope: None,
             mode: None,
             ordered: None,
             stores: None,
@@ -165,6 +185,7 @@ impl HandlerAttr {
         let example = match key {
             EVENT => "OrderCreated",
             GROUP => "billing",
+            DEDUP_SCOPE => "orders",
             BATCH => return self.take_flag(cx, pair),
             DEDUP_BY => {
                 if pair.bare {
@@ -187,6 +208,7 @@ impl HandlerAttr {
         let slot = match key {
             EVENT => &mut self.event,
             GROUP => &mut self.group,
+            DEDUP_SCOPE => &mut self.dedup_scope,
             _ => {
                 self.krate = kv::crate_path(cx, pair);
                 return;

@@ -36,18 +36,24 @@ struct Parts<'a> {
     form: Form,
     event: &'a LitStr,
     group: &'a LitStr,
-    /// The event type; for a batch handler, the `E` of `Vec<E>`.
+    /// The event type as the generated code names it: `__inoutbox_Event` (see [`Aliases`]), or
+    /// for a batch handler the `E` of `Vec<E>` as written.
     event_ty: &'a Type,
     tx_ty: &'a Type,
     /// `::<Store>` for a handler generic over its store, else empty.
     turbofish: TokenStream,
     /// The metadata type; for a batch handler, the `M` of `&[M]`.
     meta_ty: Option<&'a Type>,
+    /// The return type as the generated code names it: `__inoutbox_Output`, or as written.
     output: &'a Type,
+    /// The aliases of the types the user wrote, and those types, for messages.
+    aliases: &'a Aliases<'a>,
     /// `::inoutbox` or the `crate = "..."` path.
     krate: TokenStream,
     /// `dedup_by = field`.
     dedup_by: Option<&'a Ident>,
+    /// `dedup_scope = "..."`.
+    dedup_scope: Option<&'a LitStr>,
     /// `mode = "two_phase"`, and whether `ordered = true`.
     two_phase: Option<bool>,
 }
@@ -84,19 +90,22 @@ pub(crate) fn handler(attr: &HandlerAttr, handler: &Handler) -> TokenStream {
             })
             .collect(),
     };
+    let aliases = Aliases::new(&func.sig.ident, form, event_ty, output);
     let blocks = registrations.iter().map(|(tx_ty, turbofish, suffix)| {
         let parts = Parts {
             name: &func.sig.ident,
             form,
             event,
             group,
-            event_ty,
+            event_ty: aliases.event_ty(),
             tx_ty,
             turbofish: turbofish.clone(),
             meta_ty: handler.meta_ty(form),
-            output,
+            output: aliases.output(),
+            aliases: &aliases,
             krate: krate.clone(),
             dedup_by: attr.dedup_by.as_ref(),
+            dedup_scope: attr.dedup_scope.as_ref(),
             two_phase: attr.is_two_phase().then(|| attr.is_ordered()),
         };
         let register = format_ident!("__inoutbox_register_{}{}", parts.name.unraw(), suffix);
@@ -128,15 +137,19 @@ impl Parts<'_> {
         let event_type_check = self.event_type_check();
         let submit = self.submit();
         let business_key = self.business_key();
+        let scope_check = self.scope_check();
+        let aliases = self.aliases.items();
         quote! {
             #[doc(hidden)]
             #[allow(non_upper_case_globals)]
             const #register: () = {
                 use #private::ProbeFallback as _;
+                #aliases
                 #checks
                 #invoke
                 #event_type_check
                 #business_key
+                #scope_check
                 #submit
             };
         }
@@ -164,22 +177,39 @@ impl Parts<'_> {
     /// The checks of the parameter and return types: one trait-qualified path each.
     fn checks(&self) -> TokenStream {
         let private = self.private();
-        let (event_ty, tx_ty, output) = (self.event_ty, self.tx_ty, self.output);
+        // The event type as written: where the signature's own error has no suggestion (a
+        // parameter's type), the same error here is the same diagnostic, shown once.
+        let (event_ty, tx_ty) = (self.aliases.written_event, self.tx_ty);
         let traits = self.check_traits();
         let meta_check = self.meta_ty.map(|meta_ty| {
             quote! { let () = <#meta_ty as __inoutbox_Metadata>::CHECK; }
         });
-        // rustc reports the error type's check on the whole projection: its first and last
-        // tokens take the return type's first and last spans, so that it underlines that type.
-        let (first, last) = first_last_span(output);
-        let open = quote_spanned!(first=> <);
+        // rustc reports each check of the return type on a whole projection whose first and
+        // last tokens take the return type's first and last spans, so that it underlines that
+        // type (the alias alone is one token): `<Output as __inoutbox_Same>::It` for the
+        // `Result` check, `<.. as __inoutbox_Return>::Error` for the error type's.
+        let (first, last) = first_last_span(self.aliases.written_output);
+        let output = self.output;
+        let (open, same) = (
+            quote_spanned!(first=> <),
+            quote_spanned!(last=> as __inoutbox_Same>::It),
+        );
+        let output = quote!(#open #output #same);
         let close = quote_spanned!(last=> as __inoutbox_Return>::Error);
         let error_ty = quote!(#open #output #close);
         quote! {
             #traits
 
+            #[allow(non_camel_case_types)]
+            trait __inoutbox_Same {
+                type It: ?::core::marker::Sized;
+            }
+            impl<T: ?::core::marker::Sized> __inoutbox_Same for T {
+                type It = T;
+            }
+
             fn __inoutbox_check() {
-                let _ = <#event_ty as #private::OutboxEvent>::key;
+                let () = <#event_ty as __inoutbox_InboxEvent>::CHECK;
                 let () = <#tx_ty as __inoutbox_Transaction>::CHECK;
                 #meta_check
                 let _ = <#error_ty as #private::IntoHandlerError>::into_handler_error;
@@ -226,7 +256,10 @@ impl Parts<'_> {
                `Result<(), E>` where `E: std::error::Error + Send + Sync + 'static`",
             ],
         );
+        let event = self.event_check_trait();
         quote! {
+            #event
+
             #tx
             #[allow(non_camel_case_types)]
             trait __inoutbox_Transaction {
@@ -252,6 +285,32 @@ impl Parts<'_> {
             impl<E> __inoutbox_Return for ::core::result::Result<(), E> {
                 type Error = E;
             }
+        }
+    }
+
+    /// The check of the event type. It asks for `InboxEvent` alone: a type whose derived impl
+    /// misses a supertrait (no `Deserialize`) is reported once, on that impl, not again here.
+    fn event_check_trait(&self) -> TokenStream {
+        let private = self.private();
+        let event = on_unimplemented(
+            "`{Self}` is not an event an inbox handler can take",
+            "this type has no `#[derive(InboxEvent)]` or `#[derive(OutboxEvent)]`",
+            &[
+                "an event is a struct of your own with `#[derive(Deserialize, InboxEvent)]` and \
+               `#[inbox(event_type = \"...\")]` (consumed only), or `#[derive(Serialize, \
+               Deserialize, OutboxEvent)]` and `#[outbox(event_type = \"...\", topic = \
+               \"...\")]` (also published); a type from another crate cannot derive them: wrap \
+               it in a struct of your own that does",
+            ],
+        );
+        quote! {
+            #event
+            #[allow(non_camel_case_types)]
+            trait __inoutbox_InboxEvent {
+                const CHECK: () = ();
+            }
+            #[diagnostic::do_not_recommend]
+            impl<T: #private::InboxEvent> __inoutbox_InboxEvent for T {}
         }
     }
 
@@ -393,7 +452,7 @@ impl Parts<'_> {
     fn event_type_check(&self) -> TokenStream {
         let (event, event_ty) = (self.event, self.event_ty);
         let private = self.private_at(event.span());
-        let type_name = compact(event_ty);
+        let type_name = compact(self.aliases.written_event);
         quote_spanned! {event.span()=>
             const _: () = if let ::core::option::Option::Some(message) =
                 &#private::event_type_mismatch(
@@ -435,6 +494,31 @@ impl Parts<'_> {
         }
     }
 
+    /// Fails the build when `dedup_scope = "..."` is written but the handler has no business key
+    /// (no `dedup_by`, and an event without `idempotency_key`): the scope would scope nothing.
+    /// Written on the scope string; silent for an event type that failed its own check.
+    fn scope_check(&self) -> TokenStream {
+        let Some(scope) = self.dedup_scope.filter(|_| self.dedup_by.is_none()) else {
+            return TokenStream::new();
+        };
+        let private = self.private_at(scope.span());
+        let event_ty = self.event_ty;
+        let message = format!(
+            "`dedup_scope = \"{}\"` scopes the business key, and this handler has none: add \
+             `dedup_by = field` (a field of `{}`), or `idempotency_key = field` to the event's \
+             `#[outbox(...)]`",
+            scope.value(),
+            compact(self.aliases.written_event)
+        );
+        quote_spanned! {scope.span()=>
+            const _: () = if #private::Probe::<#event_ty>::EVENT_TYPE.is_some()
+                && #private::Probe::<#event_ty>::BUSINESS_KEY.is_none()
+            {
+                ::core::panic!(#message)
+            };
+        }
+    }
+
     fn submit(&self) -> TokenStream {
         let private = self.private();
         let (name, event, group) = (self.name, self.event, self.group);
@@ -463,6 +547,7 @@ impl Parts<'_> {
             Some(ordered) => quote!(.two_phase(#ordered)),
             None => TokenStream::new(),
         };
+        let dedup_scope = self.dedup_scope.map(|scope| quote!(.dedup_scope(#scope)));
         quote! {
             #private::inventory::submit! {
                 #private::HandlerRegistration::new(
@@ -475,10 +560,88 @@ impl Parts<'_> {
                 #batch
                 #no_meta
                 .business_key(#business_key)
+                #dedup_scope
                 #two_phase
             }
         }
     }
+}
+
+/// One alias per type the user wrote that the generated code names several times:
+/// `type __inoutbox_Event = OrderCreated;`, `type __inoutbox_Output = Result<(), HandlerError>;`.
+/// A misspelt type (`OrderCreatd`, `HandlerErr`) is then resolved in one more place only, and
+/// that place reports exactly the error of the function's own signature, which rustc shows
+/// once: the alias is named with the function's name span, so that rustc's "you might be
+/// missing a type parameter" help (given for a generic argument such as the `E` of
+/// `Result<(), E>`) points where the one of the signature does. Everything else names the
+/// alias, which stands for the error type after a failed resolution and adds nothing.
+/// The event type of a batch handler (the `E` of `Vec<E>`) and the types [`unfit_for_alias`]
+/// are named as written.
+struct Aliases<'a> {
+    name: &'a Ident,
+    written_event: &'a Type,
+    written_output: &'a Type,
+    event: Option<Type>,
+    output: Option<Type>,
+}
+
+impl<'a> Aliases<'a> {
+    fn new(name: &'a Ident, form: Form, event_ty: &'a Type, output: &'a Type) -> Self {
+        let alias = |ident: &str, ty: &Type| {
+            let ident = Ident::new(ident, first_last_span(ty).0);
+            syn::parse_quote!(#ident)
+        };
+        Self {
+            name,
+            written_event: event_ty,
+            written_output: output,
+            event: (form == Form::Single && !unfit_for_alias(event_ty))
+                .then(|| alias("__inoutbox_Event", event_ty)),
+            output: (!unfit_for_alias(output)).then(|| alias("__inoutbox_Output", output)),
+        }
+    }
+
+    fn event_ty(&self) -> &Type {
+        self.event.as_ref().unwrap_or(self.written_event)
+    }
+
+    fn output(&self) -> &Type {
+        self.output.as_ref().unwrap_or(self.written_output)
+    }
+
+    /// The `type` items.
+    fn items(&self) -> TokenStream {
+        let pairs = [
+            (&self.event, self.written_event, "__inoutbox_Event"),
+            (&self.output, self.written_output, "__inoutbox_Output"),
+        ];
+        pairs
+            .into_iter()
+            .filter(|(alias, _, _)| alias.is_some())
+            .map(|(_, written, ident)| {
+                let ident = Ident::new(ident, self.name.span());
+                quote! {
+                    #[allow(non_camel_case_types)]
+                    type #ident = #written;
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether `ty` is better named as written than by an alias: it names a lifetime (`'_`, `'a`)
+/// or a reference (an alias cannot elide one), or a trait object or `impl Trait` (rustc would
+/// print the alias's object lifetime, `Box<(dyn Error + 'static)>`, in its messages).
+fn unfit_for_alias(ty: &Type) -> bool {
+    fn walk(tokens: TokenStream) -> bool {
+        tokens.into_iter().any(|tt| match tt {
+            proc_macro2::TokenTree::Punct(p) => p.as_char() == '\'' || p.as_char() == '&',
+            proc_macro2::TokenTree::Ident(i) => i == "dyn" || i == "impl",
+            proc_macro2::TokenTree::Group(g) => walk(g.stream()),
+            proc_macro2::TokenTree::Literal(_) => false,
+        })
+    }
+    walk(ty.to_token_stream())
 }
 
 /// The spans of the first and last tokens of `tokens` (on stable, `Spanned::span` is the first).

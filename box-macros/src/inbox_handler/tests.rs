@@ -79,7 +79,7 @@ fn unknown_key_lists_the_valid_keys() {
     assert_eq!(
         message,
         "unknown key `topic` in `#[inbox_handler(...)]`; expected one of: `event`, `group`, `batch`, \
-         `dedup_by`, `mode`, `ordered`, `stores`, `crate`"
+         `dedup_by`, `dedup_scope`, `mode`, `ordered`, `stores`, `crate`"
     );
 }
 
@@ -263,11 +263,16 @@ fn expansion_registers_through_the_facade_only() {
         "const __inoutbox_register_create_invoice : () =",
         ":: inoutbox :: __private :: inventory :: submit !",
         ":: inoutbox :: __private :: HandlerRegistration :: new",
-        ":: inoutbox :: __private :: Probe :: < OrderCreated > :: decode",
-        "< OrderCreated as :: inoutbox :: __private :: OutboxEvent > :: key",
+        // The event and return types are named once each by an alias, and then by it (the
+        // event check names the type as written: see `checks`).
+        "type __inoutbox_Event = OrderCreated ;",
+        "type __inoutbox_Output = Result < () , HandlerError > ;",
+        ":: inoutbox :: __private :: Probe :: < __inoutbox_Event > :: decode",
+        "< OrderCreated as __inoutbox_InboxEvent > :: CHECK",
+        "impl < T : :: inoutbox :: __private :: InboxEvent > __inoutbox_InboxEvent for T",
         "< PgTx < '_ > as __inoutbox_Transaction > :: CHECK",
         ":: inoutbox :: __private :: Probe :: < PgTx < '_ > > :: tx_type_id ()",
-        ":: inoutbox :: __private :: Probe :: < Result < () , HandlerError > > :: into_future",
+        ":: inoutbox :: __private :: Probe :: < __inoutbox_Output > :: into_future",
         ":: inoutbox :: __private :: event_type_mismatch",
         ":: core :: line ! ()",
         "\"create_invoice\"",
@@ -620,7 +625,7 @@ fn batch_expansion_calls_the_function_once_from_both_wrappers() {
     for expected in [
         ":: inoutbox :: __private :: Probe :: < OrderCreated > :: decode_all",
         ":: inoutbox :: __private :: Probe :: < MessageMeta > :: metas",
-        "< OrderCreated as :: inoutbox :: __private :: OutboxEvent > :: key",
+        "< OrderCreated as __inoutbox_InboxEvent > :: CHECK",
         "< MessageMeta as __inoutbox_Metadata > :: CHECK",
         ":: core :: slice :: from_ref (& __inoutbox_payload)",
         ":: core :: slice :: from_ref (__inoutbox_meta)",

@@ -91,7 +91,10 @@ impl<S: InboxStore> Inbox<S> {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| business_key(payload)))
                     .unwrap_or_else(|panic| Err(business_key_panic(&*panic)));
             match found {
-                Ok(found) => key.business_key = found.map(|k| text::inbox_id(&k).into_owned()),
+                // Held as `scope:key`: unique per group, event type (or shared scope) and key.
+                Ok(found) => {
+                    key.business_key = found.map(|k| reg.scoped_business_key(&text::inbox_id(&k)))
+                }
                 Err(reason) => return Err(Bad(reason, Some(Box::new(key)), Some(event_type))),
             }
         }

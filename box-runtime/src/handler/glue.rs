@@ -14,11 +14,11 @@ use std::future::Future;
 use std::pin::Pin;
 
 use super::{BusinessKeyFn, HandlerError, HandlerFuture, HandlerTx, IntoHandlerError, MessageMeta};
-use crate::event::OutboxEvent;
+use crate::event::InboxEvent;
 
 /// Decodes a payload into the handler's event type.
 #[doc(hidden)]
-pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
+pub fn decode<E: InboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
     serde_json::from_slice::<E>(payload).map_err(|error| {
         HandlerError::bad_message(format!(
             "payload does not decode into `{}` (event type `{}`): {error}",
@@ -31,14 +31,14 @@ pub fn decode<E: OutboxEvent>(payload: &[u8]) -> Result<E, HandlerError> {
 /// Decodes the payloads of a batch handler's run; the first that does not decode fails the run
 /// (the engine then runs the messages one by one, which finds the bad one).
 #[doc(hidden)]
-pub fn decode_all<E: OutboxEvent>(payloads: &[&[u8]]) -> Result<Vec<E>, HandlerError> {
+pub fn decode_all<E: InboxEvent>(payloads: &[&[u8]]) -> Result<Vec<E>, HandlerError> {
     payloads.iter().map(|p| decode::<E>(p)).collect()
 }
 
 /// The business key of an event type that declares `idempotency_key = field`.
-fn event_business_key<E: OutboxEvent>(payload: &[u8]) -> Result<Option<String>, String> {
+fn event_business_key<E: InboxEvent>(payload: &[u8]) -> Result<Option<String>, String> {
     let event = decode::<E>(payload).map_err(|e| e.to_string())?;
-    Ok(event.idempotency_key())
+    Ok(InboxEvent::idempotency_key(&event))
 }
 
 /// Downcasts the store's transaction to the one the handler takes (`tx: &mut T`).
@@ -124,7 +124,7 @@ impl MetaParam for MessageMeta {
 #[doc(hidden)]
 pub struct Probe<T: ?Sized>(std::marker::PhantomData<T>);
 
-impl<E: OutboxEvent> Probe<E> {
+impl<E: InboxEvent> Probe<E> {
     /// The declared event type.
     pub const EVENT_TYPE: Option<&'static str> = Some(E::EVENT_TYPE);
 

@@ -46,6 +46,9 @@ pub struct HandlerRegistration {
     /// Reads the business key from a payload, when the handler dedups by one (`dedup_by =
     /// field`, or the event's `idempotency_key = field`).
     pub business_key: Option<BusinessKeyFn>,
+    /// The key space its business keys share with other handlers of the group
+    /// (`dedup_scope = "..."`); `None`: its own event type's (see [`key_scope`](Self::key_scope)).
+    pub dedup_scope: Option<&'static str>,
     /// How its messages are handled: in the receiving transaction, or stored first and handled
     /// by workers (`mode = "two_phase"`).
     pub mode: HandlerMode,
@@ -108,6 +111,7 @@ impl HandlerRegistration {
             invoke_batch: None,
             takes_meta: true,
             business_key: None,
+            dedup_scope: None,
             mode: HandlerMode::OnePhase,
         }
     }
@@ -120,6 +124,31 @@ impl HandlerRegistration {
             business_key,
             ..self
         }
+    }
+
+    /// The registration of a handler whose business keys live in the shared key space `scope`
+    /// of its group (`dedup_scope = "..."`). Used by generated code.
+    #[doc(hidden)]
+    pub const fn dedup_scope(self, scope: &'static str) -> Self {
+        Self {
+            dedup_scope: Some(scope),
+            ..self
+        }
+    }
+
+    /// The key space of its business keys in its group: the `dedup_scope` it names, else its
+    /// event type. Two events of a group are duplicates by meaning only when their business
+    /// keys are equal in one key space, so `OrderPlaced` and `OrderCancelled` with the same
+    /// `order_id` both run unless their handlers name one `dedup_scope`.
+    pub fn key_scope(&self) -> &'static str {
+        self.dedup_scope.unwrap_or(self.event_type)
+    }
+
+    /// A business key as the inbox holds it: `scope:key` (see [`key_scope`](Self::key_scope)).
+    /// Scopes and event types never hold `:` (the macros accept letters, digits, `.`, `_` and
+    /// `-`), so two (scope, key) pairs never share a text.
+    pub fn scoped_business_key(&self, key: &str) -> String {
+        format!("{}:{key}", self.key_scope())
     }
 
     /// The registration of a two-phase handler (`mode = "two_phase"`, `ordered = ..`). Used by
@@ -165,6 +194,7 @@ impl fmt::Debug for HandlerRegistration {
             .field("name", &self.name)
             .field("file", &self.file)
             .field("line", &self.line)
+            .field("dedup_scope", &self.dedup_scope)
             .field("mode", &self.mode)
             .finish()
     }
@@ -210,6 +240,24 @@ pub enum RegistryError {
         /// The group.
         group: String,
     },
+    /// Two handlers of the group put business keys in conflicting key spaces (`dedup_scope`):
+    /// one event type in two scopes (handlers of one event for several stores), or a shared
+    /// scope named like another handler's event type, whose own keys live in that space
+    /// without sharing it.
+    #[error(
+        "handlers {first} and {second} of group `{group}` declare conflicting business-key \
+         scopes: {detail}"
+    )]
+    ScopeConflict {
+        /// The group.
+        group: String,
+        /// The first handler, `path (file:line)`.
+        first: String,
+        /// The second handler, `path (file:line)`.
+        second: String,
+        /// What conflicts, and what to write instead.
+        detail: String,
+    },
     /// A handler takes a transaction of another database than the consumer's store.
     #[error(
         "handler {handler} takes a transaction of another database than this consumer's store \
@@ -235,6 +283,8 @@ impl DispatchTable {
     /// same event handled on PostgreSQL and on SQLite); only a group with handlers for other
     /// stores alone is an error.
     pub fn for_store<T: Any>(group: &str, store: &'static str) -> Result<Self, RegistryError> {
+        // Scopes are checked across the stores: one group means one set of key spaces.
+        check_scopes(group, registrations())?;
         let wanted = TypeId::of::<T>();
         match Self::from_registrations(group, registrations().filter(|r| (r.tx_type)() == wanted)) {
             Err(RegistryError::Empty { .. }) => match registrations().find(|r| r.group == group) {
@@ -263,6 +313,7 @@ impl DispatchTable {
             regs.into_iter().filter(|r| r.group == group).collect();
         // Deterministic order, so the error names the same pair on every start.
         all.sort_by_key(|r| (r.event_type, r.file, r.line));
+        check_scopes(group, all.iter().copied())?;
         for reg in all {
             if let Some(first) = handlers.insert(reg.event_type, reg) {
                 return Err(RegistryError::Duplicate {
@@ -321,5 +372,132 @@ impl DispatchTable {
             two_phase.map(|r| r.event_type).collect(),
             ordered.map(|r| r.event_type).collect(),
         )
+    }
+}
+
+/// Refuses business-key scopes of `group` that conflict (see [`RegistryError::ScopeConflict`]).
+/// Only handlers that deduplicate by a business key have a scope.
+fn check_scopes<'r>(
+    group: &str,
+    regs: impl IntoIterator<Item = &'r HandlerRegistration>,
+) -> Result<(), RegistryError> {
+    let mut keyed: Vec<&HandlerRegistration> = regs
+        .into_iter()
+        .filter(|r| r.group == group && r.business_key.is_some())
+        .collect();
+    keyed.sort_by_key(|r| (r.event_type, r.file, r.line));
+    let conflict = |first: &HandlerRegistration, second: &HandlerRegistration, detail: String| {
+        RegistryError::ScopeConflict {
+            group: group.to_owned(),
+            first: first.location(),
+            second: second.location(),
+            detail,
+        }
+    };
+    for (i, a) in keyed.iter().enumerate() {
+        for b in &keyed[i + 1..] {
+            if a.event_type == b.event_type && a.key_scope() != b.key_scope() {
+                let detail = format!(
+                    "event `{}` is deduplicated in scope `{}` by one and `{}` by the other; \
+                     write the same `dedup_scope` on both (or none)",
+                    a.event_type,
+                    a.key_scope(),
+                    b.key_scope()
+                );
+                return Err(conflict(a, b, detail));
+            }
+        }
+        for b in &keyed {
+            // `b` names a shared scope that is `a`'s event type, while `a` keeps its keys in
+            // its own (default) scope: `b` would share a key space `a` did not open.
+            if b.event_type != a.event_type
+                && a.dedup_scope.is_none()
+                && b.dedup_scope == Some(a.event_type)
+            {
+                let detail = format!(
+                    "`dedup_scope = \"{scope}\"` on the second is the scope of event \
+                     `{scope}`'s own keys; to share keys with it, write the same `dedup_scope` \
+                     on both, named for what they share (e.g. `dedup_scope = \"orders\"`)",
+                    scope = a.event_type
+                );
+                return Err(conflict(a, b, detail));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn invoke<'a>(
+        _: &'a [u8],
+        _: &'a mut (dyn Any + Send),
+        _: &'a MessageMeta,
+    ) -> HandlerFuture<'a> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn key(_: &[u8]) -> Result<Option<String>, String> {
+        Ok(Some("o-1".into()))
+    }
+
+    fn handler(event_type: &'static str, line: u32) -> HandlerRegistration {
+        let tx = TypeId::of::<()>;
+        HandlerRegistration::new(event_type, "payments", "h", "f.rs", line, tx, invoke)
+            .business_key(Some(key))
+    }
+
+    fn leak(reg: HandlerRegistration) -> &'static HandlerRegistration {
+        Box::leak(Box::new(reg))
+    }
+
+    #[test]
+    fn a_business_key_is_held_in_its_event_types_scope_unless_a_shared_one_is_named() {
+        let placed = handler("OrderPlaced", 1);
+        assert_eq!(placed.scoped_business_key("o-1"), "OrderPlaced:o-1");
+        let shared = handler("OrderCancelled", 2).dedup_scope("orders");
+        assert_eq!(shared.scoped_business_key("o-1"), "orders:o-1");
+    }
+
+    #[test]
+    fn handlers_of_two_event_types_with_the_same_key_field_do_not_conflict() {
+        let regs = [
+            leak(handler("OrderPlaced", 1)),
+            leak(handler("OrderCancelled", 2)),
+        ];
+        assert!(DispatchTable::from_registrations("payments", regs).is_ok());
+        let shared = [
+            leak(handler("OrderPlaced", 1).dedup_scope("orders")),
+            leak(handler("OrderCancelled", 2).dedup_scope("orders")),
+        ];
+        assert!(DispatchTable::from_registrations("payments", shared).is_ok());
+    }
+
+    #[test]
+    fn one_event_type_in_two_scopes_is_refused_naming_both_handlers() {
+        // Two stores' handlers of one event, one of them in a shared scope.
+        let regs = [
+            leak(handler("OrderPlaced", 1)),
+            leak(handler("OrderPlaced", 2).dedup_scope("orders")),
+        ];
+        let error = check_scopes("payments", regs).unwrap_err().to_string();
+        assert!(error.contains("h (f.rs:1) and h (f.rs:2)"), "{error}");
+        assert!(error.contains("scope `OrderPlaced`"), "{error}");
+        assert!(error.contains("`orders`"), "{error}");
+    }
+
+    #[test]
+    fn a_shared_scope_named_like_another_handlers_event_type_is_refused() {
+        let regs = [
+            leak(handler("OrderPlaced", 1)),
+            leak(handler("OrderCancelled", 2).dedup_scope("OrderPlaced")),
+        ];
+        let error = DispatchTable::from_registrations("payments", regs)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("h (f.rs:1) and h (f.rs:2)"), "{error}");
+        assert!(error.contains("dedup_scope = \"OrderPlaced\""), "{error}");
     }
 }

@@ -14,7 +14,8 @@ pub enum Outcome {
     /// Another event with the same business key (`idempotency_key` / `dedup_by`) was processed
     /// in the group within the business-key window: the handler did not run; acknowledged.
     DuplicateBusinessKey {
-        /// The business key.
+        /// The business key as the inbox holds it, `scope:key`: the scope is the handler's
+        /// event type, or the `dedup_scope` it names.
         key: String,
     },
     /// The handler failed and the strategy acknowledges anyway (`AtMostOnce`, `OnPersist`): the

@@ -58,6 +58,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/inbox_v4.sql"),
     },
     Migration {
+        component: "inbox",
+        version: 5,
+        description: "business keys scoped by event type (or a shared dedup_scope)",
+        sql: include_str!("migrations/inbox_v5.sql"),
+    },
+    Migration {
         component: "outbox",
         version: 5,
         description: "scheduled publishing: a due time per row",

@@ -35,7 +35,9 @@ pub struct InboxKey {
     pub event_id: String,
     /// The business key (an operation id read from the payload, see `idempotency_key` and
     /// `dedup_by`), when the handler declares one: a second line of deduplication, unique per
-    /// group beside the event id.
+    /// group beside the event id. Held as `scope:key` (the handler's event type or its
+    /// `dedup_scope`), so keys of two event types never meet unless their handlers share a
+    /// scope.
     pub business_key: Option<String>,
 }
 

@@ -34,6 +34,36 @@ async fn audit(_events: Vec<DebitBooked>, _tx: &mut PgTx<'_>) -> Result<(), Hand
     Ok(())
 }
 
+// Two event types of one group in one key space: a chargeback and a refund request of one
+// order are one operation. By default each event type has its own.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "ChargebackOpened", topic = "disputes")]
+pub struct ChargebackOpened {
+    pub order_id: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "RefundRequested", topic = "disputes")]
+pub struct RefundRequested {
+    pub order_id: u64,
+}
+
+#[inbox_handler(event = "ChargebackOpened", group = "disputes", dedup_by = order_id, dedup_scope = "disputes")]
+async fn chargeback(_event: ChargebackOpened, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+#[inbox_handler(event = "RefundRequested", group = "disputes", dedup_by = order_id, dedup_scope = "disputes")]
+async fn refund(_event: RefundRequested, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+// A shared scope for the event's own `idempotency_key`.
+#[inbox_handler(event = "CreditGranted", group = "credits", dedup_scope = "operations")]
+async fn credit_once(_event: CreditGranted, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
 fn main() {
     let event = CreditGranted { account: 7, operation_id: uuid::Uuid::nil() };
     assert_eq!(event.idempotency_key(), Some(uuid::Uuid::nil().to_string()));

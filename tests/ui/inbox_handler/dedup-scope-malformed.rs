@@ -1,0 +1,15 @@
+use serde::{Deserialize, Serialize};
+use inoutbox::prelude::*;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCancelled", topic = "orders", key = order_id)]
+pub struct OrderCancelled {
+    pub order_id: u64,
+}
+
+#[inbox_handler(event = "OrderCancelled", group = "payments", dedup_by = order_id, dedup_scope = "orders:eu")]
+async fn refund(_event: OrderCancelled, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}

@@ -1,0 +1,15 @@
+use serde::Serialize;
+use inoutbox::prelude::*;
+
+#[derive(Debug, Serialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+pub struct OrderCreated {
+    pub order_id: u64,
+}
+
+#[inbox_handler(event = "OrderCreated", group = "billing")]
+async fn create_invoice(_event: OrderCreated, _tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+fn main() {}
