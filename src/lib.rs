@@ -92,7 +92,7 @@ pub mod admin {
     #[doc(inline)]
     pub use inoutbox_runtime::admin::{
         consumer_lag, impossible_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow,
-        GroupStatus, OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
+        EffectsStatus, GroupStatus, OutboxStatus, ParkedKey, PartitionLag, Purged, Status,
     };
 }
 
@@ -118,7 +118,7 @@ pub mod inbox {
 pub mod effects {
     #[doc(inline)]
     pub use inoutbox_runtime::effects::{
-        after_commit, idempotency_key, Effect, EffectFuture, EffectsDb,
+        after_commit, idempotency_key, Effect, EffectFuture, EffectsDb, DEFAULT_EFFECT_CONCURRENCY,
     };
 }
 
@@ -161,8 +161,9 @@ pub mod store {
     pub use inoutbox_runtime::redact::redact_url;
     #[doc(inline)]
     pub use inoutbox_runtime::store::{
-        Claim, ClaimRequest, DeadLetter, ErrorClass, InboxKey, InboxStore, LeaseRequest,
-        ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables, CONNECT_TIMEOUT,
+        Claim, ClaimRequest, DeadLetter, EffectCounts, ErrorClass, InboxKey, InboxStore,
+        LeaseRequest, ReceivedRow, StoreError, StoredDeadLetter, StoredEffect, Tables,
+        CONNECT_TIMEOUT,
     };
 }
 
@@ -206,7 +207,9 @@ pub mod shutdown {
 #[doc = include_str!("docs/testing.md")]
 pub mod testing {
     #[doc(inline)]
-    pub use inoutbox_runtime::testing::{delivery, sqlite_memory, wait_idle, NotIdle, TestInbox};
+    pub use inoutbox_runtime::testing::{
+        delivery, sqlite_memory, wait_idle, EffectRun, NotIdle, TestInbox,
+    };
 }
 
 /// Operations: the metric names ([`telemetry::metric`]), the [`Health`](telemetry::Health) of

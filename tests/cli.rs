@@ -252,13 +252,55 @@ async fn every_subcommand_works_on_postgres() {
         .await;
     assert!(matches!(ok, Outcome::Processed { .. }), "{ok:?}");
     seed_outbox(&db).await;
+    seed_effects(&db).await;
 
     status_on_postgres(&t).await;
     dead_letters_on_postgres(&db, &t, malformed, closed).await;
     outbox_and_purge_on_postgres(&db, &t).await;
 }
 
+/// Effects of group `cli`: one failing for two minutes, one waiting, one done (not shown).
+async fn seed_effects(db: &TestDb) {
+    sqlx::raw_sql(
+        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, \
+           payload, created_at, attempts, done_at) VALUES \
+         ('cli', '', 'e-1', 'mail', 'k-1', '{}', now() - interval '2 minutes', 3, NULL), \
+         ('cli', '', 'e-2', 'mail', 'k-2', '{}', now(), 0, NULL), \
+         ('cli', '', 'e-3', 'mail', 'k-3', '{}', now() - interval '1 day', 1, now())",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("seed effects");
+}
+
+/// The effects section of `status`, on PostgreSQL.
+fn effects_in_status(t: &Target) {
+    let run = t.inoutbox(&["status"]);
+    let section = run
+        .stdout
+        .split("EFFECTS (not done yet)\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no effects section:\n{}", run.stdout));
+    let line = section.lines().nth(1).unwrap_or_default();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cells[..3], ["cli", "2", "1"], "{}", run.stdout);
+    assert!(line.contains("2m "), "the oldest, two minutes old: {line}");
+    let s = t.inoutbox(&["status", "--json"]).json();
+    let effects = &s["effects"][0];
+    assert_eq!(
+        (
+            effects["group"].as_str(),
+            effects["pending"].as_i64(),
+            effects["failed"].as_i64()
+        ),
+        (Some("cli"), Some(2), Some(1))
+    );
+    let oldest = effects["oldest_pending_secs"].as_f64().expect("an age");
+    assert!((115.0..600.0).contains(&oldest), "{oldest}");
+}
+
 async fn status_on_postgres(t: &Target) {
+    effects_in_status(t);
     let run = t.inoutbox(&["status"]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     println!("{}", run.stdout);
@@ -538,6 +580,11 @@ async fn every_subcommand_works_on_sqlite() {
             s["outbox"]["parked_keys"][0]["last_error"].as_str()
         ),
         (Some(1), Some("rejected"))
+    );
+    assert_eq!(
+        s["effects"],
+        serde_json::json!([]),
+        "SQLite keeps no effects"
     );
     let status = t.inoutbox(&["status"]);
     assert!(

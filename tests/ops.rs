@@ -55,6 +55,7 @@ async fn bill(
         .bind(event.total_cents)
         .execute(&mut **tx)
         .await?;
+    inoutbox::effects::after_commit(tx, meta, "receipt", &event.total_cents).await?;
     Ok(())
 }
 
@@ -105,8 +106,25 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
     .expect("relay");
     let kafka_config = kafka.consumer_config(["orders"]);
     let fast = Backoff::new(Duration::from_millis(10), Duration::from_millis(10));
+    // Effects: the receipt of 1001 cents fails once (a retry); an effect another process
+    // holds, failed twice, an hour old, is counted by the gauges.
+    sqlx::raw_sql(
+        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, \
+           payload, created_at, attempts, lease_owner, lease_until) \
+         VALUES ('ops-billing', '', 'held', 'receipt', 'held', '1', now() - interval '1 hour', 2, \
+           'another-process', now() + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("a held effect");
     let consumer = Consumer::builder(GROUP, store.clone(), kafka_config)
         .retry(RetryPolicy::default().max_attempts(3).backoff(fast))
+        .effect("receipt", |effect: inoutbox::effects::Effect| async move {
+            if effect.payload == b"1001" && effect.attempt == 1 {
+                return Err(HandlerError::transient("receipt service timed out"));
+            }
+            Ok(())
+        })
         .sample_interval(Duration::from_millis(200))
         .build()
         .expect("consumer");
@@ -157,6 +175,8 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
             && value(s, metric::OUTBOX_PUBLISHED, &orders) == Some(10.0)
             && value(s, metric::OUTBOX_UNPUBLISHED, &[]) == Some(0.0)
             && value(s, metric::INBOX_DEAD_LETTERS, &group) == Some(1.0)
+            && value(s, metric::EFFECTS_ATTEMPTS, &group) == Some(10.0)
+            && value(s, metric::EFFECTS_PENDING, &group) == Some(1.0)
             && (0..3).all(|p| {
                 let partition = format!("partition=\"{p}\"");
                 value(s, metric::CONSUMER_LAG, &[&partition, orders[0]]) == Some(0.0)
@@ -187,6 +207,21 @@ async fn prometheus_scrape_shows_what_the_inbox_and_outbox_did_and_health_follow
     expect(metric::OUTBOX_PARKED_ROWS, &[], 0.0);
     expect(metric::INBOX_DEAD_LETTERS, &group, 1.0);
     expect(metric::INBOX_STUCK, &group, 0.0);
+    // Nine receipts, one run twice; the held effect counted, not run.
+    expect(metric::EFFECTS_ATTEMPTS, &group, 10.0);
+    expect(metric::EFFECTS_RETRIES, &group, 1.0);
+    expect(
+        &format!("{}_count", metric::EFFECTS_RUN_DURATION),
+        &group,
+        10.0,
+    );
+    expect(metric::EFFECTS_PENDING, &group, 1.0);
+    expect(metric::EFFECTS_FAILED, &group, 1.0);
+    let oldest = value(&scrape, metric::EFFECTS_OLDEST_PENDING_AGE, &group);
+    assert!(
+        oldest.is_some_and(|age| (3600.0..7200.0).contains(&age)),
+        "the held effect is an hour old: {oldest:?}"
+    );
     expect(metric::INBOX_DEFERRED_PENDING, &group, 0.0);
     expect(metric::INBOX_DEFERRED, &by_type, 0.0);
     expect(&format!("{}_count", metric::INBOX_EVENT_AGE), &by_type, 9.0);

@@ -387,3 +387,121 @@ async fn a_dead_letter_refused_even_stripped_holds_its_message_until_the_stop() 
         "the message must not be acknowledged: {outcome:?}"
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Effects after commit: a test runs the group's executors on what a delivery scheduled.
+
+/// A fraud review after the payment's commit: a review for every order, a manual review
+/// (which the test registers no executor for) for a negative total.
+#[inbox_handler(event = "KitOrder", group = "kit-effects")]
+async fn kit_review(
+    event: KitOrder,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    let kind = if event.total_cents < 0 {
+        "manual_review"
+    } else {
+        "fraud_review"
+    };
+    inoutbox::effects::after_commit(tx, meta, kind, &event).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_effects_runs_the_executors_on_what_a_delivery_scheduled() {
+    use inoutbox::effects::Effect;
+    let db = support::TestDb::new("kit_effects").await;
+    let reviewed = Arc::new(Mutex::new(Vec::new()));
+    let record = reviewed.clone();
+    let kit = TestInbox::new(db.migrated_store().await, "kit-effects")
+        .expect("inbox")
+        .effect("fraud_review", move |effect: Effect| {
+            let record = record.clone();
+            async move {
+                let order: KitOrder = effect.payload_as()?;
+                record.lock().unwrap().push(order.order_id);
+                Ok(())
+            }
+        });
+    assert!(
+        kit.run_effects().await.expect("run").is_empty(),
+        "nothing scheduled yet"
+    );
+
+    let message = delivery(&order("o-1", 1200));
+    assert_eq!(
+        kit.deliver_raw(message.clone()).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert!(
+        reviewed.lock().unwrap().is_empty(),
+        "an effect runs only when asked to"
+    );
+    let runs = kit.run_effects().await.expect("run");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let (effect, error) = (&runs[0].effect, &runs[0].error);
+    assert_eq!(*error, None);
+    assert_eq!((effect.kind.as_str(), effect.attempt), ("fraud_review", 1));
+    assert_eq!(effect.group, "kit-effects");
+    assert!(
+        effect.idempotency_key.starts_with("inoutbox-"),
+        "{effect:?}"
+    );
+    assert_eq!(*reviewed.lock().unwrap(), ["o-1"]);
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL")
+            .await,
+        1,
+        "marked done"
+    );
+    // Done: not run again; a redelivery is a duplicate and schedules nothing.
+    assert_eq!(kit.deliver_raw(message).await, Outcome::Duplicate);
+    assert!(kit.run_effects().await.expect("run").is_empty());
+
+    // An effect of a kind without an executor is a failed run, left for its backoff.
+    assert_eq!(
+        kit.deliver(&order("o-2", -5)).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    let runs = kit.run_effects().await.expect("run");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].effect.kind, "manual_review");
+    assert_eq!(
+        runs[0].error.as_deref(),
+        Some("no executor for effect kind `manual_review`")
+    );
+    assert!(
+        kit.run_effects().await.expect("run").is_empty(),
+        "retried after a backoff"
+    );
+    assert_eq!(*reviewed.lock().unwrap(), ["o-1"]);
+}
+
+#[tokio::test]
+async fn an_effect_can_be_made_to_test_an_executor_alone() {
+    use inoutbox::effects::{idempotency_key, Effect};
+    let effect = Effect::new("kit-effects", "e-1", "fraud_review", &order("o-9", 10))
+        .expect("effect")
+        .with_attempt(2);
+    assert_eq!(
+        effect.idempotency_key,
+        idempotency_key("kit-effects", "", "e-1", "fraud_review")
+    );
+    assert_eq!(effect.attempt, 2);
+    let decoded: KitOrder = effect.payload_as().expect("payload");
+    assert_eq!(decoded.order_id, "o-9");
+
+    // Effects are kept on PostgreSQL: on SQLite, running them is a clear error.
+    let kit = TestInbox::new(store_with_invoices().await, "kit").expect("inbox");
+    let refused = kit
+        .run_effects()
+        .await
+        .expect_err("SQLite keeps no effects");
+    assert!(
+        refused
+            .to_string()
+            .contains("does not support effects after commit"),
+        "{refused}"
+    );
+}

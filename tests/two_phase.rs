@@ -728,3 +728,333 @@ async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_
     .expect("the other service's effect");
     assert_eq!(other, (None, 0), "another group's effect is never claimed");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Effects run several at once (bounded), are counted, and done ones are purged.
+
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-reviews")]
+async fn reviews_group_handler(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::PgTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+/// Inserts `n` effects of `kind` for `group`, with idempotency keys `k-0` to `k-{n-1}`.
+async fn insert_effects(db: &TestDb, group: &str, kind: &str, n: usize) {
+    for i in 0..n {
+        sqlx::query(
+            "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload) \
+             VALUES ($1, '', $2, $3, $2, '{}')",
+        )
+        .bind(group)
+        .bind(format!("k-{i}"))
+        .bind(kind)
+        .execute(&db.pool)
+        .await
+        .expect("insert an effect");
+    }
+}
+
+/// What the executors of a test saw: the effects running now, the most at once, and every
+/// idempotency key run.
+#[derive(Clone, Default)]
+struct InFlight {
+    now: Arc<std::sync::atomic::AtomicUsize>,
+    max: Arc<std::sync::atomic::AtomicUsize>,
+    ran: Arc<Mutex<Vec<String>>>,
+}
+
+impl InFlight {
+    /// An executor that counts itself in flight for `takes` (a slow call).
+    fn executor(
+        &self,
+        takes: Duration,
+    ) -> impl Fn(
+        inoutbox::effects::Effect,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<(), inoutbox::HandlerError>> + Send>,
+    > + Send
+           + Sync
+           + 'static {
+        let this = self.clone();
+        move |effect| {
+            let this = this.clone();
+            Box::pin(async move {
+                let running = this.now.fetch_add(1, Ordering::SeqCst) + 1;
+                this.max.fetch_max(running, Ordering::SeqCst);
+                tokio::time::sleep(takes).await;
+                this.now.fetch_sub(1, Ordering::SeqCst);
+                this.ran.lock().unwrap().push(effect.idempotency_key);
+                Ok(())
+            })
+        }
+    }
+
+    fn max(&self) -> usize {
+        self.max.load(Ordering::SeqCst)
+    }
+
+    fn ran_sorted(&self) -> Vec<String> {
+        let mut ran = self.ran.lock().unwrap().clone();
+        ran.sort();
+        ran
+    }
+}
+
+/// Runs a consumer of `tp-reviews` built by `build` until `n` of its effects are done; returns
+/// how long that took.
+async fn drain_reviews(
+    db: &TestDb,
+    n: i64,
+    build: impl FnOnce(
+        inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
+    )
+        -> inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
+) -> Duration {
+    use support::memory::{MemoryBroker, MemoryTransport};
+    let broker = MemoryBroker::new();
+    broker.create_topic("tp-reviews", 1);
+    let builder = inoutbox::Consumer::builder(
+        "tp-reviews",
+        db.store(),
+        MemoryTransport::new(&broker, ["tp-reviews"]),
+    );
+    let consumer = build(builder).build().expect("consumer");
+    let token = inoutbox::shutdown::CancellationToken::new();
+    let started = Instant::now();
+    let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
+    wait_count(
+        db,
+        "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL",
+        n,
+        Duration::from_secs(60),
+        "every effect done",
+    )
+    .await;
+    let took = started.elapsed();
+    token.cancel();
+    tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the consumer stopped")
+        .expect("no panic")
+        .expect("the consumer ran");
+    took
+}
+
+/// The payments case: eight fraud reviews of 3 s each, scheduled as effects. With the default
+/// concurrency all eight are in flight at once (the executors count themselves), each runs
+/// exactly once and is marked done with no failed attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn eight_slow_effects_run_at_once_each_exactly_once() {
+    let db = TestDb::new("tp_effects_parallel").await;
+    db.migrated_store().await;
+    insert_effects(&db, "tp-reviews", "fraud_review", 8).await;
+    let seen = InFlight::default();
+    let executor = seen.executor(Duration::from_secs(3));
+    let took = drain_reviews(&db, 8, |b| b.effect("fraud_review", executor)).await;
+    println!("eight effects of 3 s each done in {took:?}");
+
+    assert_eq!(seen.max(), 8, "all eight effects were in flight at once");
+    let keys: Vec<String> = (0..8).map(|i| format!("k-{i}")).collect();
+    assert_eq!(seen.ran_sorted(), keys, "each effect ran exactly once");
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL AND attempts = 0"
+        )
+        .await,
+        8,
+        "every effect done at its first run"
+    );
+}
+
+/// `effect_concurrency` bounds the effects in flight; 0 is refused at build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn effect_concurrency_bounds_the_effects_in_flight() {
+    use support::memory::{MemoryBroker, MemoryTransport};
+    let db = TestDb::new("tp_effects_bound").await;
+    db.migrated_store().await;
+    let broker = MemoryBroker::new();
+    let refused = inoutbox::Consumer::builder(
+        "tp-reviews",
+        db.store(),
+        MemoryTransport::new(&broker, ["tp-reviews"]),
+    )
+    .effect_concurrency(0)
+    .build()
+    .err()
+    .expect("a concurrency of 0 is refused");
+    assert!(
+        refused.to_string().contains("effect_concurrency is 0"),
+        "{refused}"
+    );
+
+    insert_effects(&db, "tp-reviews", "fraud_review", 6).await;
+    // The effects claimed (leased) at any time: no more than the free slots, so no claimed
+    // effect waits for a slot while its lease runs out.
+    let (pool, stop) = (db.pool.clone(), Arc::new(AtomicBool::new(false)));
+    let stopped = stop.clone();
+    let leased = tokio::spawn(async move {
+        let mut most = 0;
+        while !stopped.load(Ordering::SeqCst) {
+            let n: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL AND lease_until > now()",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("count leased");
+            most = most.max(n);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        most
+    });
+    let seen = InFlight::default();
+    let executor = seen.executor(Duration::from_millis(300));
+    drain_reviews(&db, 6, |b| {
+        b.effect("fraud_review", executor).effect_concurrency(2)
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    let most_leased = leased.await.expect("watcher");
+    assert!(
+        (1..=2).contains(&most_leased),
+        "claimed only for free slots: {most_leased} leased at once"
+    );
+    assert_eq!(seen.max(), 2, "at most two at once, and two did overlap");
+    assert_eq!(seen.ran_sorted().len(), 6, "each effect ran once");
+}
+
+/// The retention task deletes effects done before the window, in batches; effects done
+/// within it, and effects not done however old, stay. The counts behind the gauges and
+/// `inoutbox status` see the effects not done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_consumer_purges_old_done_effects_and_counts_those_not_done() {
+    use inoutbox::store::InboxStore;
+    use support::memory::{MemoryBroker, MemoryTransport};
+    let db = TestDb::new("tp_effects_retention").await;
+    let store = db.migrated_store().await;
+    sqlx::raw_sql(
+        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload, done_at) \
+         SELECT 'tp-reviews', '', 'old-' || n, 'mail', 'old-' || n, '{}', now() - interval '8 days' \
+         FROM generate_series(1, 5) n; \
+         INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload, done_at) \
+         SELECT 'tp-reviews', '', 'new-' || n, 'mail', 'new-' || n, '{}', now() - interval '6 days' \
+         FROM generate_series(1, 3) n; \
+         INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload, created_at, attempts) \
+         VALUES ('tp-reviews', '', 'failing', 'mail', 'failing', '{}', now() - interval '9 days', 4), \
+                ('tp-reviews', '', 'waiting', 'mail', 'waiting', '{}', now(), 0);",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("seed the effects");
+
+    let counts = store.count_effects("tp-reviews").await.expect("counts");
+    assert_eq!((counts.pending, counts.failed), (2, 1), "{counts:?}");
+    let oldest = counts.oldest_pending_secs.expect("an age");
+    assert!(oldest >= 9.0 * 86_400.0, "{oldest}");
+    let none = store.count_effects("another-group").await.expect("counts");
+    assert_eq!(
+        (none.pending, none.failed, none.oldest_pending_secs),
+        (0, 0, None)
+    );
+
+    let broker = MemoryBroker::new();
+    broker.create_topic("tp-reviews", 1);
+    // No executor: no drain, the effects not done stay as they are.
+    let consumer = inoutbox::Consumer::builder(
+        "tp-reviews",
+        store,
+        MemoryTransport::new(&broker, ["tp-reviews"]),
+    )
+    .retention(Some(
+        inoutbox::outbox::Retention::default()
+            .older_than(Duration::from_secs(7 * 86_400))
+            .batch_size(2)
+            .interval(Duration::from_millis(100)),
+    ))
+    .build()
+    .expect("consumer");
+    let token = inoutbox::shutdown::CancellationToken::new();
+    let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while db
+        .count("SELECT count(*) FROM inoutbox_effects WHERE event_id LIKE 'old-%'")
+        .await
+        > 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "old done effects were not purged within 20 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    token.cancel();
+    run.await.expect("join").expect("consumer");
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE event_id LIKE 'new-%'")
+            .await,
+        3,
+        "effects done within the window stay"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL")
+            .await,
+        2,
+        "effects not done stay, however old"
+    );
+}
+
+/// At shutdown no further effect starts, and effects in flight that outlast the transport's
+/// grace period are abandoned (aborted, left claimed, run again after their lease): the stop
+/// takes the grace period, not the effects' time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_stop_starts_no_effect_and_is_bounded_by_the_grace_period() {
+    let db = TestDb::new("tp_effects_stop").await;
+    db.migrated_store().await;
+    insert_effects(&db, "tp-reviews", "fraud_review", 4).await;
+    let kafka = inoutbox::kafka::InProcessKafka::start().expect("in-process Kafka");
+    kafka.create_topic("tp-reviews", 1).expect("topic");
+    let seen = InFlight::default();
+    let consumer = inoutbox::Consumer::builder(
+        "tp-reviews",
+        db.store(),
+        kafka
+            .consumer_config(["tp-reviews"])
+            .shutdown_grace(Duration::from_millis(500)),
+    )
+    .effect("fraud_review", seen.executor(Duration::from_secs(600)))
+    .effect_concurrency(2)
+    .build()
+    .expect("consumer");
+    let token = inoutbox::shutdown::CancellationToken::new();
+    let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.now.load(Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "two effects started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    token.cancel();
+    // Well under the 30 s after which an executor's run is cut as an overrun of its lease.
+    tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("the stop took the grace period, not the effects' 600 s")
+        .expect("no panic")
+        .expect("the consumer ran");
+    assert_eq!(seen.max(), 2, "no effect started after the stop");
+    assert!(
+        seen.ran_sorted().is_empty(),
+        "the two in flight were abandoned"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL AND attempts = 0")
+            .await,
+        4,
+        "none marked done or failed: the abandoned ones run again after their lease"
+    );
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_effects WHERE lease_until > now()")
+            .await,
+        2,
+        "the two in flight stay claimed until their lease expires"
+    );
+}

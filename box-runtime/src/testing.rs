@@ -6,7 +6,8 @@
 //! dead letters), only the broker is left out; [`sqlite_memory`] is an ordinary migrated
 //! [`SqliteStore`](crate::sqlite::SqliteStore) whose database lives in memory;
 //! [`wait_idle`] and [`Relay::drain`](crate::relay::Relay::drain) say when the outbox is
-//! published.
+//! published; [`TestInbox::run_effects`] runs the group's effect executors on the effects its
+//! deliveries scheduled, as the consumer's drain would.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -14,8 +15,10 @@ use std::time::{Duration, Instant};
 use crate::shutdown::CancellationToken;
 use uuid::Uuid;
 
+use crate::effects::{self, Effect, Executors};
 use crate::engine::{Inbox, InboxConfig, SetupError};
 use crate::event::OutboxEvent;
+use crate::handler::HandlerError;
 use crate::message::{Delivery, Outcome};
 use crate::names;
 use crate::relay::{IntoRelayStore, RelayStore};
@@ -28,6 +31,7 @@ use crate::store::{InboxStore, StoreError};
 #[derive(Debug)]
 pub struct TestInbox<S> {
     inbox: Inbox<S>,
+    effects: Executors,
     next_offset: AtomicI64,
     // Never set: a delivery is never abandoned for a shutdown.
     shutdown: CancellationToken,
@@ -46,6 +50,7 @@ impl<S: InboxStore> TestInbox<S> {
         let shutdown = CancellationToken::new();
         Ok(Self {
             inbox: Inbox::new(store, group, config)?,
+            effects: Executors::default(),
             next_offset: AtomicI64::new(0),
             shutdown,
         })
@@ -67,6 +72,52 @@ impl<S: InboxStore> TestInbox<S> {
         self.inbox.process(&delivery, &self.shutdown).await
     }
 
+    /// Registers the executor of effects of `kind`, as
+    /// [`ConsumerBuilder::effect`](crate::ConsumerBuilder::effect) does, for
+    /// [`run_effects`](Self::run_effects).
+    #[must_use]
+    pub fn effect<F, Fut>(mut self, kind: impl Into<String>, executor: F) -> Self
+    where
+        F: Fn(Effect) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), HandlerError>> + Send + 'static,
+    {
+        self.effects.insert(kind, executor);
+        self
+    }
+
+    /// Runs the effects the group's committed handlers scheduled and that are due, each once,
+    /// through the executors registered with [`effect`](Self::effect), as the consumer's drain
+    /// does: each is claimed, run, and marked done, or failed (an error, a panic, no executor
+    /// for its kind) and left to run again after its backoff (1 s, then doubling), so a second
+    /// call right away does not run it again. Returns the runs, oldest effect first. Effects
+    /// are kept on PostgreSQL: on another store this is its error.
+    pub async fn run_effects(&self) -> Result<Vec<EffectRun>, StoreError> {
+        let owner = effects::owner_name("test-inbox");
+        let mut runs = Vec::new();
+        loop {
+            let claimed = self
+                .store()
+                .claim_effects(
+                    self.inbox.group(),
+                    &owner,
+                    effects::EFFECT_LEASE,
+                    effects::EFFECT_BATCH,
+                )
+                .await?;
+            if claimed.is_empty() {
+                return Ok(runs);
+            }
+            for row in claimed {
+                let (effect, result) =
+                    effects::run_one(self.store(), &self.effects, &owner, row).await;
+                runs.push(EffectRun {
+                    effect,
+                    error: result.err(),
+                });
+            }
+        }
+    }
+
     /// The inbox (dead letters, replay, retention).
     pub fn inbox(&self) -> &Inbox<S> {
         &self.inbox
@@ -76,6 +127,17 @@ impl<S: InboxStore> TestInbox<S> {
     pub fn store(&self) -> &S {
         self.inbox.store()
     }
+}
+
+/// One run of an effect by [`TestInbox::run_effects`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EffectRun {
+    /// The effect as its executor received it.
+    pub effect: Effect,
+    /// Why the run failed (the executor's error, its panic, no executor for the kind), or
+    /// `None`: the effect is done.
+    pub error: Option<String>,
 }
 
 /// The message the relay would publish for `event`: topic and key of the event, partition 0,

@@ -9,8 +9,8 @@ use super::args::{Command, DeadLetters, Filter, Outbox};
 use super::render::{age, block, cell, or_dash, table};
 use super::{exit, Failure, Reply};
 use crate::admin::{
-    consumer_lag, impossible_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow, PartitionLag,
-    Status,
+    consumer_lag, impossible_lag, Admin, AdminError, DeadLetterFilter, DeadLetterRow,
+    EffectsStatus, PartitionLag, Status,
 };
 use crate::inbox::{InboxConfig, Outcome};
 use crate::store::StoredDeadLetter;
@@ -77,6 +77,8 @@ async fn status(
     let status = admin.status(stuck_after).await?;
     let mut text = status_text(&status);
     let mut json = status_json(&status);
+    text.push_str(&effects_text(&status.effects));
+    json["effects"] = effects_json(&status.effects);
     if let Some(brokers) = brokers {
         let groups: Vec<String> = status.groups.iter().map(|g| g.group.clone()).collect();
         let lags = consumer_lag(brokers, &groups, &[], KAFKA_TIMEOUT).await?;
@@ -183,6 +185,37 @@ fn status_text(s: &Status) -> String {
         ));
     }
     text
+}
+
+/// The effects section of `status`: one line per group with effects not done, or none.
+fn effects_text(effects: &[EffectsStatus]) -> String {
+    if effects.is_empty() {
+        return String::new();
+    }
+    let rows: Vec<Vec<String>> = effects
+        .iter()
+        .map(|e| {
+            vec![
+                cell(&e.group, 40),
+                e.pending.to_string(),
+                e.failed.to_string(),
+                e.oldest_pending_secs.map_or_else(|| "-".to_owned(), age),
+            ]
+        })
+        .collect();
+    let mut text = String::from("\nEFFECTS (not done yet)\n");
+    text.push_str(&table(&["GROUP", "PENDING", "FAILED", "OLDEST"], &rows));
+    text
+}
+
+fn effects_json(effects: &[EffectsStatus]) -> Value {
+    effects
+        .iter()
+        .map(|e| {
+            json!({ "group": e.group, "pending": e.pending, "failed": e.failed,
+                    "oldest_pending_secs": e.oldest_pending_secs })
+        })
+        .collect()
 }
 
 fn status_json(s: &Status) -> Value {

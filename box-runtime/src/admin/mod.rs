@@ -82,6 +82,23 @@ pub struct Status {
     pub stuck_after: Duration,
     /// The outbox.
     pub outbox: OutboxStatus,
+    /// One line per consumer group with effects not done, by name (PostgreSQL: effects are
+    /// kept there only; empty on SQLite).
+    pub effects: Vec<EffectsStatus>,
+}
+
+/// One consumer group's effects after commit not done yet.
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct EffectsStatus {
+    /// The group.
+    pub group: String,
+    /// Its effects not done.
+    pub pending: i64,
+    /// Those whose runs failed at least once (`attempts > 0`): retried after a backoff.
+    pub failed: i64,
+    /// Seconds since the oldest of them was scheduled.
+    pub oldest_pending_secs: Option<f64>,
 }
 
 /// One consumer group's inbox.
@@ -331,7 +348,9 @@ impl Admin {
                 sqlx::query_as(sql.parked_keys.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
             (groups, stuck, outbox, keys)
         });
+        let effects = self.effects_status().await?;
         Ok(Status {
+            effects,
             groups: groups
                 .into_iter()
                 .map(|(group, rows, recent, dead, pending)| GroupStatus {
@@ -365,6 +384,26 @@ impl Admin {
                     .collect(),
             },
         })
+    }
+
+    /// Every group's effects not done (PostgreSQL; none on SQLite, which keeps no effects).
+    async fn effects_status(&self) -> Result<Vec<EffectsStatus>, AdminError> {
+        let rows = match &self.backend {
+            Backend::Postgres(s) => s.effects_by_group().await?,
+            #[cfg(feature = "sqlite")]
+            Backend::Sqlite(_) => Vec::new(),
+        };
+        Ok(rows
+            .into_iter()
+            .map(
+                |(group, pending, failed, oldest_pending_secs)| EffectsStatus {
+                    group,
+                    pending,
+                    failed,
+                    oldest_pending_secs,
+                },
+            )
+            .collect())
     }
 
     /// Dead letters matching `filter`, newest first.

@@ -39,11 +39,18 @@ macro_rules! consumer_setters {
                 + Send
                 + 'static,
         {
-            let executor: $crate::effects::Executor =
-                std::sync::Arc::new(move |effect: $crate::effects::Effect| {
-                    Box::pin(executor(effect)) as $crate::effects::EffectFuture
-                });
-            self.effects.by_kind.insert(kind.into(), executor);
+            self.effects.insert(kind, executor);
+            self
+        }
+
+        /// How many effects the consumer runs at once, at most (default
+        /// [`DEFAULT_EFFECT_CONCURRENCY`](crate::effects::DEFAULT_EFFECT_CONCURRENCY), 8; at
+        /// least 1: `build` refuses 0). Each runs in a task of its own, with no transaction
+        /// open, so slow calls overlap; each is still run at least once with its idempotency
+        /// key, and a failed one retried after a backoff. Lower it for a receiving service that
+        /// takes few calls at once; raise it for many slow calls.
+        pub fn effect_concurrency(mut self, effects: usize) -> Self {
+            self.effects.concurrency = effects;
             self
         }
 
@@ -146,8 +153,15 @@ impl<S: InboxStore, T: Transport> ConsumerBuilder<S, T> {
     }
 
     /// Builds the dispatch table of the group from every handler linked into the binary; fails
-    /// on two handlers for one event type, or none for the group.
+    /// on two handlers for one event type, none for the group, or an `effect_concurrency` of 0.
     pub fn build(self) -> Result<Consumer<S, T>, SetupError> {
+        if self.effects.concurrency == 0 {
+            return Err(SetupError::Config(
+                "effect_concurrency is 0: a consumer runs at least one effect at a time \
+                 (the default is 8)"
+                    .to_owned(),
+            ));
+        }
         let mut inbox = Inbox::new(self.store, &self.group, self.config)?;
         inbox.share_health(self.health);
         Ok(Consumer {

@@ -1,7 +1,7 @@
 //! The effects drain as the consumer runs it: a task of its own, watched. An end before the
 //! shutdown (a panic outside any executor) is logged as an error and makes the consumer's
 //! health not live; at shutdown the drain gets the transport's grace period, then is aborted
-//! (the effect in hand runs again after its lease).
+//! (the effects in flight run again after their lease).
 
 use std::future::Future;
 use std::time::Duration;
@@ -9,8 +9,47 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::effects::DrainSource;
+use crate::engine::Inbox;
+use crate::message::Retention;
 use crate::shutdown::{finish_within, CancellationToken};
+use crate::store::InboxStore;
 use crate::telemetry::Health;
+
+/// The drain runs on the consumer's inbox: its store, its group, and its signal of commits.
+impl<S: InboxStore> DrainSource for Inbox<S> {
+    type Store = S;
+
+    fn store(&self) -> &S {
+        Inbox::store(self)
+    }
+
+    fn group(&self) -> &str {
+        Inbox::group(self)
+    }
+
+    fn committed(&self) -> &tokio::sync::Notify {
+        &self.committed
+    }
+}
+
+/// Deletes the effects done longer ago than `retention.older_than` (of every group: like the
+/// inbox rows, whichever consumer purges), in batches; logs what it did.
+pub(super) async fn purge_done<S: InboxStore>(store: &S, group: &str, retention: &Retention) {
+    let purged = crate::store::delete_in_batches(retention.batch_size, |limit| {
+        store.delete_done_effects(retention.older_than, limit)
+    })
+    .await;
+    match purged {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(target: "inoutbox::consumer", group, deleted = n, "effects retention purge")
+        }
+        Err(e) => {
+            tracing::warn!(target: "inoutbox::consumer", group, error = %e, "effects retention purge failed")
+        }
+    }
+}
 
 /// Runs `drain` until `token` is cancelled and then at most `grace` more; if it ends before
 /// that, says so and marks `health` not live.

@@ -88,19 +88,8 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
         let deferred = tokio::spawn(inbox.clone().run_deferred(token.clone()));
         // The effects drain (none without executors) stops within the transport's grace.
         let effects = (!self.effects.by_kind.is_empty()).then(|| {
-            let (inbox, executors, drain_token) = (inbox.clone(), self.effects, token.clone());
             let group = inbox.group().to_owned();
-            let drain = async move {
-                let group = inbox.group();
-                effects::drain(
-                    inbox.store(),
-                    group,
-                    &executors,
-                    &inbox.committed,
-                    drain_token,
-                )
-                .await
-            };
+            let drain = effects::drain(inbox.clone(), self.effects, token.clone());
             let grace = self.transport.shutdown_grace();
             tokio::spawn(watch_drain(
                 drain,
@@ -138,10 +127,11 @@ impl<S: InboxStore, T: Transport> Consumer<S, T> {
     }
 }
 
-/// Deletes inbox rows processed longer ago than the retention window, every
-/// `retention.interval`, until `stop`: in statements of `retention.batch_size` rows, each its
-/// own short transaction, so no lock is held for long. Every group's rows in the inbox table
-/// go, whichever consumer purges; several consumers purging at once only share the work.
+/// Deletes inbox rows processed longer ago than the retention window, and effects done longer
+/// ago (on a store that keeps effects), every `retention.interval`, until `stop`: in
+/// statements of `retention.batch_size` rows, each its own short transaction, so no lock is
+/// held for long. Every group's rows go, whichever consumer purges; several consumers purging
+/// at once only share the work.
 async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, stop: CancellationToken) {
     let (Some(retention), true) = (inbox.config().retention, inbox.config().ack.uses_inbox())
     else {
@@ -160,6 +150,9 @@ async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, stop: CancellationToken)
             Err(e) => {
                 tracing::warn!(target: "inoutbox::consumer", group, error = %e, "inbox retention purge failed")
             }
+        }
+        if S::TWO_PHASE {
+            super::effects::purge_done(inbox.store(), group, &retention).await;
         }
         tokio::select! {
             () = tokio::time::sleep(retention.interval) => {}

@@ -8,7 +8,7 @@ use crate::shutdown::CancellationToken;
 use metrics::SharedString;
 
 use crate::engine::Inbox;
-use crate::store::InboxStore;
+use crate::store::{EffectCounts, InboxStore};
 use crate::telemetry::metric::{self as m, LABEL_GROUP};
 use crate::telemetry::{
     DEFAULT_SAMPLE_INTERVAL, DEFAULT_STUCK_AFTER, DEFAULT_SUMMARY_INTERVAL, MIN_SAMPLE_INTERVAL,
@@ -33,8 +33,45 @@ impl Default for Sampling {
     }
 }
 
-/// Samples the group's dead letters and stuck rows every `sampling.interval` until `stop`;
-/// the outcome of the queries is the database half of the consumer's health.
+/// The gauges of the group's effects (on a store that keeps effects).
+struct EffectGauges {
+    pending: metrics::Gauge,
+    failed: metrics::Gauge,
+    oldest: metrics::Gauge,
+}
+
+impl EffectGauges {
+    fn new(group: &SharedString) -> Self {
+        Self {
+            pending: metrics::gauge!(m::EFFECTS_PENDING, LABEL_GROUP => group.clone()),
+            failed: metrics::gauge!(m::EFFECTS_FAILED, LABEL_GROUP => group.clone()),
+            oldest: metrics::gauge!(m::EFFECTS_OLDEST_PENDING_AGE, LABEL_GROUP => group.clone()),
+        }
+    }
+
+    /// Counts the group's effects not done and sets the gauges. A failure leaves them as they
+    /// were and is no verdict on the database (the inbox queries give it): a store wrapper may
+    /// keep two-phase rows without counting effects.
+    async fn sample<S: InboxStore>(&self, store: &S, group: &str) {
+        match store.count_effects(group).await {
+            Ok(counts) => self.set(counts),
+            Err(e) => {
+                tracing::debug!(target: "inoutbox::inbox", group, error = %e,
+                    "sampling the effect gauges failed");
+            }
+        }
+    }
+
+    fn set(&self, counts: EffectCounts) {
+        self.pending.set(counts.pending as f64);
+        self.failed.set(counts.failed as f64);
+        self.oldest.set(counts.oldest_pending_secs.unwrap_or(0.0));
+    }
+}
+
+/// Samples the group's dead letters, stuck rows and (on a store that keeps effects) effects not
+/// done every `sampling.interval` until `stop`; the outcome of the queries is the database half
+/// of the consumer's health.
 pub(crate) async fn sample_inbox<S: InboxStore>(
     inbox: Arc<Inbox<S>>,
     sampling: Sampling,
@@ -43,6 +80,7 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
     let group = SharedString::from(inbox.group().to_owned());
     let dead_letters = metrics::gauge!(m::INBOX_DEAD_LETTERS, LABEL_GROUP => group.clone());
     let stuck = metrics::gauge!(m::INBOX_STUCK, LABEL_GROUP => group.clone());
+    let effects = S::TWO_PHASE.then(|| EffectGauges::new(&group));
     let deferred = metrics::gauge!(m::INBOX_DEFERRED_PENDING, LABEL_GROUP => group);
     let health = inbox.health();
     loop {
@@ -66,6 +104,9 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
                 tracing::debug!(target: "inoutbox::inbox", group = inbox.group(), error = %e,
                     "sampling the inbox gauges failed");
             }
+        }
+        if let Some(gauges) = &effects {
+            gauges.sample(inbox.store(), inbox.group()).await;
         }
         tokio::select! {
             () = tokio::time::sleep(sampling.interval.max(MIN_SAMPLE_INTERVAL)) => {}

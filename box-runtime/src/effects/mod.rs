@@ -9,6 +9,11 @@
 //! external call and before the row is marked done: the effect then runs again, with the same
 //! [`Effect::idempotency_key`], so the receiving side must deduplicate on it.
 //!
+//! Slow calls belong here rather than in the handler: the handler's transaction commits at once
+//! with the effect's row, and the call runs afterwards with no transaction open. The consumer
+//! runs up to [`ConsumerBuilder::effect_concurrency`](crate::ConsumerBuilder::effect_concurrency)
+//! effects at once ([`DEFAULT_EFFECT_CONCURRENCY`], 8), each in a task of its own.
+//!
 //! ```no_run
 //! use serde::{Deserialize, Serialize};
 //! use inoutbox::prelude::*;
@@ -43,7 +48,9 @@
 mod drain;
 mod schedule;
 
-pub(crate) use drain::{drain, Executor, Executors};
-pub use drain::{Effect, EffectFuture};
+pub(crate) use drain::{drain, DrainSource, Executors};
+#[cfg(feature = "testing")]
+pub(crate) use drain::{owner_name, run_one, EFFECT_BATCH, EFFECT_LEASE};
+pub use drain::{Effect, EffectFuture, DEFAULT_EFFECT_CONCURRENCY};
 pub use schedule::{after_commit, idempotency_key, EffectsDb};
 pub(crate) use schedule::{ScheduleEffect, ScheduledEffect};

@@ -1,16 +1,21 @@
 //! Effects after commit on PostgreSQL: the insert that [`after_commit`] runs in a handler's
-//! transaction. The drain's statements are in `two_phase` with the other leased claims.
+//! transaction, and the counts and the purge of the effects table (the gauge sampler, the
+//! retention task, `inoutbox status`). The drain's claims are in `two_phase` with the other
+//! leased claims.
 //!
 //! [`after_commit`]: crate::effects::after_commit
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{LazyLock, Mutex, PoisonError};
+use std::time::Duration;
 
 use sqlx::Postgres;
 
+use super::PgStore;
 use crate::effects::{ScheduleEffect, ScheduledEffect};
 use crate::store::sql::{stmt, Stmt};
+use crate::store::{EffectCounts, StoreError};
 
 impl ScheduleEffect for Postgres {
     fn schedule_effect<'t>(
@@ -34,21 +39,99 @@ impl ScheduleEffect for Postgres {
     }
 }
 
-/// The statement that schedules an effect in a handler's transaction, rendered once per effects
-/// table (a process has one per store): the same effect scheduled twice (a handler run again
-/// after a rollback cannot have left one, but a handler may call it twice) is one effect.
+/// The statement that schedules an effect in a handler's transaction: the same effect scheduled
+/// twice (a handler run again after a rollback cannot have left one, but a handler may call it
+/// twice) is one effect.
 fn schedule_sql(effects: &str) -> Stmt {
-    static RENDERED: LazyLock<Mutex<HashMap<String, Stmt>>> = LazyLock::new(Default::default);
+    rendered(Which::Schedule, effects)
+}
+
+/// The statements on the effects table, each rendered once per effects table (a process has
+/// one per store).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Which {
+    Schedule,
+    Count,
+    PurgeDone,
+    ByGroup,
+}
+
+fn rendered(which: Which, effects: &str) -> Stmt {
+    static RENDERED: LazyLock<Mutex<HashMap<(Which, String), Stmt>>> =
+        LazyLock::new(Default::default);
     let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(sql) = rendered.get(effects) {
+    if let Some(sql) = rendered.get(&(which, effects.to_owned())) {
         return sql.clone();
     }
-    let sql = stmt(format!(
-        "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
-         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
-    ));
-    rendered.insert(effects.to_owned(), sql.clone());
+    let sql = stmt(match which {
+        Which::Schedule => format!(
+            "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
+        ),
+        Which::Count => format!(
+            "SELECT count(*), count(*) FILTER (WHERE attempts > 0), \
+               CAST(extract(epoch FROM now() - min(created_at)) AS float8) \
+             FROM {effects} WHERE consumer_group = $1 AND done_at IS NULL"
+        ),
+        // Oldest first, in batches: each statement a short transaction of its own.
+        Which::PurgeDone => format!(
+            "DELETE FROM {effects} WHERE id IN (SELECT id FROM {effects} \
+               WHERE done_at < now() - make_interval(secs => $1) ORDER BY done_at LIMIT $2)"
+        ),
+        Which::ByGroup => format!(
+            "SELECT consumer_group, count(*), count(*) FILTER (WHERE attempts > 0), \
+               CAST(extract(epoch FROM now() - min(created_at)) AS float8) \
+             FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
+        ),
+    });
+    rendered.insert((which, effects.to_owned()), sql.clone());
     sql
+}
+
+/// One line of `inoutbox status`'s effects: group, pending, failed, age of the oldest pending.
+pub(crate) type EffectsOfGroup = (String, i64, i64, Option<f64>);
+
+impl PgStore {
+    pub(super) async fn count_effect_rows(&self, group: &str) -> Result<EffectCounts, StoreError> {
+        let (pending, failed, oldest): (i64, i64, Option<f64>) =
+            sqlx::query_as(rendered(Which::Count, &self.tables().effects.to_string()))
+                .bind(group)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(EffectCounts {
+            pending,
+            failed,
+            oldest_pending_secs: oldest.map(|s| s.max(0.0)),
+        })
+    }
+
+    pub(super) async fn delete_done_effect_rows(
+        &self,
+        older_than: Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        let done = sqlx::query(rendered(
+            Which::PurgeDone,
+            &self.tables().effects.to_string(),
+        ))
+        .bind(older_than.as_secs_f64())
+        .bind(i64::from(limit))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Every group's effects not done, by group: for `inoutbox status`.
+    pub(crate) async fn effects_by_group(&self) -> Result<Vec<EffectsOfGroup>, StoreError> {
+        let rows: Vec<EffectsOfGroup> =
+            sqlx::query_as(rendered(Which::ByGroup, &self.tables().effects.to_string()))
+                .fetch_all(&self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(g, pending, failed, oldest)| (g, pending, failed, oldest.map(|s| s.max(0.0))))
+            .collect())
+    }
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@ use sqlx::{Postgres, Row};
 use super::PgStore;
 use crate::message::Delivery;
 use crate::store::{
-    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, LeaseRequest, ReceivedRow, StoreError,
-    StoredDeadLetter, StoredEffect, Tables,
+    Claim, ClaimRequest, DeadLetter, EffectCounts, InboxKey, InboxStore, LeaseRequest, ReceivedRow,
+    StoreError, StoredDeadLetter, StoredEffect, Tables,
 };
 
 impl InboxStore for PgStore {
@@ -233,6 +233,18 @@ impl InboxStore for PgStore {
         retry_in: std::time::Duration,
     ) -> Result<(), StoreError> {
         self.settle_effect_row(id, owner, error, retry_in).await
+    }
+
+    async fn count_effects<'a>(&'a self, group: &'a str) -> Result<EffectCounts, StoreError> {
+        self.count_effect_rows(group).await
+    }
+
+    async fn delete_done_effects(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.delete_done_effect_rows(older_than, limit).await
     }
 
     const DEFERRAL: bool = true;

@@ -92,6 +92,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "deferred messages: due time and deferral count (kept message and lease)",
         sql: include_str!("migrations/inbox_v6.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 7,
+        description: "done effects purged by the retention task, oldest first",
+        sql: include_str!("migrations/inbox_v7.sql"),
+    },
 ];
 
 const DIALECT: Dialect = Dialect {

@@ -22,7 +22,7 @@ pub(crate) use connect::{bounded, check_scheme};
 use error::unsupported;
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
-pub use two_phase::{LeaseRequest, ReceivedRow, StoredEffect};
+pub use two_phase::{EffectCounts, LeaseRequest, ReceivedRow, StoredEffect};
 
 /// The identity of a message in a consumer group's inbox.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -259,6 +259,25 @@ pub trait InboxStore: Send + Sync + 'static {
         _error: Option<&'a str>,
         _retry_in: std::time::Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
+    }
+
+    /// Counts the effects of consumer group `group` not done: all, failed, and the age of the
+    /// oldest.
+    fn count_effects<'a>(
+        &'a self,
+        _group: &'a str,
+    ) -> impl Future<Output = Result<EffectCounts, StoreError>> + Send + 'a {
+        std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
+    }
+
+    /// Deletes up to `limit` effects (of every group) done more than `older_than` ago; returns
+    /// how many.
+    fn delete_done_effects(
+        &self,
+        _older_than: std::time::Duration,
+        _limit: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send + '_ {
         std::future::ready(Err(unsupported(Self::NAME, "effects after commit")))
     }
 

@@ -13,6 +13,7 @@ pub(crate) const DERIVED: &[(&str, &str)] = &[
     ("inbox", "received_key_idx"),
     ("effects", "key_idx"),
     ("effects", "pending_idx"),
+    ("effects", "done_idx"),
     ("inbox", "business_key_idx"),
     ("inbox", "due_idx"),
     // The partitioned inbox (`PgStore::partitioned_by_day`): its default partition, and its

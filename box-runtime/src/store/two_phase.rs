@@ -49,3 +49,15 @@ pub struct StoredEffect {
     /// Earlier failed runs.
     pub attempts: u32,
 }
+
+/// A consumer group's effects not done, as the gauge sampler counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[non_exhaustive]
+pub struct EffectCounts {
+    /// Effects not done yet.
+    pub pending: i64,
+    /// Effects not done whose runs failed at least once.
+    pub failed: i64,
+    /// Seconds since the oldest effect not done was scheduled, if any.
+    pub oldest_pending_secs: Option<f64>,
+}

@@ -47,6 +47,20 @@ pub const INBOX_DEFERRED_PENDING: &str = "inoutbox_inbox_deferred";
 /// committed offset.
 pub const CONSUMER_LAG: &str = "inoutbox_consumer_lag";
 
+/// Counter: runs of effects after commit (attempts), whatever their outcome.
+pub const EFFECTS_ATTEMPTS: &str = "inoutbox_effects_attempts_total";
+/// Counter: failed runs of effects (an error, a panic, an overrun, no executor), each retried
+/// after a backoff.
+pub const EFFECTS_RETRIES: &str = "inoutbox_effects_retries_total";
+/// Histogram: one run of an effect's executor, in seconds.
+pub const EFFECTS_RUN_DURATION: &str = "inoutbox_effects_run_duration_seconds";
+/// Gauge: effects of the group not done yet.
+pub const EFFECTS_PENDING: &str = "inoutbox_effects_pending";
+/// Gauge: effects of the group not done whose runs failed at least once.
+pub const EFFECTS_FAILED: &str = "inoutbox_effects_failed";
+/// Gauge: age of the group's oldest effect not done, in seconds (0 when there is none).
+pub const EFFECTS_OLDEST_PENDING_AGE: &str = "inoutbox_effects_oldest_pending_age_seconds";
+
 /// Counter: outbox rows published (acknowledged by the broker).
 pub const OUTBOX_PUBLISHED: &str = "inoutbox_outbox_published_total";
 /// Counter: outbox rows parked (given up on after their attempts).
@@ -172,6 +186,42 @@ pub const ALL: &[Metric] = &[
         help: "High watermark minus committed offset, per assigned partition.",
     },
     Metric {
+        name: EFFECTS_ATTEMPTS,
+        kind: Kind::Counter,
+        labels: &[LABEL_GROUP],
+        help: "Runs of effects after commit, whatever their outcome.",
+    },
+    Metric {
+        name: EFFECTS_RETRIES,
+        kind: Kind::Counter,
+        labels: &[LABEL_GROUP],
+        help: "Failed runs of effects, each retried after a backoff.",
+    },
+    Metric {
+        name: EFFECTS_RUN_DURATION,
+        kind: Kind::Histogram,
+        labels: &[LABEL_GROUP],
+        help: "Duration of one run of an effect's executor, in seconds.",
+    },
+    Metric {
+        name: EFFECTS_PENDING,
+        kind: Kind::Gauge,
+        labels: &[LABEL_GROUP],
+        help: "Effects of the group not done yet.",
+    },
+    Metric {
+        name: EFFECTS_FAILED,
+        kind: Kind::Gauge,
+        labels: &[LABEL_GROUP],
+        help: "Effects of the group not done whose runs failed at least once.",
+    },
+    Metric {
+        name: EFFECTS_OLDEST_PENDING_AGE,
+        kind: Kind::Gauge,
+        labels: &[LABEL_GROUP],
+        help: "Age of the group's oldest effect not done, in seconds.",
+    },
+    Metric {
         name: OUTBOX_PUBLISHED,
         kind: Kind::Counter,
         labels: &[LABEL_TOPIC],
@@ -255,6 +305,6 @@ mod tests {
                 m.name
             );
         }
-        assert_eq!(ALL.len(), 21);
+        assert_eq!(ALL.len(), 27);
     }
 }
