@@ -82,8 +82,7 @@ pub struct Status {
     pub stuck_after: Duration,
     /// The outbox.
     pub outbox: OutboxStatus,
-    /// One line per consumer group with effects not done, by name (PostgreSQL: effects are
-    /// kept there only; empty on SQLite).
+    /// One line per consumer group with effects not done, by name.
     pub effects: Vec<EffectsStatus>,
 }
 
@@ -386,12 +385,12 @@ impl Admin {
         })
     }
 
-    /// Every group's effects not done (PostgreSQL; none on SQLite, which keeps no effects).
+    /// Every group's effects not done.
     async fn effects_status(&self) -> Result<Vec<EffectsStatus>, AdminError> {
         let rows = match &self.backend {
             Backend::Postgres(s) => s.effects_by_group().await?,
             #[cfg(feature = "sqlite")]
-            Backend::Sqlite(_) => Vec::new(),
+            Backend::Sqlite(s) => s.effects_by_group().await?,
         };
         Ok(rows
             .into_iter()

@@ -151,7 +151,7 @@ async fn retention<S: InboxStore>(inbox: Arc<Inbox<S>>, stop: CancellationToken)
                 tracing::warn!(target: "inoutbox::consumer", group, error = %e, "inbox retention purge failed")
             }
         }
-        if S::TWO_PHASE {
+        if S::EFFECTS {
             super::effects::purge_done(inbox.store(), group, &retention).await;
         }
         tokio::select! {

@@ -80,7 +80,7 @@ pub(crate) async fn sample_inbox<S: InboxStore>(
     let group = SharedString::from(inbox.group().to_owned());
     let dead_letters = metrics::gauge!(m::INBOX_DEAD_LETTERS, LABEL_GROUP => group.clone());
     let stuck = metrics::gauge!(m::INBOX_STUCK, LABEL_GROUP => group.clone());
-    let effects = S::TWO_PHASE.then(|| EffectGauges::new(&group));
+    let effects = S::EFFECTS.then(|| EffectGauges::new(&group));
     let deferred = metrics::gauge!(m::INBOX_DEFERRED_PENDING, LABEL_GROUP => group);
     let health = inbox.health();
     loop {

@@ -37,6 +37,7 @@ impl InboxStore for Faulty {
     type Tx = ();
     const NAME: &'static str = "faulty";
     const TWO_PHASE: bool = true;
+    const EFFECTS: bool = true;
     const DEFERRAL: bool = true;
 
     fn tables(&self) -> &Tables {

@@ -155,6 +155,7 @@ impl InboxStore for PgStore {
     }
 
     const TWO_PHASE: bool = true;
+    const EFFECTS: bool = true;
 
     async fn receive<'a>(
         &'a self,

@@ -5,8 +5,8 @@ use sqlx::{Row, Sqlite};
 use super::SqliteStore;
 use crate::message::Delivery;
 use crate::store::{
-    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, ReceivedRow, StoreError,
-    StoredDeadLetter, Tables,
+    Claim, ClaimRequest, DeadLetter, EffectCounts, InboxKey, InboxStore, ReceivedRow, StoreError,
+    StoredDeadLetter, StoredEffect, Tables,
 };
 
 impl InboxStore for SqliteStore {
@@ -150,6 +150,42 @@ impl InboxStore for SqliteStore {
 
     async fn count_stuck(&self, older_than: std::time::Duration) -> Result<i64, StoreError> {
         self.shared().count_stuck(older_than).await
+    }
+
+    // Effects after commit (`effects.rs`).
+
+    const EFFECTS: bool = true;
+
+    async fn claim_effects<'a>(
+        &'a self,
+        group: &'a str,
+        owner: &'a str,
+        lease: std::time::Duration,
+        limit: u32,
+    ) -> Result<Vec<StoredEffect>, StoreError> {
+        self.claim_effect_rows(group, owner, lease, limit).await
+    }
+
+    async fn settle_effect<'a>(
+        &'a self,
+        id: i64,
+        owner: &'a str,
+        error: Option<&'a str>,
+        retry_in: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.settle_effect_row(id, owner, error, retry_in).await
+    }
+
+    async fn count_effects<'a>(&'a self, group: &'a str) -> Result<EffectCounts, StoreError> {
+        self.count_effect_rows(group).await
+    }
+
+    async fn delete_done_effects(
+        &self,
+        older_than: std::time::Duration,
+        limit: u32,
+    ) -> Result<u64, StoreError> {
+        self.delete_done_effect_rows(older_than, limit).await
     }
 
     // Deferred messages: the lease methods serve their rows (SQLite has no two-phase

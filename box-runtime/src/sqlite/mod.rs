@@ -16,6 +16,7 @@ use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
 use crate::store::{StoreError, Tables};
 
 mod deferred;
+mod effects;
 mod inbox;
 mod legacy;
 pub(crate) mod outbox;
@@ -75,12 +76,18 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         description: "deferred messages: due time and deferral count (kept message and lease)",
         sql: include_str!("migrations/inbox_v6.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 7,
+        description: "effects after commit (leased by the drain, done ones purged oldest first)",
+        sql: include_str!("migrations/inbox_v7.sql"),
+    },
 ];
 
 /// SQLite's current time in inoutbox's timestamp format.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
 
-const DIALECT: Dialect = Dialect {
+pub(super) const DIALECT: Dialect = Dialect {
     now: NOW,
     ago: |secs| format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%f seconds', {secs}))"),
     row_id: "rowid",
@@ -194,7 +201,7 @@ impl Statements {
 }
 
 /// `now` plus `secs` seconds, in inoutbox's timestamp format.
-fn later(secs: &str) -> String {
+pub(super) fn later(secs: &str) -> String {
     format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%f seconds', {secs}))")
 }
 

@@ -160,8 +160,11 @@ pub trait InboxStore: Send + Sync + 'static {
 
     // Two-phase handlers and effects after commit: unsupported unless a store implements them.
 
-    /// Whether the store supports two-phase handlers and effects after commit.
+    /// Whether the store supports two-phase handlers.
     const TWO_PHASE: bool = false;
+
+    /// Whether the store keeps effects after commit (the effects methods below).
+    const EFFECTS: bool = false;
 
     /// Two-phase receive: inserts the rows as `received` (message, headers and key kept)
     /// unless they exist (`ON CONFLICT DO NOTHING`), in `tx`; returns which were inserted.
