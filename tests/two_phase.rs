@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::child::ChildProcess;
+use support::kit::{Kit, PgKit, SqliteKit};
 use support::{send, Broker, Msg, TestDb};
 use uuid::Uuid;
 
@@ -634,29 +635,80 @@ async fn effects_group_handler(
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure() {
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-effects")]
+async fn effects_group_handler_sqlite(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+/// The effects tests run on both stores: `name` on PostgreSQL, `name_sqlite` on SQLite, one
+/// generic body `body::<K>()`.
+macro_rules! on_both_stores {
+    ($($name:ident, $sqlite:ident => $body:ident;)*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() {
+                $body::<PgKit>().await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $sqlite() {
+                $body::<SqliteKit>().await
+            }
+        )*
+    };
+}
+
+on_both_stores! {
+    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure,
+    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_sqlite
+        => group_scope_and_panics;
+    eight_slow_effects_run_at_once_each_exactly_once,
+    eight_slow_effects_run_at_once_each_exactly_once_sqlite => eight_slow_effects;
+    effect_concurrency_bounds_the_effects_in_flight,
+    effect_concurrency_bounds_the_effects_in_flight_sqlite => concurrency_bound;
+    the_consumer_purges_old_done_effects_and_counts_those_not_done,
+    the_consumer_purges_old_done_effects_and_counts_those_not_done_sqlite => purge_and_counts;
+    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period,
+    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_sqlite => stop_within_grace;
+}
+
+/// Polls `sql` (a count) on `kit` until it reaches `target`; panics with `what` after `within`.
+async fn wait_count_in<K: Kit>(kit: &K, sql: &str, target: i64, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    loop {
+        let n = kit.count(sql).await;
+        if n >= target {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: `{sql}` is {n}, expected {target} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The store's current time, in its timestamp type.
+fn now<K: Kit>() -> String {
+    K::days_ago(0)
+}
+
+async fn group_scope_and_panics<K: Kit>() {
     use inoutbox::effects::Effect;
     use support::memory::{MemoryBroker, MemoryTransport};
 
-    let db = TestDb::new("tp_effects_scope").await;
-    let store = db.migrated_store().await;
+    let db = K::new("tp_effects_scope").await;
+    let store = db.store();
     // Oldest first: the panicking effect is claimed before the one that works.
     for (group, kind, key) in [
         ("tp-effects", "boom", "k-boom"),
         ("tp-effects", "mail", "k-mail"),
         ("another-service", "mail", "k-other"),
     ] {
-        sqlx::query(
-            "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload) \
-             VALUES ($1, '', $2, $3, $2, '{}')",
-        )
-        .bind(group)
-        .bind(key)
-        .bind(kind)
-        .execute(&db.pool)
-        .await
-        .expect("insert an effect");
+        insert_effect(&db, group, kind, key).await;
     }
     let sent = Arc::new(Mutex::new(Vec::new()));
     let record = sent.clone();
@@ -686,7 +738,7 @@ async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_
     let token = inoutbox::shutdown::CancellationToken::new();
     let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
 
-    wait_count(
+    wait_count_in(
         &db,
         "SELECT count(*) FROM inoutbox_effects WHERE idempotency_key = 'k-mail' AND done_at IS NOT NULL",
         1,
@@ -694,11 +746,14 @@ async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_
         "the group's working effect ran after the panicking one",
     )
     .await;
-    wait_count(
+    wait_count_in(
         &db,
-        "SELECT count(*) FROM inoutbox_effects WHERE idempotency_key = 'k-boom' AND attempts >= 1 \
-           AND done_at IS NULL AND lease_until > now() \
-           AND last_error LIKE 'the executor panicked: the mail service client panicked%'",
+        &format!(
+            "SELECT count(*) FROM inoutbox_effects WHERE idempotency_key = 'k-boom' AND attempts >= 1 \
+               AND done_at IS NULL AND lease_until > {now} \
+               AND last_error LIKE 'the executor panicked: the mail service client panicked%'",
+            now = now::<K>()
+        ),
         1,
         Duration::from_secs(30),
         "the panic is a failed run, counted and retried after a backoff",
@@ -720,13 +775,15 @@ async fn a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_
         ["k-mail"],
         "only the group's own effect was sent"
     );
-    let other: (Option<String>, i32) = sqlx::query_as(
-        "SELECT lease_owner, attempts FROM inoutbox_effects WHERE idempotency_key = 'k-other'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .expect("the other service's effect");
-    assert_eq!(other, (None, 0), "another group's effect is never claimed");
+    assert_eq!(
+        db.count(
+            "SELECT count(*) FROM inoutbox_effects WHERE idempotency_key = 'k-other' \
+               AND lease_owner IS NULL AND attempts = 0"
+        )
+        .await,
+        1,
+        "another group's effect is never claimed"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -740,19 +797,27 @@ async fn reviews_group_handler(
     Ok(())
 }
 
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-reviews")]
+async fn reviews_group_handler_sqlite(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+/// Inserts an effect of `kind` for `group` with event id and idempotency key `key`.
+async fn insert_effect<K: Kit>(db: &K, group: &str, kind: &str, key: &str) {
+    db.exec(&format!(
+        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload) \
+         VALUES ('{group}', '', '{key}', '{kind}', '{key}', '{{}}')"
+    ))
+    .await;
+}
+
 /// Inserts `n` effects of `kind` for `group`, with idempotency keys `k-0` to `k-{n-1}`.
-async fn insert_effects(db: &TestDb, group: &str, kind: &str, n: usize) {
+async fn insert_effects<K: Kit>(db: &K, group: &str, kind: &str, n: usize) {
     for i in 0..n {
-        sqlx::query(
-            "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload) \
-             VALUES ($1, '', $2, $3, $2, '{}')",
-        )
-        .bind(group)
-        .bind(format!("k-{i}"))
-        .bind(kind)
-        .execute(&db.pool)
-        .await
-        .expect("insert an effect");
+        insert_effect(db, group, kind, &format!("k-{i}")).await;
     }
 }
 
@@ -804,13 +869,12 @@ impl InFlight {
 
 /// Runs a consumer of `tp-reviews` built by `build` until `n` of its effects are done; returns
 /// how long that took.
-async fn drain_reviews(
-    db: &TestDb,
+async fn drain_reviews<K: Kit>(
+    db: &K,
     n: i64,
     build: impl FnOnce(
-        inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
-    )
-        -> inoutbox::ConsumerBuilder<inoutbox::PgStore, support::memory::MemoryTransport>,
+        inoutbox::ConsumerBuilder<K::Store, support::memory::MemoryTransport>,
+    ) -> inoutbox::ConsumerBuilder<K::Store, support::memory::MemoryTransport>,
 ) -> Duration {
     use support::memory::{MemoryBroker, MemoryTransport};
     let broker = MemoryBroker::new();
@@ -824,7 +888,7 @@ async fn drain_reviews(
     let token = inoutbox::shutdown::CancellationToken::new();
     let started = Instant::now();
     let run = tokio::spawn(consumer.run_until_cancelled(token.clone()));
-    wait_count(
+    wait_count_in(
         db,
         "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL",
         n,
@@ -845,15 +909,13 @@ async fn drain_reviews(
 /// The payments case: eight fraud reviews of 3 s each, scheduled as effects. With the default
 /// concurrency all eight are in flight at once (the executors count themselves), each runs
 /// exactly once and is marked done with no failed attempt.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn eight_slow_effects_run_at_once_each_exactly_once() {
-    let db = TestDb::new("tp_effects_parallel").await;
-    db.migrated_store().await;
+async fn eight_slow_effects<K: Kit>() {
+    let db = K::new("tp_effects_parallel").await;
     insert_effects(&db, "tp-reviews", "fraud_review", 8).await;
     let seen = InFlight::default();
     let executor = seen.executor(Duration::from_secs(3));
     let took = drain_reviews(&db, 8, |b| b.effect("fraud_review", executor)).await;
-    println!("eight effects of 3 s each done in {took:?}");
+    println!("eight effects of 3 s each done in {took:?} on {}", K::NAME);
 
     assert_eq!(seen.max(), 8, "all eight effects were in flight at once");
     let keys: Vec<String> = (0..8).map(|i| format!("k-{i}")).collect();
@@ -869,11 +931,9 @@ async fn eight_slow_effects_run_at_once_each_exactly_once() {
 }
 
 /// `effect_concurrency` bounds the effects in flight; 0 is refused at build.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn effect_concurrency_bounds_the_effects_in_flight() {
+async fn concurrency_bound<K: Kit>() {
     use support::memory::{MemoryBroker, MemoryTransport};
-    let db = TestDb::new("tp_effects_bound").await;
-    db.migrated_store().await;
+    let db = K::new("tp_effects_bound").await;
     let broker = MemoryBroker::new();
     let refused = inoutbox::Consumer::builder(
         "tp-reviews",
@@ -892,30 +952,29 @@ async fn effect_concurrency_bounds_the_effects_in_flight() {
     insert_effects(&db, "tp-reviews", "fraud_review", 6).await;
     // The effects claimed (leased) at any time: no more than the free slots, so no claimed
     // effect waits for a slot while its lease runs out.
-    let (pool, stop) = (db.pool.clone(), Arc::new(AtomicBool::new(false)));
-    let stopped = stop.clone();
-    let leased = tokio::spawn(async move {
+    let stop = AtomicBool::new(false);
+    let leased_sql = format!(
+        "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL AND lease_until > {}",
+        now::<K>()
+    );
+    let leased = async {
         let mut most = 0;
-        while !stopped.load(Ordering::SeqCst) {
-            let n: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NULL AND lease_until > now()",
-            )
-            .fetch_one(&pool)
-            .await
-            .expect("count leased");
-            most = most.max(n);
+        while !stop.load(Ordering::SeqCst) {
+            most = most.max(db.count(&leased_sql).await);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         most
-    });
+    };
     let seen = InFlight::default();
     let executor = seen.executor(Duration::from_millis(300));
-    drain_reviews(&db, 6, |b| {
-        b.effect("fraud_review", executor).effect_concurrency(2)
-    })
-    .await;
-    stop.store(true, Ordering::SeqCst);
-    let most_leased = leased.await.expect("watcher");
+    let drained = async {
+        drain_reviews(&db, 6, |b| {
+            b.effect("fraud_review", executor).effect_concurrency(2)
+        })
+        .await;
+        stop.store(true, Ordering::SeqCst);
+    };
+    let (most_leased, ()) = tokio::join!(leased, drained);
     assert!(
         (1..=2).contains(&most_leased),
         "claimed only for free slots: {most_leased} leased at once"
@@ -927,26 +986,29 @@ async fn effect_concurrency_bounds_the_effects_in_flight() {
 /// The retention task deletes effects done before the window, in batches; effects done
 /// within it, and effects not done however old, stay. The counts behind the gauges and
 /// `inoutbox status` see the effects not done.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_consumer_purges_old_done_effects_and_counts_those_not_done() {
+async fn purge_and_counts<K: Kit>() {
     use inoutbox::store::InboxStore;
     use support::memory::{MemoryBroker, MemoryTransport};
-    let db = TestDb::new("tp_effects_retention").await;
-    let store = db.migrated_store().await;
-    sqlx::raw_sql(
-        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload, done_at) \
-         SELECT 'tp-reviews', '', 'old-' || n, 'mail', 'old-' || n, '{}', now() - interval '8 days' \
-         FROM generate_series(1, 5) n; \
-         INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload, done_at) \
-         SELECT 'tp-reviews', '', 'new-' || n, 'mail', 'new-' || n, '{}', now() - interval '6 days' \
-         FROM generate_series(1, 3) n; \
-         INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload, created_at, attempts) \
-         VALUES ('tp-reviews', '', 'failing', 'mail', 'failing', '{}', now() - interval '9 days', 4), \
-                ('tp-reviews', '', 'waiting', 'mail', 'waiting', '{}', now(), 0);",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("seed the effects");
+    let db = K::new("tp_effects_retention").await;
+    let store = db.store();
+    let insert = "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, payload";
+    for (prefix, n, days) in [("old", 5, 8), ("new", 3, 6)] {
+        for i in 1..=n {
+            db.exec(&format!(
+                "{insert}, done_at) VALUES ('tp-reviews', '', '{prefix}-{i}', 'mail', '{prefix}-{i}', '{{}}', {})",
+                K::days_ago(days)
+            ))
+            .await;
+        }
+    }
+    db.exec(&format!(
+        "{insert}, created_at, attempts) \
+         VALUES ('tp-reviews', '', 'failing', 'mail', 'failing', '{{}}', {}, 4), \
+                ('tp-reviews', '', 'waiting', 'mail', 'waiting', '{{}}', {}, 0)",
+        K::days_ago(9),
+        now::<K>()
+    ))
+    .await;
 
     let counts = store.count_effects("tp-reviews").await.expect("counts");
     assert_eq!((counts.pending, counts.failed), (2, 1), "{counts:?}");
@@ -1007,10 +1069,8 @@ async fn the_consumer_purges_old_done_effects_and_counts_those_not_done() {
 /// At shutdown no further effect starts, and effects in flight that outlast the transport's
 /// grace period are abandoned (aborted, left claimed, run again after their lease): the stop
 /// takes the grace period, not the effects' time.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_stop_starts_no_effect_and_is_bounded_by_the_grace_period() {
-    let db = TestDb::new("tp_effects_stop").await;
-    db.migrated_store().await;
+async fn stop_within_grace<K: Kit>() {
+    let db = K::new("tp_effects_stop").await;
     insert_effects(&db, "tp-reviews", "fraud_review", 4).await;
     let kafka = inoutbox::kafka::InProcessKafka::start().expect("in-process Kafka");
     kafka.create_topic("tp-reviews", 1).expect("topic");
@@ -1052,8 +1112,11 @@ async fn the_stop_starts_no_effect_and_is_bounded_by_the_grace_period() {
         "none marked done or failed: the abandoned ones run again after their lease"
     );
     assert_eq!(
-        db.count("SELECT count(*) FROM inoutbox_effects WHERE lease_until > now()")
-            .await,
+        db.count(&format!(
+            "SELECT count(*) FROM inoutbox_effects WHERE lease_until > {}",
+            now::<K>()
+        ))
+        .await,
         2,
         "the two in flight stay claimed until their lease expires"
     );
