@@ -314,7 +314,8 @@ fn expect_in(scrape: &str, name: &str, labels: &[&str], want: f64) {
 }
 
 /// What the gauges read, checked on one backend: three events, one parked, one published;
-/// a dead letter of the group, then replayed.
+/// a dead letter of the group, then replayed; the group's effects not done (one failed, one
+/// done not counted).
 async fn backlog_and_dead_letters_are_counted<S>(store: S, exec: impl AsyncFn(&str))
 where
     S: InboxStore + IntoRelayStore + Clone,
@@ -371,6 +372,24 @@ where
         0,
         "replayed letters are not counted"
     );
+
+    exec(
+        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, \
+            payload, created_at, attempts, done_at) VALUES \
+          ('ops-billing', '', 'e-1', 'receipt', 'k-1', '1', published_at_now, 2, NULL), \
+          ('ops-billing', '', 'e-2', 'receipt', 'k-2', '1', published_at_now, 0, published_at_now)",
+    )
+    .await;
+    let effects = store.count_effects(GROUP).await.unwrap();
+    assert_eq!((effects.pending, effects.failed), (1, 1), "{effects:?}");
+    assert!(
+        effects
+            .oldest_pending_secs
+            .is_some_and(|age| (0.0..60.0).contains(&age)),
+        "{effects:?}"
+    );
+    let none = store.count_effects("another-group").await.unwrap();
+    assert_eq!((none.pending, none.oldest_pending_secs), (0, None));
 }
 
 #[tokio::test]

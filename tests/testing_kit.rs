@@ -393,10 +393,10 @@ async fn a_dead_letter_refused_even_stripped_holds_its_message_until_the_stop() 
 
 /// A fraud review after the payment's commit: a review for every order, a manual review
 /// (which the test registers no executor for) for a negative total.
-#[inbox_handler(event = "KitOrder", group = "kit-effects")]
-async fn kit_review(
+#[inbox_handler(event = "KitOrder", group = "kit-effects", stores(postgres, sqlite))]
+async fn kit_review<D: Db + inoutbox::effects::EffectsDb>(
     event: KitOrder,
-    tx: &mut PgTx<'_>,
+    tx: &mut Tx<'_, D>,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
     let kind = if event.total_cents < 0 {
@@ -410,11 +410,20 @@ async fn kit_review(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_effects_runs_the_executors_on_what_a_delivery_scheduled() {
+    run_effects_on::<support::kit::PgKit>().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_effects_runs_the_executors_on_what_a_delivery_scheduled_sqlite() {
+    run_effects_on::<support::kit::SqliteKit>().await
+}
+
+async fn run_effects_on<K: support::kit::Kit>() {
     use inoutbox::effects::Effect;
-    let db = support::TestDb::new("kit_effects").await;
+    let db = K::new("kit_effects").await;
     let reviewed = Arc::new(Mutex::new(Vec::new()));
     let record = reviewed.clone();
-    let kit = TestInbox::new(db.migrated_store().await, "kit-effects")
+    let kit = TestInbox::new(db.store(), "kit-effects")
         .expect("inbox")
         .effect("fraud_review", move |effect: Effect| {
             let record = record.clone();
@@ -491,17 +500,4 @@ async fn an_effect_can_be_made_to_test_an_executor_alone() {
     assert_eq!(effect.attempt, 2);
     let decoded: KitOrder = effect.payload_as().expect("payload");
     assert_eq!(decoded.order_id, "o-9");
-
-    // Effects are kept on PostgreSQL: on SQLite, running them is a clear error.
-    let kit = TestInbox::new(store_with_invoices().await, "kit").expect("inbox");
-    let refused = kit
-        .run_effects()
-        .await
-        .expect_err("SQLite keeps no effects");
-    assert!(
-        refused
-            .to_string()
-            .contains("does not support effects after commit"),
-        "{refused}"
-    );
 }
