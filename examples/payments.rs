@@ -269,7 +269,13 @@ async fn demo<D: Db>(
     let orders: Vec<Uuid> = (0..ORDERS).map(|_| Uuid::new_v4()).collect();
     let started = Instant::now();
     for &i in &CANCELLED_FIRST {
-        enqueue(pool, &OrderCancelled { order_id: orders[i] }).await?;
+        enqueue(
+            pool,
+            &OrderCancelled {
+                order_id: orders[i],
+            },
+        )
+        .await?;
     }
     wait_for(pool, "the early cancels deferred", deferred_count, |n| {
         n == CANCELLED_FIRST.len() as i64
@@ -277,14 +283,33 @@ async fn demo<D: Db>(
     .await?;
     for (i, &order_id) in orders.iter().enumerate() {
         let amount_cents = 1_000 + i as i64;
-        enqueue(pool, &OrderPlaced { order_id, amount_cents }).await?;
+        enqueue(
+            pool,
+            &OrderPlaced {
+                order_id,
+                amount_cents,
+            },
+        )
+        .await?;
     }
-    wait_for(pool, "every order captured", |p| count(p, "1 = 1"), |n| n == ORDERS as i64).await?;
+    wait_for(
+        pool,
+        "every order captured",
+        |p| count(p, "1 = 1"),
+        |n| n == ORDERS as i64,
+    )
+    .await?;
     let late = OrderCancelled {
         order_id: orders[CANCELLED_AFTER],
     };
     enqueue(pool, &late).await?;
-    wait_for(pool, "three refunds", |p| count(p, "status = 'refunded'"), |n| n == 3).await?;
+    wait_for(
+        pool,
+        "three refunds",
+        |p| count(p, "status = 'refunded'"),
+        |n| n == 3,
+    )
+    .await?;
     wait_for(pool, "nothing deferred", deferred_count, |n| n == 0).await?;
     let deadline = Instant::now() + PATIENCE;
     while fraud.figures().0 < ORDERS && Instant::now() < deadline {
@@ -315,17 +340,40 @@ async fn report<D: Db>(
     let (reviews, repeated, at_once) = fraud.figures();
     let serial = review * ORDERS as u32;
     let figures = [
-        ("payments captured", count(pool, "1 = 1").await?, ORDERS as i64),
+        (
+            "payments captured",
+            count(pool, "1 = 1").await?,
+            ORDERS as i64,
+        ),
         ("payments refunded", refunded.len() as i64, 3),
-        ("  of them cancelled before their order", CANCELLED_FIRST.iter().filter(|&&i| refunded.contains(&orders[i])).count() as i64, 2),
-        ("fraud reviews run (effects after commit)", reviews as i64, ORDERS as i64),
+        (
+            "  of them cancelled before their order",
+            CANCELLED_FIRST
+                .iter()
+                .filter(|&&i| refunded.contains(&orders[i]))
+                .count() as i64,
+            2,
+        ),
+        (
+            "fraud reviews run (effects after commit)",
+            reviews as i64,
+            ORDERS as i64,
+        ),
         ("  of them run more than once", repeated as i64, 0),
-        ("events in the outbox not yet published", unpublished(pool).await?, 0),
+        (
+            "events in the outbox not yet published",
+            unpublished(pool).await?,
+            0,
+        ),
     ];
     let mut wrong = 0;
     for (what, got, want) in figures {
         let mark = if got == want { "" } else { "   <- expected " };
-        let want = if got == want { String::new() } else { want.to_string() };
+        let want = if got == want {
+            String::new()
+        } else {
+            want.to_string()
+        };
         println!("  {what:<48}{got:>6}{mark}{want}");
         wrong += usize::from(!mark.is_empty());
     }
@@ -358,7 +406,11 @@ async fn report<D: Db>(
 async fn scrape(addr: SocketAddr) -> Result<usize, BoxError> {
     let (status, metrics) = http_get(addr, "/metrics").await?;
     println!("GET http://{addr}/metrics -> {status}");
-    let wanted = ["inoutbox_inbox_deferred", "inoutbox_effect", "inoutbox_inbox_processed_total"];
+    let wanted = [
+        "inoutbox_inbox_deferred",
+        "inoutbox_effect",
+        "inoutbox_inbox_processed_total",
+    ];
     let lines: Vec<&str> = metrics
         .lines()
         .filter(|l| wanted.iter().any(|w| l.starts_with(w)) && !l.contains("_bucket"))
@@ -393,9 +445,11 @@ async fn count<D: Db>(pool: &sqlx::Pool<D>, filter: &str) -> Result<i64, BoxErro
 }
 
 async fn deferred_count<D: Db>(pool: &sqlx::Pool<D>) -> Result<i64, BoxError> {
-    let row = sql("SELECT count(*) FROM inoutbox_inbox WHERE due_at IS NOT NULL AND processed_at IS NULL")
-        .fetch_one(&mut pool.acquire().await?)
-        .await?;
+    let row = sql(
+        "SELECT count(*) FROM inoutbox_inbox WHERE due_at IS NOT NULL AND processed_at IS NULL",
+    )
+    .fetch_one(&mut pool.acquire().await?)
+    .await?;
     Ok(row.get::<i64>(0)?)
 }
 
@@ -439,12 +493,16 @@ async fn database_url() -> Result<Option<String>, BoxError> {
         return Ok(Some(url));
     }
     let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::raw_sql("DROP SCHEMA IF EXISTS inoutbox_payments CASCADE; CREATE SCHEMA inoutbox_payments")
-        .execute(&admin)
-        .await?;
+    sqlx::raw_sql(
+        "DROP SCHEMA IF EXISTS inoutbox_payments CASCADE; CREATE SCHEMA inoutbox_payments",
+    )
+    .execute(&admin)
+    .await?;
     admin.close().await;
     let sep = if url.contains('?') { '&' } else { '?' };
-    Ok(Some(format!("{url}{sep}options=-c%20search_path%3Dinoutbox_payments")))
+    Ok(Some(format!(
+        "{url}{sep}options=-c%20search_path%3Dinoutbox_payments"
+    )))
 }
 
 /// A free port on the loopback for the operations endpoint.
