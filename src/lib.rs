@@ -208,7 +208,7 @@ pub mod shutdown {
 pub mod testing {
     #[doc(inline)]
     pub use inoutbox_runtime::testing::{
-        delivery, sqlite_memory, wait_idle, EffectRun, NotIdle, TestInbox,
+        delivery, delivery_on, sqlite_memory, wait_idle, EffectRun, NotIdle, TestInbox,
     };
 }
 

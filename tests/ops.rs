@@ -493,3 +493,27 @@ fn the_grafana_dashboard_names_only_metrics_that_exist() {
         "a counter has no buckets"
     );
 }
+
+/// The dashboard shows every metric inoutbox records: a metric added without a panel fails here.
+#[test]
+fn the_grafana_dashboard_shows_every_metric() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/grafana-dashboard.json");
+    let text = std::fs::read_to_string(path).expect("docs/grafana-dashboard.json");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+    let mut texts = Vec::new();
+    strings(&dashboard["panels"], &mut texts);
+    let named: Vec<&str> = texts.iter().flat_map(|t| metric_names(t)).collect();
+    let missing: Vec<&str> = metric::ALL
+        .iter()
+        .filter(|m| {
+            !named.iter().any(|n| {
+                *n == m.name
+                    || ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|suffix| n.strip_suffix(suffix) == Some(m.name))
+            })
+        })
+        .map(|m| m.name)
+        .collect();
+    assert!(missing.is_empty(), "no panel shows {missing:?}");
+}

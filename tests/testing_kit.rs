@@ -501,3 +501,45 @@ async fn an_effect_can_be_made_to_test_an_executor_alone() {
     let decoded: KitOrder = effect.payload_as().expect("payload");
     assert_eq!(decoded.order_id, "o-9");
 }
+
+/// An event this service only consumes: its event type, nothing of publishing.
+#[derive(Debug, Serialize, Deserialize, InboxEvent)]
+#[inbox(event_type = "KitRefundAsked")]
+pub struct KitRefundAsked {
+    pub order_id: String,
+}
+
+#[inbox_handler(event = "KitRefundAsked", group = "kit-refunds")]
+async fn kit_refund(event: KitRefundAsked, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, -1)")
+        .bind(&event.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_consumed_only_event_is_delivered_on_a_topic_and_deduplicated() {
+    let store = store_with_invoices().await;
+    let kit = TestInbox::new(store.clone(), "kit-refunds").expect("inbox");
+    let asked = KitRefundAsked {
+        order_id: "o-9".into(),
+    };
+    let message = inoutbox::testing::delivery_on("refunds", &asked);
+    assert_eq!(&*message.topic, "refunds");
+    assert_eq!(
+        message.key, None,
+        "a consumed-only event has no key of its own"
+    );
+    assert_eq!(
+        kit.deliver_raw(message.clone()).await,
+        Outcome::Processed { attempt: 1 }
+    );
+    assert_eq!(kit.deliver_raw(message).await, Outcome::Duplicate);
+    assert_eq!(
+        kit.deliver_on("refunds", &asked).await,
+        Outcome::Processed { attempt: 1 },
+        "a new event id is a new event"
+    );
+    assert_eq!(invoices(&store).await, 2);
+}

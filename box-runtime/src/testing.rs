@@ -17,12 +17,13 @@ use uuid::Uuid;
 
 use crate::effects::{self, Effect, Executors};
 use crate::engine::{Inbox, InboxConfig, SetupError};
-use crate::event::OutboxEvent;
+use crate::event::{InboxEvent, OutboxEvent};
 use crate::handler::HandlerError;
 use crate::message::{Delivery, Outcome};
 use crate::names;
 use crate::relay::{IntoRelayStore, RelayStore};
 use crate::store::{InboxStore, StoreError};
+use serde::Serialize;
 
 /// One consumer group's inbox on a store, fed by hand instead of by a broker.
 ///
@@ -60,6 +61,12 @@ impl<S: InboxStore> TestInbox<S> {
     /// outcome.
     pub async fn deliver<E: OutboxEvent>(&self, event: &E) -> Outcome {
         self.deliver_raw(delivery(event)).await
+    }
+
+    /// Delivers an event this service only consumes (`#[derive(InboxEvent)]`, no topic of its
+    /// own) as it would arrive on `topic`, without a key and with a new event id.
+    pub async fn deliver_on<E: InboxEvent + Serialize>(&self, topic: &str, event: &E) -> Outcome {
+        self.deliver_raw(delivery_on(topic, event)).await
     }
 
     /// Delivers a message as it is (any bytes, any headers; see [`delivery`] for the usual
@@ -149,13 +156,26 @@ pub struct EffectRun {
 ///
 /// If the event cannot be serialised (a test's own event type).
 pub fn delivery<E: OutboxEvent>(event: &E) -> Delivery {
+    Delivery {
+        key: event.key().map(String::into_bytes),
+        ..delivery_on(E::TOPIC, event)
+    }
+}
+
+/// The message of an event this service only consumes (`#[derive(InboxEvent)]`), as it would
+/// arrive on `topic`: as [`delivery`] makes it, without a key.
+///
+/// # Panics
+///
+/// If the event cannot be serialised (a test's own event type).
+pub fn delivery_on<E: InboxEvent + Serialize>(topic: &str, event: &E) -> Delivery {
     let payload = serde_json::to_vec(event).expect("the test event serialises to JSON");
     let header = |name: &str, value: &str| (name.to_owned(), Some(value.as_bytes().to_vec()));
     Delivery {
-        topic: E::TOPIC.into(),
+        topic: topic.into(),
         partition: 0,
         offset: -1,
-        key: event.key().map(String::into_bytes),
+        key: None,
         payload: Some(payload),
         headers: vec![
             header(names::HEADER_ID, &Uuid::now_v7().to_string()),
