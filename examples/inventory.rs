@@ -29,7 +29,11 @@ use inoutbox::{sql, App, AppError};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[allow(dead_code)] // each example uses only some of the shared helpers
+#[path = "common/mod.rs"]
+mod common;
+
+type Error = common::BoxError;
 
 /// One line of an order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -203,7 +207,7 @@ async fn main() {
 
 /// The service and its demo driver, side by side: the driver stops the app when it is done.
 async fn service(no_idempotence: bool) -> Result<(), Error> {
-    let database_url = database_url().await?;
+    let database_url = common::database_url_in_schema("inoutbox_inventory").await?;
     let brokers = std::env::var("KAFKA_BROKERS")
         .ok()
         .filter(|b| !b.is_empty());
@@ -234,27 +238,6 @@ async fn service(no_idempotence: bool) -> Result<(), Error> {
     let (ran, demo): (Result<(), AppError>, Result<(), Error>) = tokio::join!(app.run(), demo);
     ran?;
     demo
-}
-
-/// `DATABASE_URL`, with the PostgreSQL schema `inoutbox_inventory` recreated and chosen.
-async fn database_url() -> Result<Option<String>, Error> {
-    let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
-        return Ok(None);
-    };
-    if !url.starts_with("postgres") {
-        return Ok(Some(url));
-    }
-    let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::raw_sql(
-        "DROP SCHEMA IF EXISTS inoutbox_inventory CASCADE; CREATE SCHEMA inoutbox_inventory",
-    )
-    .execute(&admin)
-    .await?;
-    admin.close().await;
-    let sep = if url.contains('?') { '&' } else { '?' };
-    Ok(Some(format!(
-        "{url}{sep}options=-c%20search_path%3Dinoutbox_inventory"
-    )))
 }
 
 /// One order of the demo: its name, lines (sku, quantity) and the expected outcome.

@@ -230,7 +230,7 @@ async fn main() -> Result<(), Failure> {
 
 /// The service and its demo driver, side by side: the driver stops the app when it is done.
 async fn service(review: Duration, addr: SocketAddr, no_idempotence: bool) -> Result<(), BoxError> {
-    let database_url = database_url().await?;
+    let database_url = common::database_url_in_schema("inoutbox_payments").await?;
     let brokers = std::env::var("KAFKA_BROKERS")
         .ok()
         .filter(|b| !b.is_empty());
@@ -494,27 +494,6 @@ where
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// `DATABASE_URL`, with the PostgreSQL schema `inoutbox_payments` recreated and chosen.
-async fn database_url() -> Result<Option<String>, BoxError> {
-    let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
-        return Ok(None);
-    };
-    if !url.starts_with("postgres") {
-        return Ok(Some(url));
-    }
-    let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::raw_sql(
-        "DROP SCHEMA IF EXISTS inoutbox_payments CASCADE; CREATE SCHEMA inoutbox_payments",
-    )
-    .execute(&admin)
-    .await?;
-    admin.close().await;
-    let sep = if url.contains('?') { '&' } else { '?' };
-    Ok(Some(format!(
-        "{url}{sep}options=-c%20search_path%3Dinoutbox_payments"
-    )))
 }
 
 /// A free port on the loopback for the operations endpoint.

@@ -84,7 +84,7 @@ async fn main() {
 /// directory and the in-process Kafka), with the billing consumer and a relay; the flow runs
 /// beside it and stops it.
 async fn quickstart(no_idempotence: bool) -> Result<(), Error> {
-    let database_url = database_url().await?;
+    let database_url = common::database_url_in_schema("inoutbox_quickstart").await?;
     let brokers = std::env::var("KAFKA_BROKERS")
         .ok()
         .filter(|b| !b.is_empty());
@@ -122,27 +122,6 @@ async fn quickstart(no_idempotence: bool) -> Result<(), Error> {
     let (ran, flow) = tokio::join!(app.run(), flow);
     ran?;
     flow
-}
-
-/// `DATABASE_URL`; on PostgreSQL with the schema `inoutbox_quickstart` recreated and chosen.
-async fn database_url() -> Result<Option<String>, Error> {
-    let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
-        return Ok(None);
-    };
-    if !url.starts_with("postgres") {
-        return Ok(Some(url));
-    }
-    let admin = sqlx::PgPool::connect(&url).await?;
-    sqlx::raw_sql(
-        "DROP SCHEMA IF EXISTS inoutbox_quickstart CASCADE; CREATE SCHEMA inoutbox_quickstart",
-    )
-    .execute(&admin)
-    .await?;
-    admin.close().await;
-    let sep = if url.contains('?') { '&' } else { '?' };
-    Ok(Some(format!(
-        "{url}{sep}options=-c%20search_path%3Dinoutbox_quickstart"
-    )))
 }
 
 /// The whole flow on `pool`, from the first order to the verdict.

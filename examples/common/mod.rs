@@ -120,3 +120,25 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result
         .map_or(String::new(), |(_, b)| b.to_owned());
     Ok((status, body))
 }
+
+/// `DATABASE_URL` (`None` when unset or empty: the zero-setup store); on PostgreSQL with the
+/// schema `schema` dropped, created again and chosen by the URL's `search_path`, so each run
+/// of an example starts from empty tables.
+pub async fn database_url_in_schema(schema: &str) -> Result<Option<String>, BoxError> {
+    let Some(url) = std::env::var("DATABASE_URL").ok().filter(|u| !u.is_empty()) else {
+        return Ok(None);
+    };
+    if !url.starts_with("postgres") {
+        return Ok(Some(url));
+    }
+    let admin = sqlx::PgPool::connect(&url).await?;
+    let recreate = format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(recreate))
+        .execute(&admin)
+        .await?;
+    admin.close().await;
+    let sep = if url.contains('?') { '&' } else { '?' };
+    Ok(Some(format!(
+        "{url}{sep}options=-c%20search_path%3D{schema}"
+    )))
+}
