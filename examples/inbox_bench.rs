@@ -4,8 +4,12 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test \
 //!     cargo run --release --example inbox_bench -- [--events 20000] [--partitions 3] \
-//!     [--backlog 200000] [--db-latency-ms 0] [--payload-bytes N]
+//!     [--backlog 200000] [--db-latency-ms 0] [--payload-bytes N] [--pool 16] [--big-table 0]
 //! ```
+//! `--db-latency-ms N` puts PostgreSQL behind the chaos proxy adding N ms each way (for
+//! everything: the baseline too); `--pool N` is the size of the pool all runs share (K's key
+//! lanes per partition are sized from it); `--big-table N` adds run B': B on an inbox that
+//! already holds N processed rows (a tenth of them deleted again, as retention leaves it).
 //! With `--payload-bytes N` it measures only the peak RSS of the `billing` example draining a
 //! backlog of `--backlog` messages whose payloads are N bytes (over 1 MiB they are
 //! dead-lettered), on 12 partitions.
@@ -20,8 +24,11 @@
 //!
 //! * **A, hand-written** (baseline): an rdkafka consumer whose lanes (one per partition, as
 //!   inoutbox's) each run `BEGIN; INSERT; COMMIT` per message and then commit its offset.
-//! * **B, inoutbox batched** (`ExactlyOnceInbox`, the default): micro-batches per partition, one
-//!   claim statement, the handler per event, one commit and one offset commit per batch.
+//! * **B, inoutbox batched, partition order** (`ExactlyOnceInbox`, `Ordering::Partition`):
+//!   micro-batches per partition, one claim statement, the handler per event, one commit and
+//!   one offset commit per batch.
+//! * **K, inoutbox batched, key lanes** (the default: `Ordering::Key`, lanes sized from the
+//!   pool): B with the keys of each partition spread over concurrent lanes.
 //! * **C, inoutbox unbatched** (`max_batch(1)`): one transaction per message, as before batching.
 //! * **D, at least once** (`OnSuccess`, batched): B without the inbox row.
 //! * **E, inbox on SQLite** (batched): B on `SqliteStore`, a temporary WAL file.
@@ -418,6 +425,7 @@ async fn inbox_consumer<S: inoutbox::store::InboxStore>(
     store: S,
     ack: AckStrategy,
     max_batch: usize,
+    ordering: inoutbox::inbox::Ordering,
     events: usize,
 ) -> Result<Measured, BoxError> {
     let started = Instant::now();
@@ -430,6 +438,7 @@ async fn inbox_consumer<S: inoutbox::store::InboxStore>(
     let consumer = inoutbox::Consumer::builder(group, store, kafka)
         .ack(ack)
         .max_batch(max_batch)
+        .ordering(ordering)
         .reports(report_tx)
         .build()?;
     let (stop, stopped) = oneshot::channel::<()>();
@@ -486,11 +495,15 @@ fn print_table(runs: &[Measured]) {
     }
 }
 
-/// Whether run `letter` is selected by `INBOX_BENCH_RUNS` (default: all of `ABCDEFLG`; `L` is
+/// Whether run `letter` is selected by `INBOX_BENCH_RUNS` (default: all of `ABKCDEFLG`; `L` is
 /// the latency part, `G` the black-box `billing` runs).
 fn selected(letter: &str) -> bool {
     std::env::var("INBOX_BENCH_RUNS").map_or(true, |runs| runs.contains(letter))
 }
+
+/// `--pool N`: the connections of the PostgreSQL pool every run shares (at least
+/// `--partitions` + 2); K's key lanes per partition are sized from it.
+static POOL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(16);
 
 /// PostgreSQL in `schema`: the invoices table and inoutbox's tables.
 async fn open_postgres(
@@ -500,7 +513,10 @@ async fn open_postgres(
 ) -> Result<(PgPool, inoutbox::PgStore), BoxError> {
     let options: PgConnectOptions = database_url.parse()?;
     let pool = PgPoolOptions::new()
-        .max_connections(partitions.max(1) as u32 + 2)
+        .max_connections(
+            POOL.load(std::sync::atomic::Ordering::Relaxed)
+                .max(partitions.max(1) as u32 + 2),
+        )
         .connect_with(options.options([("search_path", schema)]))
         .await?;
     sqlx::raw_sql(INVOICES).execute(&pool).await?;
@@ -510,84 +526,150 @@ async fn open_postgres(
     Ok((pool, pg))
 }
 
-/// Runs B, C and D: inoutbox's consumer on PostgreSQL, batched, unbatched, and without the inbox.
+/// A store on `pg`'s pool whose inbox tables are `prefix`ed (a run of its own: B's rows would
+/// make every message a duplicate).
+async fn store_apart(pg: &inoutbox::PgStore, prefix: &str) -> Result<inoutbox::PgStore, BoxError> {
+    let tables = pg.tables().clone();
+    let tables = tables
+        .inbox(&format!("{prefix}_inbox"))?
+        .attempts(&format!("{prefix}_attempts"))?
+        .dead_letters(&format!("{prefix}_dead_letters"))?
+        .outbox(&format!("{prefix}_outbox"))?
+        .migrations(&format!("{prefix}_migrations"))?;
+    let store = inoutbox::PgStore::with_tables(pg.pool().clone(), tables);
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// Runs B, K, C, D and F: inoutbox's consumer on PostgreSQL, batched in partition order,
+/// batched in key lanes (the default), unbatched, without the inbox, and a batch handler.
 async fn postgres_runs(
     broker: &Broker,
     topic: &str,
     pg: &inoutbox::PgStore,
     events: usize,
 ) -> Result<Vec<Measured>, BoxError> {
-    // C keeps its inbox in tables of its own: B's rows would make every message a duplicate.
-    let tables = pg.tables().clone();
-    let tables = tables
-        .inbox("c_inbox")?
-        .attempts("c_attempts")?
-        .dead_letters("c_dead_letters")?
-        .outbox("c_outbox")?
-        .migrations("c_migrations")?;
-    let pg_c = inoutbox::PgStore::with_tables(pg.pool().clone(), tables);
-    pg_c.migrate().await?;
-    let mut runs = Vec::new();
-    for (name, store, ack, max_batch) in [
+    use inoutbox::inbox::Ordering::{Key, Partition};
+    let runs_of: [(
+        &str,
+        &str,
+        &str,
+        AckStrategy,
+        usize,
+        inoutbox::inbox::Ordering,
+    ); 5] = [
         (
-            "B inoutbox batched (inbox)",
-            pg,
+            "B inoutbox batched, partition order",
+            "",
+            GROUP,
             AckStrategy::ExactlyOnceInbox,
             500,
+            Partition,
+        ),
+        (
+            "K inoutbox batched, key lanes (default)",
+            "k",
+            GROUP,
+            AckStrategy::ExactlyOnceInbox,
+            500,
+            Key,
         ),
         (
             "C inoutbox unbatched (inbox)",
-            &pg_c,
+            "c",
+            GROUP,
             AckStrategy::ExactlyOnceInbox,
             1,
+            Partition,
         ),
         (
             "D inoutbox at least once (OnSuccess)",
-            pg,
+            "",
+            GROUP,
             AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
             500,
+            Partition,
         ),
-    ] {
+        (
+            "F inoutbox batch handler (multi-row)",
+            "f",
+            BATCH_GROUP,
+            AckStrategy::ExactlyOnceInbox,
+            500,
+            Partition,
+        ),
+    ];
+    let mut runs = Vec::new();
+    for (name, prefix, group, ack, max_batch, ordering) in runs_of {
         if !selected(&name[..1]) {
             continue;
         }
+        let store = match prefix {
+            "" => pg.clone(),
+            prefix => store_apart(pg, prefix).await?,
+        };
         let run = inbox_consumer(
-            GROUP,
-            name,
-            broker,
-            topic,
-            store.clone(),
-            ack,
-            max_batch,
-            events,
+            group, name, broker, topic, store, ack, max_batch, ordering, events,
         );
         runs.push(run.await?);
     }
-    if selected("F") {
-        // F keeps its inbox apart too, like C.
-        let tables = pg.tables().clone();
-        let tables = tables
-            .inbox("f_inbox")?
-            .attempts("f_attempts")?
-            .dead_letters("f_dead_letters")?
-            .outbox("f_outbox")?
-            .migrations("f_migrations")?;
-        let pg_f = inoutbox::PgStore::with_tables(pg.pool().clone(), tables);
-        pg_f.migrate().await?;
-        let name = "F inoutbox batch handler (multi-row)";
-        let run = inbox_consumer(
-            BATCH_GROUP,
-            name,
-            broker,
-            topic,
-            pg_f,
-            AckStrategy::ExactlyOnceInbox,
-            500,
-            events,
-        );
-        runs.push(run.await?);
+    if BIG_ROWS.load(std::sync::atomic::Ordering::Relaxed) > 0 && selected("B") {
+        runs.push(big_table_run(broker, topic, pg, events).await?);
     }
     Ok(runs)
+}
+
+/// `--big-table N`: B again, on an inbox that already holds N processed rows.
+static BIG_ROWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// B on an inbox of its own pre-filled with [`BIG_ROWS`] processed rows (random event ids, as
+/// CloudEvents ids are), a tenth of them deleted again (retention's bloat), then analyzed.
+async fn big_table_run(
+    broker: &Broker,
+    topic: &str,
+    pg: &inoutbox::PgStore,
+    events: usize,
+) -> Result<Measured, BoxError> {
+    let rows = BIG_ROWS.load(std::sync::atomic::Ordering::Relaxed);
+    let store = store_apart(pg, "big").await?;
+    let inbox = store.tables().inbox.to_string();
+    let started = Instant::now();
+    // In slices of a million, so that no one statement holds everything.
+    for from in (0..rows).step_by(1_000_000) {
+        let to = (from + 1_000_000).min(rows);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \
+             \"partition\", \"offset\", received_at, processed_at) \
+             SELECT '{GROUP}', 'inbox-bench', gen_random_uuid()::text, 'OrderCreated', 'old', \
+             (i % 12)::int, i, now() - interval '1 day', now() - interval '1 day' \
+             FROM generate_series({from}, {to} - 1) AS i"
+        )))
+        .execute(pg.pool())
+        .await?;
+    }
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {inbox} WHERE \"offset\" % 10 = 0; VACUUM ANALYZE {inbox}"
+    )))
+    .execute(pg.pool())
+    .await?;
+    println!(
+        "big table: {rows} processed rows in {inbox} ({} of them deleted again), filled in {:.1} s",
+        rows / 10,
+        started.elapsed().as_secs_f64()
+    );
+    let name = format!("B' batched, partition order, {rows} rows already in the inbox");
+    inbox_consumer(
+        GROUP,
+        &name,
+        broker,
+        topic,
+        store,
+        AckStrategy::ExactlyOnceInbox,
+        500,
+        inoutbox::inbox::Ordering::Partition,
+        events,
+    )
+    .await
 }
 
 /// Run D: B on SQLite; returns its figures and the invoices it wrote.
@@ -607,6 +689,7 @@ async fn sqlite_run(
         db.store.clone(),
         AckStrategy::ExactlyOnceInbox,
         500,
+        inoutbox::inbox::Ordering::Key,
         events,
     )
     .await?;
@@ -1032,6 +1115,14 @@ async fn main() -> Result<(), BoxError> {
     let backlog: usize = flag(&args, "--backlog", "200000")?.parse()?;
     let payload_bytes: usize = flag(&args, "--payload-bytes", "0")?.parse()?;
     PAYLOAD_BYTES.store(payload_bytes, std::sync::atomic::Ordering::Relaxed);
+    POOL.store(
+        flag(&args, "--pool", "16")?.parse()?,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    BIG_ROWS.store(
+        flag(&args, "--big-table", "0")?.parse()?,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     if events == 0 || partitions < 1 {
         return Err("--events and --partitions must be at least 1".into());
     }

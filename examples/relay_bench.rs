@@ -6,8 +6,11 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --release --example relay_bench -- --no-idempotence \
 //!     [--sizes 20000,100000,500000] [--rate 200] [--writers 16] [--writer-secs 2] [--workers 2] \
-//!     [--batch 1000] [--rounds 3] [--phases latency,drain,sigterm,writers] [--log]
+//!     [--batch 1000] [--rounds 3] [--phases latency,drain,sigterm,writers] [--log] \
+//!     [--db-latency-ms 0]
 //! ```
+//! `--db-latency-ms N` puts PostgreSQL behind the chaos proxy, adding N ms each way (the
+//! SIGTERM phase's relay process connects through it too).
 //!
 //! * **Latency**: a writer commits one event per transaction at `--rate` events/s (10 s) while
 //!   one relay (woken by NOTIFY, 1 s poll) publishes; latency = the broker's acknowledgement
@@ -28,7 +31,9 @@
 //! * **Writers**: `--writers` tasks each commit transactions of one business insert
 //!   (`INSERT INTO orders`) for `--writer-secs`; then the same plus `enqueue` of an
 //!   `OrderCreated` (one row, key lock, coalesced NOTIFY); then the same plus a `SELECT 1`
-//!   instead (what one more statement costs, whatever it does); in 7 rounds of interleaved
+//!   instead (what one more statement costs, whatever it does); then the same plus an insert of
+//!   a row of the same size into a plain table with the outbox's columns and indexes (no
+//!   triggers, locks or NOTIFY: what the row itself costs); in 7 rounds of interleaved
 //!   slices, medians reported. No relay runs, so the ratio is what the outbox costs the
 //!   writers' own transactions.
 //!
@@ -419,7 +424,18 @@ enum Extra {
     Enqueue,
     /// `SELECT 1`: the cost of any extra statement (one more round trip), for reference.
     EmptyStatement,
+    /// An insert of a row of the same size (the same columns and values `enqueue` writes,
+    /// slot included) into `plain_outbox`: a plain table with the outbox's columns and indexes
+    /// but none of its triggers, key locks or NOTIFY. What a row costs.
+    SameSizeRow,
 }
+
+/// The same-size insert: `plain_outbox` has the outbox's columns, defaults and indexes
+/// (`LIKE .. INCLUDING DEFAULTS INCLUDING INDEXES`), no trigger.
+const SAME_SIZE_ROW: &str =
+    "INSERT INTO plain_outbox (id, type, topic, message_key, payload, headers, slot, seq) \
+     VALUES ($1, 'OrderCreated', 'inoutbox-bench', $2, $3::text::json, $4, \
+     (hashtextextended($2, 0) & 63)::int2, nextval(pg_get_serial_sequence('plain_outbox', 'seq')))";
 
 /// `writers` tasks committing for `secs`: one business insert plus `extra`; transactions per
 /// second.
@@ -452,6 +468,9 @@ async fn writers(schema: &Schema, settings: &Settings, extra: Extra) -> Result<f
                                 .await
                                 .expect("select");
                         }
+                        Extra::SameSizeRow => {
+                            same_size_row(&mut tx, &e).await.expect("same-size insert");
+                        }
                     }
                     tx.commit().await.expect("commit");
                     count.fetch_add(1, Ordering::Relaxed);
@@ -471,12 +490,38 @@ async fn writers(schema: &Schema, settings: &Settings, extra: Extra) -> Result<f
     Ok(committed as f64 / elapsed.as_secs_f64())
 }
 
-/// The three kinds of writers in short interleaved slices (the order rotating each round, so
+/// The row `enqueue` would write for `e`, into the plain table (see [`SAME_SIZE_ROW`]).
+async fn same_size_row(
+    tx: &mut sqlx::PgConnection,
+    e: &BenchOrderCreated,
+) -> Result<(), sqlx::Error> {
+    let id = Uuid::now_v7();
+    let headers = serde_json::json!({
+        "ce_id": id.to_string(), "ce_source": "bench", "ce_specversion": "1.0",
+        "ce_type": "OrderCreated", "content-type": "application/json",
+        "ce_time": "2026-01-01T00:00:00.000000Z",
+    });
+    sqlx::query(SAME_SIZE_ROW)
+        .bind(id)
+        .bind(e.order_id.to_string())
+        .bind(serde_json::to_string(e).expect("json"))
+        .bind(headers)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// The kinds of writers in short interleaved slices (the order rotating each round, so
 /// that a burst of other load on the shared machine hits them alike); the median transactions
 /// per second of each.
-async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<[f64; 3], BoxError> {
-    let kinds = [Extra::Nothing, Extra::Enqueue, Extra::EmptyStatement];
-    let mut rates: [Vec<f64>; 3] = Default::default();
+async fn measure_writers(schema: &Schema, settings: &Settings) -> Result<[f64; 4], BoxError> {
+    let kinds = [
+        Extra::Nothing,
+        Extra::Enqueue,
+        Extra::EmptyStatement,
+        Extra::SameSizeRow,
+    ];
+    let mut rates: [Vec<f64>; 4] = Default::default();
     for round in 0..WRITER_ROUNDS {
         for i in 0..kinds.len() {
             let k = (i + round) % kinds.len();
@@ -630,7 +675,30 @@ fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let settings = Settings::from_args()?;
+    let mut settings = Settings::from_args()?;
+    // `--db-latency-ms N`: every connection to PostgreSQL goes through the chaos proxy, which
+    // adds N ms each way.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
+    let _proxy = if latency_ms > 0 {
+        let options: PgConnectOptions = settings.database_url.parse()?;
+        let upstream = format!("{}:{}", options.get_host(), options.get_port());
+        let proxy = inoutbox_chaos::Proxy::start(upstream.as_str())?;
+        proxy.set_latency(Duration::from_millis(latency_ms), Duration::ZERO);
+        let url = settings
+            .database_url
+            .replacen(&upstream, &proxy.addr().to_string(), 1);
+        if url == settings.database_url {
+            return Err(
+                format!("--db-latency-ms: DATABASE_URL must name {upstream} literally").into(),
+            );
+        }
+        println!("PostgreSQL behind a proxy adding {latency_ms} ms each way");
+        settings.database_url = url;
+        Some(proxy)
+    } else {
+        None
+    };
     if std::env::args().any(|a| a == "--log") {
         tracing_subscriber::fmt()
             .with_max_level(tracing::Level::DEBUG)
@@ -669,7 +737,13 @@ async fn main() -> Result<(), BoxError> {
     }
     if settings.phases.contains("writers") {
         schema.exec("TRUNCATE inoutbox_outbox").await?;
-        let [plain, with_outbox, empty] = measure_writers(&schema, &settings).await?;
+        schema
+            .exec(
+                "CREATE TABLE IF NOT EXISTS plain_outbox \
+                 (LIKE inoutbox_outbox INCLUDING DEFAULTS INCLUDING INDEXES)",
+            )
+            .await?;
+        let [plain, with_outbox, empty, same_size] = measure_writers(&schema, &settings).await?;
         println!(
             "\n{} writers, median of {WRITER_ROUNDS} interleaved {} s slices (transactions/s, no relay running):",
             settings.writers, settings.writer_secs
@@ -682,6 +756,14 @@ async fn main() -> Result<(), BoxError> {
         println!(
             "  business insert + SELECT 1            {empty:>9.0}   ({:.1} %: any extra statement)",
             100.0 * empty / plain
+        );
+        println!(
+            "  business insert + same-size row       {same_size:>9.0}   ({:.1} %: a plain table, same indexes)",
+            100.0 * same_size / plain
+        );
+        println!(
+            "  enqueue against the same-size row: {:.2}x (target 0.95x)",
+            with_outbox / same_size
         );
     }
     schema.remove().await

@@ -66,17 +66,16 @@ impl Setup {
         )))
     }
 
-    /// Sends orders with totals `0..n` (the total says which message it is) to `partition`.
+    /// Sends orders with totals `0..n` (the total says which message it is) to `partition`,
+    /// all with one key: the default order (per key) then keeps them in offset order in one
+    /// lane, as these tests of a partition's batches need.
     async fn send_orders(&self, n: i64, partition: i32) -> Vec<Uuid> {
         let mut orders = Vec::new();
         for i in 0..n {
             let order = Uuid::new_v4();
-            send(
-                &self.producer,
-                &self.topic,
-                Msg::order(&Uuid::new_v4().to_string(), order, i).on_partition(partition),
-            )
-            .await;
+            let mut msg = Msg::order(&Uuid::new_v4().to_string(), order, i).on_partition(partition);
+            msg.key = Some(format!("partition-{partition}"));
+            send(&self.producer, &self.topic, msg).await;
             orders.push(order);
         }
         orders
@@ -141,7 +140,10 @@ async fn a_batch_holding_a_duplicate_of_its_own_message_runs_the_handler_once() 
             Uuid::new_v4().to_string()
         };
         ids.push(id.clone());
-        send(&s.producer, &s.topic, Msg::order(&id, Uuid::new_v4(), i)).await;
+        // One key: one lane, so that the copy is in its first's batch.
+        let mut msg = Msg::order(&id, Uuid::new_v4(), i);
+        msg.key = Some("one-key".into());
+        send(&s.producer, &s.topic, msg).await;
     }
     let mut c = Running::start(s.consumer("batch-dup"));
     let reports = c.take(10).await;
@@ -371,9 +373,43 @@ async fn a_blocked_partition_holds_up_no_other_and_the_member_stays_in_the_group
 // ---------------------------------------------------------------------------------------------
 // Ordering::Key: per key, handler calls follow offset order; different keys run concurrently.
 
-static KEY_CALLS: Mutex<Vec<(String, i64)>> = Mutex::new(Vec::new());
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-static MAX_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// What one ordering test's handler saw: (key, offset) per call, and the most calls at once.
+struct KeyRun {
+    calls: Mutex<Vec<(String, i64)>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+}
+
+impl KeyRun {
+    const fn new() -> Self {
+        Self {
+            calls: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+        }
+    }
+
+    async fn record(
+        &self,
+        event: OrderCreated,
+        tx: &mut PgTx<'_>,
+        meta: &MessageMeta,
+    ) -> Result<(), HandlerError> {
+        let now = self.in_flight.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, AtomicOrdering::SeqCst);
+        let key = String::from_utf8_lossy(meta.key.as_deref().unwrap_or_default()).into_owned();
+        self.calls.lock().unwrap().push((key, meta.offset));
+        // A random delay, so that lanes overtake each other.
+        let delay = (event.order_id.as_u128() % 5) as u64;
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        self.in_flight.fetch_sub(1, AtomicOrdering::SeqCst);
+        insert_invoice(&event, tx).await
+    }
+}
+
+static KEYS_EXPLICIT: KeyRun = KeyRun::new();
+static KEYS_DEFAULT: KeyRun = KeyRun::new();
+static KEYS_PARTITION: KeyRun = KeyRun::new();
 
 #[inbox_handler(event = "OrderCreated", group = "batch-keys")]
 async fn keyed(
@@ -381,20 +417,39 @@ async fn keyed(
     tx: &mut PgTx<'_>,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
-    let now = IN_FLIGHT.fetch_add(1, AtomicOrdering::SeqCst) + 1;
-    MAX_IN_FLIGHT.fetch_max(now, AtomicOrdering::SeqCst);
-    let key = String::from_utf8_lossy(meta.key.as_deref().unwrap_or_default()).into_owned();
-    KEY_CALLS.lock().unwrap().push((key, meta.offset));
-    // A random delay, so that lanes overtake each other.
-    let delay = (event.order_id.as_u128() % 5) as u64;
-    tokio::time::sleep(Duration::from_millis(delay)).await;
-    IN_FLIGHT.fetch_sub(1, AtomicOrdering::SeqCst);
-    insert_invoice(&event, tx).await
+    KEYS_EXPLICIT.record(event, tx, meta).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() {
-    let s = Setup::new("batchkeys", 1).await;
+#[inbox_handler(event = "OrderCreated", group = "batch-keys-default")]
+async fn keyed_by_default(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    KEYS_DEFAULT.record(event, tx, meta).await
+}
+
+#[inbox_handler(event = "OrderCreated", group = "batch-partition-order")]
+async fn in_partition_order(
+    event: OrderCreated,
+    tx: &mut PgTx<'_>,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    KEYS_PARTITION.record(event, tx, meta).await
+}
+
+/// 400 messages of 20 keys on one partition through `group`'s consumer as `configure` sets
+/// it; checks that each key's calls follow offset order, every message ran once and the
+/// committed offset reached the end. Returns every call's offset in call order.
+async fn keyed_run(
+    name: &str,
+    group: &str,
+    run: &KeyRun,
+    configure: impl FnOnce(
+        inoutbox::ConsumerBuilder<inoutbox::PgStore, inoutbox::KafkaConfig>,
+    ) -> inoutbox::ConsumerBuilder<inoutbox::PgStore, inoutbox::KafkaConfig>,
+) -> Vec<i64> {
+    let s = Setup::new(name, 1).await;
     let keys: Vec<String> = (0..20).map(|k| format!("customer-{k}")).collect();
     let mut expected: HashMap<String, Vec<i64>> = HashMap::new();
     for i in 0..400i64 {
@@ -404,25 +459,18 @@ async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() 
         send(&s.producer, &s.topic, msg.on_partition(0)).await;
         expected.entry(key.clone()).or_default().push(i);
     }
-    let mut c = Running::start(
-        s.consumer("batch-keys")
-            .ordering(Ordering::Key)
-            .key_lanes(8)
-            .max_batch(10)
-            .max_wait(Duration::ZERO),
-    );
+    let mut c = Running::start(configure(s.consumer(group)));
     let reports = c.take(400).await;
-    let committed =
-        support::wait_committed(&s.broker.brokers, "batch-keys", &s.topic, 0, 400).await;
+    let committed = support::wait_committed(&s.broker.brokers, group, &s.topic, 0, 400).await;
     c.stop().await;
 
     assert!(reports
         .iter()
         .all(|r| matches!(r.outcome, Outcome::Processed { .. })));
-    let calls = KEY_CALLS.lock().unwrap().clone();
+    let calls = run.calls.lock().unwrap().clone();
     let mut seen: HashMap<String, Vec<i64>> = HashMap::new();
-    for (key, offset) in calls {
-        seen.entry(key).or_default().push(offset);
+    for (key, offset) in &calls {
+        seen.entry(key.clone()).or_default().push(*offset);
     }
     for (key, offsets) in &seen {
         assert!(
@@ -435,12 +483,59 @@ async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() 
             "key {key}: every message once"
         );
     }
-    assert!(
-        MAX_IN_FLIGHT.load(AtomicOrdering::SeqCst) > 1,
-        "different keys ran concurrently"
-    );
     assert_eq!(committed, Some(400), "the committed offset reached the end");
     assert_eq!(s.db.invoices().await, 400);
+    calls.into_iter().map(|(_, offset)| offset).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() {
+    keyed_run("batchkeys", "batch-keys", &KEYS_EXPLICIT, |c| {
+        c.ordering(Ordering::Key)
+            .key_lanes(8)
+            .max_batch(10)
+            .max_wait(Duration::ZERO)
+    })
+    .await;
+    assert!(
+        KEYS_EXPLICIT.max_in_flight.load(AtomicOrdering::SeqCst) > 1,
+        "different keys ran concurrently"
+    );
+}
+
+/// The default (nothing set): key lanes sized from the pool (the test store's 10
+/// connections), each key in offset order, different keys at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_order_runs_the_keys_of_a_partition_concurrently_each_in_offset_order() {
+    keyed_run("batchkeysdef", "batch-keys-default", &KEYS_DEFAULT, |c| {
+        c.max_batch(10).max_wait(Duration::ZERO)
+    })
+    .await;
+    assert!(
+        KEYS_DEFAULT.max_in_flight.load(AtomicOrdering::SeqCst) > 1,
+        "by default, different keys of one partition run concurrently"
+    );
+}
+
+/// The old default, one setting away: every message of the partition in offset order, one
+/// at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_order_is_one_setting_away_and_keeps_the_whole_partitions_order() {
+    let offsets = keyed_run("batchpart", "batch-partition-order", &KEYS_PARTITION, |c| {
+        c.ordering(Ordering::Partition)
+            .max_batch(10)
+            .max_wait(Duration::ZERO)
+    })
+    .await;
+    assert!(
+        offsets.windows(2).all(|w| w[0] < w[1]),
+        "Ordering::Partition: calls in the partition's offset order: {offsets:?}"
+    );
+    assert_eq!(
+        KEYS_PARTITION.max_in_flight.load(AtomicOrdering::SeqCst),
+        1,
+        "Ordering::Partition: one message at a time"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

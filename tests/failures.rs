@@ -78,14 +78,13 @@ impl Setup {
         )
     }
 
+    /// Sends an order; every order of a test shares one key, so that the default order (per
+    /// key) reports them in offset order, as these tests read their reports.
     async fn send_order(&self, total_cents: i64) -> Uuid {
         let order = Uuid::new_v4();
-        send(
-            &self.producer,
-            &self.topic,
-            Msg::order(&Uuid::new_v4().to_string(), order, total_cents),
-        )
-        .await;
+        let mut msg = Msg::order(&Uuid::new_v4().to_string(), order, total_cents);
+        msg.key = Some(ONE_KEY.into());
+        send(&self.producer, &self.topic, msg).await;
         order
     }
 
@@ -468,13 +467,16 @@ async fn counts_runs(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Handl
     insert_invoice(&event, tx).await
 }
 
+/// The key of the messages of a test that reads its reports in offset order.
+const ONE_KEY: &str = "one-key";
+
 fn raw(id: Option<&str>, event_type: Option<&str>, payload: &[u8]) -> Msg {
     Msg {
         id: id.map(str::to_owned),
         event_type: event_type.map(str::to_owned),
         payload: payload.to_vec(),
         partition: None,
-        key: None,
+        key: Some(ONE_KEY.into()),
     }
 }
 
@@ -543,7 +545,7 @@ async fn bad_messages_are_dead_lettered_with_reason_and_raw_bytes() {
                 event_type: msg.event_type.clone(),
                 payload: msg.payload.clone(),
                 partition: None,
-                key: None,
+                key: Some(ONE_KEY.into()),
             },
         )
         .await;

@@ -169,12 +169,14 @@ impl RetryPolicy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Ordering {
-    /// One message after the other, in offset order (the default).
-    #[default]
+    /// One message after the other, in offset order (the default before key lanes): choose it
+    /// when a handler needs the order of messages with different keys.
     Partition,
     /// Messages with the same key in offset order; different keys in concurrent lanes (see
-    /// [`InboxConfig::key_lanes`]). The committed offset still never passes a message that is
-    /// not resolved.
+    /// [`InboxConfig::key_lanes`]), so that the concurrency does not come from the number of
+    /// partitions alone (the default). Keyless messages share one lane, in offset order. The
+    /// committed offset still never passes a message that is not resolved.
+    #[default]
     Key,
 }
 
@@ -230,9 +232,12 @@ pub struct InboxConfig {
     pub max_batch: usize,
     /// How long a batch waits for more messages before it closes (default 2 ms).
     pub max_wait: Duration,
-    /// The order of handling inside a partition (default [`Ordering::Partition`]).
+    /// The order of handling inside a partition (default [`Ordering::Key`]).
     pub ordering: Ordering,
-    /// Concurrent lanes per partition with [`Ordering::Key`] (default 8).
+    /// Concurrent lanes per partition with [`Ordering::Key`]; 0 (the default) sizes them from
+    /// the store: as many as its pool has connections
+    /// ([`InboxStore::parallel_transactions`](crate::store::InboxStore::parallel_transactions)),
+    /// one on a store that writes one transaction at a time (SQLite).
     pub key_lanes: usize,
     /// The longest one transaction (a message or a batch, handlers included) may take before
     /// it is abandoned as an outage (its connection dropped, rolled back, retried after a
@@ -293,8 +298,8 @@ impl Default for InboxConfig {
             outage_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             max_batch: 500,
             max_wait: Duration::from_millis(2),
-            ordering: Ordering::Partition,
-            key_lanes: 8,
+            ordering: Ordering::Key,
+            key_lanes: 0,
             transaction_timeout: Duration::from_secs(60),
             busy_attempts: 10,
             worker_grace: Duration::from_secs(30),
@@ -390,16 +395,19 @@ macro_rules! inbox_setters {
         }
 
         /// The order of handling inside a partition (default
-        /// [`Ordering::Partition`](crate::engine::Ordering::Partition)).
+        /// [`Ordering::Key`](crate::engine::Ordering::Key): per key;
+        /// [`Ordering::Partition`](crate::engine::Ordering::Partition) keeps the whole
+        /// partition's order).
         pub fn ordering(mut self, ordering: $crate::engine::Ordering) -> Self {
             self$(.$field)?.ordering = ordering;
             self
         }
 
         /// Concurrent lanes per partition with
-        /// [`Ordering::Key`](crate::engine::Ordering::Key) (default 8).
+        /// [`Ordering::Key`](crate::engine::Ordering::Key) (default 0: as many as the store's
+        /// pool has connections).
         pub fn key_lanes(mut self, lanes: usize) -> Self {
-            self$(.$field)?.key_lanes = lanes.max(1);
+            self$(.$field)?.key_lanes = lanes;
             self
         }
 

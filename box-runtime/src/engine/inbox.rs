@@ -89,8 +89,22 @@ impl<S: InboxStore> Inbox<S> {
         self.telemetry.health = health;
     }
 
+    /// The concurrent lanes of one partition with [`Ordering::Key`](super::Ordering::Key):
+    /// [`InboxConfig::key_lanes`], or, when that is 0, what the store can run in parallel
+    /// (its pool's connections), at most [`MAX_AUTO_LANES`].
+    pub(crate) fn key_lanes(&self) -> usize {
+        match self.config.key_lanes {
+            0 => self.store.parallel_transactions().clamp(1, MAX_AUTO_LANES),
+            lanes => lanes,
+        }
+    }
+
     /// Whether the offset is committed before the handler runs ([`AckStrategy::AtMostOnce`]).
     pub(crate) fn acknowledges_before_processing(&self) -> bool {
         self.config.ack == AckStrategy::AtMostOnce
     }
 }
+
+/// The most lanes per partition [`Inbox::key_lanes`] sizes from a pool: beyond it, lanes only
+/// wait for connections.
+const MAX_AUTO_LANES: usize = 64;

@@ -18,6 +18,10 @@ impl InboxStore for PgStore {
         &self.tables
     }
 
+    fn parallel_transactions(&self) -> usize {
+        self.pool().options().get_max_connections() as usize
+    }
+
     async fn begin(&self) -> Result<Self::Tx, StoreError> {
         self.shared().begin().await
     }
@@ -86,10 +90,16 @@ impl InboxStore for PgStore {
         for (row, r) in rows.iter().zip(requests) {
             let inserted: bool = row.try_get("inserted")?;
             let attempts: i32 = row.try_get("attempts")?;
+            // `known`: the claim's own snapshot shows a row holding the event id (a duplicate
+            // without another round trip). When it shows none, a row committed after that
+            // snapshot may still hold it: `duplicate_of` asks again with a fresh one.
+            let known: Option<bool> = row.try_get("known")?;
             claims.push(if inserted {
                 Claim::New {
                     attempts: attempts.max(0) as u32,
                 }
+            } else if r.key.business_key.is_none() || known == Some(true) {
+                Claim::Duplicate
             } else {
                 self.shared().duplicate_of(tx, r.key).await?
             });

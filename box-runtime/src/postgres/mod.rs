@@ -186,7 +186,10 @@ impl Statements {
                    INSERT INTO {inbox} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", processed_at, business_key) \
                    SELECT $1, source, event_id, event_type, $7, part, off, now(), bkey FROM input i {not_elsewhere}ORDER BY source, event_id \
                    ON CONFLICT DO NOTHING RETURNING source, event_id) \
-                 SELECT ins.event_id IS NOT NULL AS inserted, COALESCE(a.attempts, 0) AS attempts \
+                 SELECT ins.event_id IS NOT NULL AS inserted, COALESCE(a.attempts, 0) AS attempts, \
+                   CASE WHEN ins.event_id IS NULL AND i.bkey IS NOT NULL THEN EXISTS (\
+                     SELECT 1 FROM {inbox} k WHERE k.consumer_group = $1 AND k.source = i.source \
+                     AND k.event_id = i.event_id) END AS known \
                  FROM input i \
                  LEFT JOIN ins ON ins.source = i.source AND ins.event_id = i.event_id \
                  LEFT JOIN {attempts} a ON a.consumer_group = $1 AND a.source = i.source AND a.event_id = i.event_id \

@@ -158,6 +158,14 @@ pub trait InboxStore: Send + Sync + 'static {
     /// The table names.
     fn tables(&self) -> &Tables;
 
+    /// How many transactions of one consumer this store runs usefully at once: the default
+    /// number of key lanes per partition (see
+    /// [`InboxConfig::key_lanes`](crate::engine::InboxConfig::key_lanes)). By default 1 (one
+    /// lane: partition order); a pooled store answers its pool's size.
+    fn parallel_transactions(&self) -> usize {
+        1
+    }
+
     // Two-phase handlers and effects after commit: unsupported unless a store implements them.
 
     /// Whether the store supports two-phase handlers.

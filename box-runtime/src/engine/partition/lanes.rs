@@ -34,7 +34,7 @@ pub(super) async fn run<S: InboxStore, L: PartitionLink>(
     inbox: Arc<Inbox<S>>,
     deliveries: &mut mpsc::Receiver<Arc<Delivery>>,
 ) -> Result<(), String> {
-    let lanes = inbox.config().key_lanes.max(1);
+    let lanes = inbox.key_lanes();
     let capacity = inbox.config().max_batch.max(1);
     let (done_tx, mut done) = mpsc::unbounded_channel::<LaneEnd>();
     let mut senders = Vec::with_capacity(lanes);

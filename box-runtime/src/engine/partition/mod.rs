@@ -30,7 +30,8 @@ pub use state::Report;
 
 /// Runs one partition's messages through `inbox` until the channel closes, `stop` turns true
 /// or the partition is no longer owned: in micro-batches (see [`Inbox::process_batch`]), or in
-/// key-ordered lanes with [`Ordering::Key`]. Commits once per batch as messages resolve; on the
+/// key-ordered lanes with [`Ordering::Key`] (the default) when the store runs more than one
+/// transaction at once. Commits once per batch as messages resolve; on the
 /// way out re-queues the last position (closing the consumer waits for queued commits).
 ///
 /// A panic outside the handler's guard (in the store, in the run itself, in a lane) halts the
@@ -53,7 +54,8 @@ pub(crate) async fn run<S: InboxStore, L: PartitionLink>(
         if inbox.acknowledges_before_processing() {
             batches::at_most_once(&mut part, &inbox, &mut deliveries).await;
             Ok(())
-        } else if inbox.config().ordering == Ordering::Key {
+        } else if inbox.config().ordering == Ordering::Key && inbox.key_lanes() > 1 {
+            // (One lane is the partition's order: the batches below.)
             lanes::run(&mut part, inbox.clone(), &mut deliveries).await
         } else {
             batches::batches(&mut part, &inbox, &mut deliveries).await;
