@@ -517,6 +517,8 @@ async fn open_postgres(
             POOL.load(std::sync::atomic::Ordering::Relaxed)
                 .max(partitions.max(1) as u32 + 2),
         )
+        // As `PgStore::connect` sets it: no test round trip on every acquire (every run).
+        .test_before_acquire(false)
         .connect_with(options.options([("search_path", schema)]))
         .await?;
     sqlx::raw_sql(INVOICES).execute(&pool).await?;
