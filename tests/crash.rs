@@ -37,12 +37,10 @@ async fn crash_at(failpoint: &str) {
     let producer = support::producer(&broker.brokers);
     let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
     for (i, order) in orders.iter().enumerate() {
-        send(
-            &producer,
-            &topic,
-            Msg::order(&Uuid::new_v4().to_string(), *order, i as i64),
-        )
-        .await;
+        // One key: in the default order (per key) the five stay one lane's batch.
+        let mut msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+        msg.key = Some("one-key".into());
+        send(&producer, &topic, msg).await;
     }
 
     // The process is killed right at the failpoint.
@@ -145,7 +143,9 @@ async fn sigterm_finishes_the_message_in_hand_and_commits_it() {
     let producer = support::producer(&broker.brokers);
     let orders: Vec<Uuid> = (0..3).map(|_| Uuid::new_v4()).collect();
     for (i, order) in orders.iter().enumerate() {
-        let msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+        // One key: in the default order (per key) one message is in hand at a time.
+        let mut msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+        msg.key = Some("one-key".into());
         send(&producer, &topic, msg).await;
     }
     let mut child = ChildConsumer::start(
