@@ -431,11 +431,12 @@ enum Extra {
 }
 
 /// The same-size insert: `plain_outbox` has the outbox's columns, defaults and indexes
-/// (`LIKE .. INCLUDING DEFAULTS INCLUDING INDEXES`), no trigger.
+/// (`LIKE .. INCLUDING DEFAULTS INCLUDING INDEXES`: `seq` from the outbox's sequence), no
+/// trigger.
 const SAME_SIZE_ROW: &str =
-    "INSERT INTO plain_outbox (id, type, topic, message_key, payload, headers, slot, seq) \
+    "INSERT INTO plain_outbox (id, type, topic, message_key, payload, headers, slot) \
      VALUES ($1, 'OrderCreated', 'inoutbox-bench', $2, $3::text::json, $4, \
-     (hashtextextended($2, 0) & 63)::int2, nextval(pg_get_serial_sequence('plain_outbox', 'seq')))";
+     (hashtextextended($2, 0) & 63)::int2)";
 
 /// `writers` tasks committing for `secs`: one business insert plus `extra`; transactions per
 /// second.
