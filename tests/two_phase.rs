@@ -1479,9 +1479,6 @@ async fn the_zero_setup_mode_runs_a_two_phase_handler_and_its_effect_after_commi
                 Ok(())
             }
         });
-    let mut app = app.consumer_with(spec).relay();
-    let stop = app.shutdown_token();
-    let running = tokio::spawn(async move { app.run().await });
     let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
     for order_id in &orders {
         let mut tx = store.pool().begin().await.expect("begin");
@@ -1495,8 +1492,14 @@ async fn the_zero_setup_mode_runs_a_two_phase_handler_and_its_effect_after_commi
         .expect("enqueue");
         tx.commit().await.expect("commit");
     }
+    let mut app = app.consumer_with(spec).relay();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
     let deadline = Instant::now() + Duration::from_secs(60);
     while notified.lock().unwrap().len() < orders.len() {
+        if running.is_finished() {
+            panic!("the app stopped: {:?}", running.await);
+        }
         assert!(
             Instant::now() < deadline,
             "effects run: {:?}",
