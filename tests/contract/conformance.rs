@@ -48,6 +48,46 @@ enum Break {
     EffectGroups,
     /// Its relay session marks nothing published.
     Publishing,
+    /// Its batch claim answers New for every row.
+    Batch,
+    /// Its failure count never grows.
+    Failures,
+    /// Its processed mark keeps the failures recorded.
+    ClearFailures,
+    /// Its replay mark does nothing.
+    Replay,
+    /// Its retention deletes nothing.
+    Retention,
+    /// Its claim takes a processed business key.
+    BusinessKeys,
+    /// Its business keys never expire.
+    Expiry,
+    /// Its deferred rows are never claimed.
+    Deferral,
+    /// Its processed mark under a lease succeeds for anyone.
+    Finish,
+    /// Its two-phase receive answers "inserted" for a duplicate.
+    Receive,
+    /// Its lease release does nothing.
+    Release,
+    /// Its drop of a received row does nothing.
+    Drop,
+    /// Its claim of received rows ignores per-key order.
+    Ordered,
+    /// Its relay session records no failure (a parked row parks nothing).
+    Parking,
+    /// Its relay session claims slots another session holds.
+    Slots,
+    /// Its first claim of a message reports a failed run.
+    NewClaim,
+    /// Its dead letters cannot be loaded.
+    DeadLetters,
+    /// Its settlement of a failed effect marks it done.
+    Settle,
+    /// Its relay session reads a key's rows newest first.
+    ReadOrder,
+    /// Its relay session's close keeps the slots.
+    Close,
 }
 
 /// A store written outside the crate: the SQLite store and its relay store, wrapped.
@@ -93,6 +133,10 @@ impl InboxStore for Outside {
         Ok(match (self.broken, claim) {
             (Break::Duplicates, Claim::Duplicate) => Claim::New { attempts: 0 },
             (Break::Attempts, Claim::New { .. }) => Claim::New { attempts: 0 },
+            (Break::BusinessKeys, Claim::DuplicateBusinessKey) => Claim::New { attempts: 0 },
+            (Break::NewClaim, Claim::New { attempts }) => Claim::New {
+                attempts: attempts + 1,
+            },
             (_, claim) => claim,
         })
     }
@@ -102,7 +146,11 @@ impl InboxStore for Outside {
         tx: &'a mut Tx,
         requests: &'a [ClaimRequest<'a>],
     ) -> Result<Vec<Claim>, StoreError> {
-        self.inner.claim_batch(tx, requests).await
+        let claims = self.inner.claim_batch(tx, requests).await?;
+        Ok(match self.broken {
+            Break::Batch => vec![Claim::New { attempts: 0 }; claims.len()],
+            _ => claims,
+        })
     }
 
     async fn expire_business_keys<'a>(
@@ -111,7 +159,10 @@ impl InboxStore for Outside {
         keys: &'a [&'a InboxKey],
         older_than: Duration,
     ) -> Result<(), StoreError> {
-        self.inner.expire_business_keys(tx, keys, older_than).await
+        match self.broken {
+            Break::Expiry => Ok(()),
+            _ => self.inner.expire_business_keys(tx, keys, older_than).await,
+        }
     }
 
     async fn release_claims<'a>(
@@ -128,6 +179,7 @@ impl InboxStore for Outside {
         key: &'a InboxKey,
         had_failures: bool,
     ) -> Result<(), StoreError> {
+        let had_failures = had_failures && self.broken != Break::ClearFailures;
         self.inner.mark_processed(tx, key, had_failures).await
     }
 
@@ -136,7 +188,8 @@ impl InboxStore for Outside {
         key: &'a InboxKey,
         error: &'a str,
     ) -> Result<u32, StoreError> {
-        self.inner.record_failure(key, error).await
+        let n = self.inner.record_failure(key, error).await?;
+        Ok(if self.broken == Break::Failures { 1 } else { n })
     }
 
     async fn dead_letter<'a>(&'a self, letter: &'a DeadLetter<'a>) -> Result<i64, StoreError> {
@@ -148,15 +201,24 @@ impl InboxStore for Outside {
         group: &'a str,
         id: i64,
     ) -> Result<Option<StoredDeadLetter>, StoreError> {
-        self.inner.load_dead_letter(group, id).await
+        match self.broken {
+            Break::DeadLetters => Ok(None),
+            _ => self.inner.load_dead_letter(group, id).await,
+        }
     }
 
     async fn mark_replayed(&self, id: i64) -> Result<(), StoreError> {
-        self.inner.mark_replayed(id).await
+        match self.broken {
+            Break::Replay => Ok(()),
+            _ => self.inner.mark_replayed(id).await,
+        }
     }
 
     async fn delete_processed(&self, older_than: Duration, limit: u32) -> Result<u64, StoreError> {
-        self.inner.delete_processed(older_than, limit).await
+        match self.broken {
+            Break::Retention => Ok(0),
+            _ => self.inner.delete_processed(older_than, limit).await,
+        }
     }
 
     async fn count_stuck(&self, older_than: Duration) -> Result<i64, StoreError> {
@@ -172,14 +234,25 @@ impl InboxStore for Outside {
         tx: &'a mut Tx,
         requests: &'a [ClaimRequest<'a>],
     ) -> Result<Vec<bool>, StoreError> {
-        self.inner.receive(tx, requests).await
+        let inserted = self.inner.receive(tx, requests).await?;
+        Ok(match self.broken {
+            Break::Receive => vec![true; inserted.len()],
+            _ => inserted,
+        })
     }
 
     async fn claim_received<'a>(
         &'a self,
         request: &'a LeaseRequest<'a>,
     ) -> Result<Option<ReceivedRow>, StoreError> {
-        self.inner.claim_received(request).await
+        let unordered = LeaseRequest {
+            ordered: &[],
+            ..*request
+        };
+        match self.broken {
+            Break::Ordered => self.inner.claim_received(&unordered).await,
+            _ => self.inner.claim_received(request).await,
+        }
     }
 
     async fn renew_lease<'a>(
@@ -197,7 +270,10 @@ impl InboxStore for Outside {
         key: &'a InboxKey,
         owner: &'a str,
     ) -> Result<(), StoreError> {
-        self.inner.release_lease(key, owner).await
+        match self.broken {
+            Break::Release => Ok(()),
+            _ => self.inner.release_lease(key, owner).await,
+        }
     }
 
     async fn drop_received<'a>(
@@ -205,7 +281,10 @@ impl InboxStore for Outside {
         key: &'a InboxKey,
         owner: &'a str,
     ) -> Result<(), StoreError> {
-        self.inner.drop_received(key, owner).await
+        match self.broken {
+            Break::Drop => Ok(()),
+            _ => self.inner.drop_received(key, owner).await,
+        }
     }
 
     async fn check_lease<'a>(
@@ -224,7 +303,11 @@ impl InboxStore for Outside {
         owner: &'a str,
         had_failures: bool,
     ) -> Result<bool, StoreError> {
-        self.inner.finish_leased(tx, key, owner, had_failures).await
+        let finished = self
+            .inner
+            .finish_leased(tx, key, owner, had_failures)
+            .await?;
+        Ok(finished || self.broken == Break::Finish)
     }
 
     async fn claim_effects<'a>(
@@ -252,6 +335,7 @@ impl InboxStore for Outside {
         error: Option<&'a str>,
         retry_in: Duration,
     ) -> Result<(), StoreError> {
+        let error = error.filter(|_| self.broken != Break::Settle);
         self.inner.settle_effect(id, owner, error, retry_in).await
     }
 
@@ -283,7 +367,10 @@ impl InboxStore for Outside {
         owner: &'a str,
         lease: Duration,
     ) -> Result<Option<ReceivedRow>, StoreError> {
-        self.inner.claim_deferred(group, owner, lease).await
+        match self.broken {
+            Break::Deferral => Ok(None),
+            _ => self.inner.claim_deferred(group, owner, lease).await,
+        }
     }
 
     async fn count_deferred<'a>(&'a self, group: &'a str) -> Result<i64, StoreError> {
@@ -365,7 +452,10 @@ impl RelaySession for OutsideSession {
         candidates: &'a [u32],
         want: usize,
     ) -> Result<Vec<u32>, StoreError> {
-        self.inner.claim(candidates, want).await
+        match self.broken {
+            Break::Slots => Ok(candidates.iter().copied().take(want).collect()),
+            _ => self.inner.claim(candidates, want).await,
+        }
     }
 
     async fn release<'a>(&'a mut self, slots: &'a [u32]) -> Result<(), StoreError> {
@@ -386,7 +476,11 @@ impl RelaySession for OutsideSession {
         start: u32,
         limit: usize,
     ) -> Result<Vec<PendingRow>, StoreError> {
-        self.inner.read(slots, start, limit).await
+        let mut rows = self.inner.read(slots, start, limit).await?;
+        if self.broken == Break::ReadOrder {
+            rows.reverse();
+        }
+        Ok(rows)
     }
 
     async fn next_due<'a>(&'a mut self, slots: &'a [u32]) -> Result<Option<Duration>, StoreError> {
@@ -404,11 +498,18 @@ impl RelaySession for OutsideSession {
         &'a mut self,
         failures: &'a [Failure<'a>],
     ) -> Result<(), StoreError> {
-        self.inner.record_failures(failures).await
+        match self.broken {
+            Break::Parking => Ok(()),
+            _ => self.inner.record_failures(failures).await,
+        }
     }
 
     async fn close(self) {
-        self.inner.close().await
+        match self.broken {
+            // Gone without releasing: its hold on the slots stays until it expires.
+            Break::Close => std::mem::forget(self.inner),
+            _ => self.inner.close().await,
+        }
     }
 }
 
@@ -456,6 +557,30 @@ async fn each_broken_rule_fails_the_conformance_suite_with_its_name() {
         (Break::Renewal, "renew_lease.holder_only"),
         (Break::EffectGroups, "effects.claimed_once_by_their_group"),
         (Break::Publishing, "relay.published_rows_are_not_read_again"),
+        (Break::Batch, "claim_batch.one_duplicate"),
+        (Break::Failures, "record_failure.survives_rollback"),
+        (Break::ClearFailures, "mark_processed.clears_failures"),
+        (Break::Replay, "mark_replayed.marks_and_uncounts"),
+        (
+            Break::Retention,
+            "delete_processed.batches_processed_rows_only",
+        ),
+        (Break::BusinessKeys, "claim.duplicate_business_key"),
+        (Break::Expiry, "expire_business_keys.frees_old_keys"),
+        (Break::Deferral, "defer.claimed_when_due_under_a_lease"),
+        // The leased run of a deferred row is checked first: it breaks there.
+        (Break::Finish, "defer.claimed_when_due_under_a_lease"),
+        (Break::Receive, "receive.once"),
+        (Break::Release, "release_lease.frees_the_row"),
+        (Break::Drop, "drop_received.deletes_the_row"),
+        (Break::Ordered, "claim_received.ordered_per_key"),
+        (Break::Parking, "relay.a_parked_row_holds_its_key"),
+        (Break::Slots, "relay.one_session_per_slot"),
+        (Break::NewClaim, "claim.new"),
+        (Break::DeadLetters, "dead_letter.stored_and_loaded"),
+        (Break::Settle, "effects.settled_by_the_lease_owner"),
+        (Break::ReadOrder, "relay.reads_a_key_in_seq_order"),
+        (Break::Close, "relay.a_closed_session_frees_its_slots"),
     ] {
         let error = broken_rule(broken).await;
         assert_eq!(error.rule, rule, "{broken:?}: {error}");
