@@ -1,0 +1,356 @@
+//! The NATS JetStream transport against real `nats-server -js` processes (one per test, on a
+//! free port with a store of its own) and PostgreSQL: a duplicate runs its handler once, seed
+//! 003's four acknowledgement strategies, the relay's envelope and `Nats-Msg-Id`, a member
+//! whose lease was taken cannot acknowledge, a second member takes over a killed one's
+//! partitions, a server killed and restarted on its store loses and doubles nothing, and
+//! hostile messages are dead-lettered while the partition goes on.
+
+mod support;
+
+#[path = "support/nats.rs"]
+mod nats_support;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use inoutbox::inbox::{AckStrategy, OnExhausted, UnknownEvent};
+use inoutbox::nats::{partition_for, subject, NatsPublisher};
+use inoutbox::outbox;
+use inoutbox::prelude::*;
+use inoutbox::{Consumer, Outcome, RetryPolicy};
+use nats_support::{ack_floor, config, publish, publish_order, NatsServer, RunningNats};
+use serde::{Deserialize, Serialize};
+use support::TestDb;
+use uuid::Uuid;
+
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(event_type = "OrderCreated", topic = "orders", key = order_id)]
+pub struct OrderCreated {
+    pub order_id: Uuid,
+    pub total_cents: i64,
+}
+
+async fn insert_invoice(event: &OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+async fn distinct_invoices(db: &TestDb) -> i64 {
+    db.count("SELECT count(DISTINCT order_id) FROM invoices")
+        .await
+}
+
+/// Waits (at most `within`: a liveness bound, not a speed check) until `n` invoices exist.
+async fn wait_for_invoices(db: &TestDb, n: i64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let have = db.invoices().await;
+        if have >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{have} of {n} invoices after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A duplicate delivery runs the handler once.
+
+static DUPLICATE_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "nats-duplicate")]
+async fn counts_runs(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    DUPLICATE_RUNS.fetch_add(1, Ordering::SeqCst);
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicate_delivery_runs_handler_once() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_dup").await;
+    let store = db.migrated_store().await;
+    let topic = support::unique("dup");
+    nats_support::create_stream(&js, &topic).await;
+    let id = Uuid::new_v4().to_string();
+    let order = Uuid::new_v4();
+    // The same event twice (no `Nats-Msg-Id`: JetStream keeps both).
+    publish_order(&js, &topic, 1, &id, order, 100).await;
+    publish_order(&js, &topic, 1, &id, order, 100).await;
+    let mut consumer = RunningNats::start(Consumer::builder(
+        "nats-duplicate",
+        store,
+        config(&server, &topic, 1),
+    ));
+    let reports = consumer.take(2).await;
+    consumer.stop().await;
+    assert!(
+        matches!(reports[0].outcome, Outcome::Processed { .. }),
+        "{reports:?}"
+    );
+    assert_eq!(reports[1].outcome, Outcome::Duplicate, "{reports:?}");
+    assert_eq!(DUPLICATE_RUNS.load(Ordering::SeqCst), 1);
+    assert_eq!(db.invoices().await, 1);
+    assert!(
+        ack_floor(&js, &topic, "nats-duplicate", 0).await >= 2,
+        "both acknowledged"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seed 003's table: four acknowledgement strategies, a handler that writes an invoice and then
+// fails on its first run (the same rows as tests/contract.rs expects on Kafka).
+
+static RUNS_AT_MOST_ONCE: AtomicU32 = AtomicU32::new(0);
+static RUNS_ON_PERSIST: AtomicU32 = AtomicU32::new(0);
+static RUNS_ON_SUCCESS: AtomicU32 = AtomicU32::new(0);
+static RUNS_EXACTLY_ONCE: AtomicU32 = AtomicU32::new(0);
+
+async fn insert_then_fail_first_run(
+    event: &OrderCreated,
+    tx: &mut PgTx<'_>,
+    runs: &AtomicU32,
+) -> Result<(), HandlerError> {
+    insert_invoice(event, tx).await?;
+    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
+        return Err(HandlerError::transient(
+            "simulated failure after the invoice was written",
+        ));
+    }
+    Ok(())
+}
+
+#[inbox_handler(event = "OrderCreated", group = "nats-ack-at-most-once")]
+async fn at_most_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_then_fail_first_run(&event, tx, &RUNS_AT_MOST_ONCE).await
+}
+
+#[inbox_handler(event = "OrderCreated", group = "nats-ack-on-persist")]
+async fn on_persist(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_then_fail_first_run(&event, tx, &RUNS_ON_PERSIST).await
+}
+
+#[inbox_handler(event = "OrderCreated", group = "nats-ack-on-success")]
+async fn on_success(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_then_fail_first_run(&event, tx, &RUNS_ON_SUCCESS).await
+}
+
+#[inbox_handler(event = "OrderCreated", group = "nats-ack-exactly-once")]
+async fn exactly_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_then_fail_first_run(&event, tx, &RUNS_EXACTLY_ONCE).await
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct StrategyRow {
+    processed: bool,
+    committed: bool,
+    second_received: bool,
+    handler_runs: u32,
+    invoices: i64,
+}
+
+async fn strategy_scenario(
+    server: &NatsServer,
+    strategy: AckStrategy,
+    group: &'static str,
+    runs: &AtomicU32,
+) -> StrategyRow {
+    let js = server.js().await;
+    let db = TestDb::new("nats_ack").await;
+    let store = db.migrated_store().await;
+    let topic = support::unique(group);
+    nats_support::create_stream(&js, &topic).await;
+    let seq = publish_order(
+        &js,
+        &topic,
+        1,
+        &Uuid::new_v4().to_string(),
+        Uuid::new_v4(),
+        1200,
+    )
+    .await;
+    let builder = || {
+        Consumer::builder(group, store.clone(), config(server, &topic, 1))
+            .ack(strategy)
+            .retry(RetryPolicy::no_retries())
+            .on_exhausted(OnExhausted::LeaveUncommitted)
+            .unknown_event(UnknownEvent::Skip)
+    };
+    let mut first = RunningNats::start(builder());
+    let report = first.take(1).await.remove(0);
+    first.stop().await;
+    let processed = matches!(report.outcome, Outcome::Processed { .. });
+    let committed = ack_floor(&js, &topic, group, 0).await >= seq;
+
+    // A sentinel after it on the same partition tells when the second consumer's answer is in.
+    let payload = serde_json::to_vec(&serde_json::json!({})).expect("json");
+    let sentinel = [
+        ("ce_id", "sentinel"),
+        ("ce_type", "Sentinel"),
+        ("ce_source", "tests"),
+        ("ce_specversion", "1.0"),
+    ];
+    publish(&js, &subject(&topic, 0), &sentinel, payload).await;
+    let mut second = RunningNats::start(builder());
+    let mut second_received = false;
+    loop {
+        let r = second.take(1).await.remove(0);
+        if matches!(r.outcome, Outcome::Skipped { .. }) {
+            break;
+        }
+        second_received = true;
+    }
+    second.stop().await;
+    StrategyRow {
+        processed,
+        committed,
+        second_received,
+        handler_runs: runs.load(Ordering::SeqCst),
+        invoices: db.invoices().await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails() {
+    let server = NatsServer::start();
+    let cases: [(&str, AckStrategy, &'static str, &'static AtomicU32); 4] = [
+        (
+            "AT_MOST_ONCE",
+            AckStrategy::AtMostOnce,
+            "nats-ack-at-most-once",
+            &RUNS_AT_MOST_ONCE,
+        ),
+        (
+            "AT_LEAST_ONCE, commit ON_PERSIST",
+            AckStrategy::AT_LEAST_ONCE_ON_PERSIST,
+            "nats-ack-on-persist",
+            &RUNS_ON_PERSIST,
+        ),
+        (
+            "AT_LEAST_ONCE, commit ON_SUCCESS",
+            AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
+            "nats-ack-on-success",
+            &RUNS_ON_SUCCESS,
+        ),
+        (
+            "EXACTLY_ONCE_INBOX (default)",
+            AckStrategy::ExactlyOnceInbox,
+            "nats-ack-exactly-once",
+            &RUNS_EXACTLY_ONCE,
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (name, strategy, group, runs) in cases {
+        rows.push((
+            name,
+            strategy_scenario(&server, strategy, group, runs).await,
+        ));
+    }
+    println!("\nacknowledgement strategies on NATS JetStream (PostgreSQL):");
+    for (name, r) in &rows {
+        println!("{name:<34} {r:?}");
+    }
+    let row = |committed, second_received, handler_runs, invoices| StrategyRow {
+        processed: false,
+        committed,
+        second_received,
+        handler_runs,
+        invoices,
+    };
+    let expected = [
+        row(true, false, 1, 0),
+        row(true, false, 1, 0),
+        row(false, true, 2, 1),
+        row(false, true, 2, 1),
+    ];
+    for ((name, got), want) in rows.iter().zip(expected) {
+        assert_eq!(*got, want, "{name} on NATS");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The relay publishes with the CloudEvents envelope, the key, and `Nats-Msg-Id` = the event id.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_publishes_with_the_envelope_and_the_dedup_header() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_relay").await;
+    db.migrated_store().await;
+    let order = Uuid::new_v4();
+    let mut tx = db.pool.begin().await.expect("begin");
+    let id = outbox::enqueue(
+        &mut tx,
+        &OrderCreated {
+            order_id: order,
+            total_cents: 7,
+        },
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let publisher = NatsPublisher::connect(&server.url, 3)
+        .await
+        .expect("publisher");
+    let store = inoutbox::PgStore::with_tables(db.pool.clone(), db.tables.clone());
+    let relay = support::RunningRelay::spawn(
+        inoutbox::Relay::builder(store, publisher)
+            .build()
+            .expect("relay"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db
+        .count("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
+        .await
+        > 0
+    {
+        assert!(Instant::now() < deadline, "the row was not published");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    relay.stop().await;
+    let messages = nats_support::read_stream(&js, "orders", Duration::from_secs(2)).await;
+    assert_eq!(messages.len(), 1, "one message");
+    let m = &messages[0];
+    let key = order.to_string();
+    assert_eq!(
+        m.subject.as_str(),
+        subject("orders", partition_for(key.as_bytes(), 3))
+    );
+    let headers = m.headers.as_ref().expect("headers");
+    let header = |name: &str| headers.get(name).map(|v| v.as_str().to_owned());
+    let id = id.to_string();
+    assert_eq!(header("Nats-Msg-Id").as_deref(), Some(id.as_str()));
+    assert_eq!(header("ce_id").as_deref(), Some(id.as_str()));
+    assert_eq!(header("ce_type").as_deref(), Some("OrderCreated"));
+    assert_eq!(header("ce_specversion").as_deref(), Some("1.0"));
+    assert_eq!(header("ce_partitionkey").as_deref(), Some(key.as_str()));
+    let payload: serde_json::Value = serde_json::from_slice(&m.payload).expect("json");
+    assert_eq!(payload["total_cents"], 7);
+
+    // A republish of the same event id inside the duplicate window is dropped by JetStream.
+    let again = js
+        .send_publish(
+            m.subject.clone(),
+            async_nats::jetstream::message::PublishMessage::build()
+                .payload(m.payload.clone())
+                .message_id(&id),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("ack");
+    assert!(again.duplicate, "JetStream dropped the republish");
+    assert_eq!(
+        nats_support::read_stream(&js, "orders", Duration::from_secs(1))
+            .await
+            .len(),
+        1
+    );
+}
