@@ -10,7 +10,7 @@ mod support;
 #[path = "support/nats.rs"]
 mod nats_support;
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use inoutbox::inbox::{AckStrategy, OnExhausted, UnknownEvent};
@@ -353,4 +353,283 @@ async fn relay_publishes_with_the_envelope_and_the_dedup_header() {
             .len(),
         1
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ownership: leases. A member runs on a runtime of its own in a thread: dropping that runtime
+// drops every task of the member at once, as a process dying (no lease given up, the
+// connection gone), and a handler that blocks the thread pauses the whole member, as SIGSTOP.
+
+struct Isolated {
+    kill: std::sync::mpsc::Sender<()>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    reports: tokio::sync::mpsc::UnboundedReceiver<inoutbox::inbox::Report>,
+}
+
+impl Isolated {
+    fn start(schema: &str, config: inoutbox::nats::NatsConfig, group: &'static str) -> Self {
+        support::init_logging();
+        let (reports_tx, reports) = tokio::sync::mpsc::unbounded_channel();
+        let (kill, killed) = std::sync::mpsc::channel::<()>();
+        let schema = schema.to_owned();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let db = TestDb::attach(&schema).await;
+                let consumer = Consumer::builder(group, db.store(), config)
+                    .reports(reports_tx)
+                    .build()
+                    .expect("build consumer");
+                tokio::spawn(async move {
+                    let _ = consumer.run(std::future::pending::<()>()).await;
+                });
+                while matches!(killed.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+            // Every task of the member is dropped here, mid-flight.
+            runtime.shutdown_background();
+        });
+        Self {
+            kill,
+            thread: Some(thread),
+            reports,
+        }
+    }
+
+    async fn next(&mut self) -> inoutbox::inbox::Report {
+        tokio::time::timeout(Duration::from_secs(60), self.reports.recv())
+            .await
+            .expect("a report within 60 s")
+            .expect("reports open")
+    }
+
+    fn kill(mut self) {
+        let _ = self.kill.send(());
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("member thread");
+        }
+    }
+}
+
+/// The lease key of one partition in the lease bucket.
+fn lease_key(group: &str, topic: &str, partition: u32) -> String {
+    let token = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    format!("{}.{}.{partition}", token(group), token(topic))
+}
+
+static FENCE_RUNS: AtomicU32 = AtomicU32::new(0);
+static FENCE_PAUSED: AtomicBool = AtomicBool::new(false);
+static FENCE_RELEASE: AtomicBool = AtomicBool::new(false);
+
+/// Its first run blocks its member's whole runtime (the member is paused) until released.
+#[inbox_handler(event = "OrderCreated", group = "nats-fence")]
+async fn pauses_the_first_run(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await?;
+    if FENCE_RUNS.fetch_add(1, Ordering::SeqCst) == 0 {
+        FENCE_PAUSED.store(true, Ordering::SeqCst);
+        while !FENCE_RELEASE.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    Ok(())
+}
+
+/// A member paused past its lease (its renewals stopped with it) finds, when it resumes, that
+/// another member holds the partition: the message it finished is not acknowledged by it
+/// (its report's `committed` is `None`); the new owner gets the message again, finds it a
+/// duplicate, and acknowledges it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_lease_was_taken_cannot_acknowledge() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_fence").await;
+    let store = db.migrated_store().await;
+    let topic = support::unique("fence");
+    nats_support::create_stream(&js, &topic).await;
+    let seq = publish_order(
+        &js,
+        &topic,
+        1,
+        &Uuid::new_v4().to_string(),
+        Uuid::new_v4(),
+        5,
+    )
+    .await;
+    let mut paused = Isolated::start(&db.schema, config(&server, &topic, 1), "nats-fence");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !FENCE_PAUSED.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the first member never ran the handler"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let paused_at = Instant::now();
+    let leases = js
+        .get_key_value("inoutbox_leases")
+        .await
+        .expect("lease bucket");
+    let key = lease_key("nats-fence", &topic, 0);
+    let first_owner = leases.get(&key).await.expect("lease").expect("held");
+    let mut second = RunningNats::start(Consumer::builder(
+        "nats-fence",
+        store,
+        config(&server, &topic, 1),
+    ));
+    loop {
+        match leases.get(&key).await {
+            Ok(Some(owner)) if owner != first_owner => break,
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the second member never took the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "lease taken over {:?} after the first member paused (TTL 2 s)",
+        paused_at.elapsed()
+    );
+    FENCE_RELEASE.store(true, Ordering::SeqCst);
+    let late = paused.next().await;
+    assert!(
+        matches!(late.outcome, Outcome::Processed { .. }),
+        "{late:?}"
+    );
+    assert_eq!(
+        late.committed, None,
+        "the paused member acknowledged after losing its lease: {late:?}"
+    );
+    let again = second.take(1).await.remove(0);
+    assert_eq!(again.outcome, Outcome::Duplicate, "{again:?}");
+    assert!(again.committed.is_some(), "{again:?}");
+    second.stop().await;
+    paused.kill();
+    assert_eq!(db.invoices().await, 1);
+    assert!(ack_floor(&js, &topic, "nats-fence", 0).await >= seq);
+}
+
+#[inbox_handler(event = "OrderCreated", group = "nats-takeover")]
+async fn takeover_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+/// A member killed mid-stream (no lease given up): a second member takes its three partitions
+/// once their leases expire, and every event is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_member_takes_the_partitions_of_a_killed_one() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_takeover").await;
+    let store = db.migrated_store().await;
+    let topic = support::unique("takeover");
+    nats_support::create_stream(&js, &topic).await;
+    for n in 0..30 {
+        publish_order(
+            &js,
+            &topic,
+            3,
+            &Uuid::new_v4().to_string(),
+            Uuid::new_v4(),
+            n,
+        )
+        .await;
+    }
+    let mut first = Isolated::start(&db.schema, config(&server, &topic, 3), "nats-takeover");
+    for _ in 0..5 {
+        first.next().await;
+    }
+    let mut second = RunningNats::start(Consumer::builder(
+        "nats-takeover",
+        store,
+        config(&server, &topic, 3),
+    ));
+    first.kill();
+    let killed_at = Instant::now();
+    for n in 30..60 {
+        publish_order(
+            &js,
+            &topic,
+            3,
+            &Uuid::new_v4().to_string(),
+            Uuid::new_v4(),
+            n,
+        )
+        .await;
+    }
+    second.take(1).await;
+    println!(
+        "first delivery to the second member {:?} after the kill (TTL 2 s, renewal every 667 ms)",
+        killed_at.elapsed()
+    );
+    wait_for_invoices(&db, 60, Duration::from_secs(120)).await;
+    second.stop().await;
+    assert_eq!(distinct_invoices(&db).await, 60, "every event applied");
+    assert_eq!(db.invoices().await, 60, "none applied twice");
+}
+
+#[inbox_handler(event = "OrderCreated", group = "nats-restart")]
+async fn restart_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+/// nats-server SIGKILLed mid-stream and started again on its store: the consumer goes on, and
+/// every event is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_server_killed_and_restarted_loses_and_doubles_nothing() {
+    let mut server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_restart").await;
+    let store = db.migrated_store().await;
+    let topic = support::unique("restart");
+    nats_support::create_stream(&js, &topic).await;
+    for n in 0..20 {
+        publish_order(
+            &js,
+            &topic,
+            3,
+            &Uuid::new_v4().to_string(),
+            Uuid::new_v4(),
+            n,
+        )
+        .await;
+    }
+    let mut consumer = RunningNats::start(Consumer::builder(
+        "nats-restart",
+        store,
+        config(&server, &topic, 3),
+    ));
+    consumer.take(5).await;
+    server.restart();
+    let js = server.js().await;
+    for n in 20..40 {
+        publish_order(
+            &js,
+            &topic,
+            3,
+            &Uuid::new_v4().to_string(),
+            Uuid::new_v4(),
+            n,
+        )
+        .await;
+    }
+    wait_for_invoices(&db, 40, Duration::from_secs(120)).await;
+    consumer.stop().await;
+    assert_eq!(distinct_invoices(&db).await, 40, "every event applied");
+    assert_eq!(db.invoices().await, 40, "none applied twice");
 }
