@@ -730,3 +730,68 @@ async fn hostile_messages_are_dead_lettered_and_the_partition_goes_on() {
         i64::try_from(dead).expect("count")
     );
 }
+
+#[inbox_handler(event = "OrderCreated", group = "nats-share")]
+async fn share_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+/// Two live members of a group share its four partitions (the first gives two up to the
+/// second, each handing over after its run finished), and every event is applied once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_live_members_share_the_partitions() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_share").await;
+    let store = db.migrated_store().await;
+    let topic = support::unique("share");
+    nats_support::create_stream(&js, &topic).await;
+    let builder = || Consumer::builder("nats-share", store.clone(), config(&server, &topic, 4));
+    let mut first = RunningNats::start(builder());
+    let mut second = RunningNats::start(builder());
+    let leases = loop {
+        if let Ok(leases) = js.get_key_value("inoutbox_leases").await {
+            break leases;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut owners = std::collections::HashSet::new();
+        for p in 0..4 {
+            if let Ok(Some(owner)) = leases.get(lease_key("nats-share", &topic, p)).await {
+                owners.insert(owner);
+            }
+        }
+        if owners.len() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the partitions were not shared");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for n in 0..40 {
+        publish_order(
+            &js,
+            &topic,
+            4,
+            &Uuid::new_v4().to_string(),
+            Uuid::new_v4(),
+            n,
+        )
+        .await;
+    }
+    wait_for_invoices(&db, 40, Duration::from_secs(60)).await;
+    let (mut by_first, mut by_second) = (0, 0);
+    while first.reports.try_recv().is_ok() {
+        by_first += 1;
+    }
+    while second.reports.try_recv().is_ok() {
+        by_second += 1;
+    }
+    first.stop().await;
+    second.stop().await;
+    println!("first member: {by_first} messages, second: {by_second}");
+    assert!(by_first > 0 && by_second > 0, "{by_first} / {by_second}");
+    assert_eq!(distinct_invoices(&db).await, 40);
+    assert_eq!(db.invoices().await, 40);
+}

@@ -36,6 +36,9 @@ struct Owned {
 struct Retiring {
     run: JoinHandle<()>,
     restart: bool,
+    /// Given up to another member (more than a fair share held): the lease's revision, deleted
+    /// once the run has finished and acknowledged what it resolved.
+    release: Option<u64>,
 }
 
 struct Member<P> {
@@ -165,7 +168,9 @@ impl<P: Partitions> Member<P> {
             self.renew_all().await;
             self.follow_readers().await;
             self.restart_finished().await;
-            self.acquire().await;
+            let fair = self.fair_share().await;
+            self.shed(fair);
+            self.acquire(fair).await;
             self.partitions.health().set_joined(true);
             tokio::select! {
                 () = self.shutdown.cancelled() => break,
@@ -224,6 +229,57 @@ impl<P: Partitions> Member<P> {
             Retiring {
                 run: owned.run,
                 restart,
+                release: None,
+            },
+        );
+    }
+
+    /// How many partitions this member may hold: all of them divided among the live members
+    /// (each registered under `<group>._members.<id>` in the lease bucket, renewed every tick,
+    /// expiring with the TTL), rounded up.
+    async fn fair_share(&self) -> usize {
+        let total = self.streams.len() * self.config.partitions as usize;
+        let prefix = format!("{}._members.", token(self.partitions.group()));
+        let me = format!("{prefix}{}", self.id);
+        if self
+            .kv
+            .put(&me, self.id.clone().into_bytes().into())
+            .await
+            .is_err()
+        {
+            return total;
+        }
+        let Ok(mut keys) = self.kv.keys().await else {
+            return total;
+        };
+        let mut members = 0usize;
+        while let Some(key) = futures_util::StreamExt::next(&mut keys).await {
+            members += usize::from(key.is_ok_and(|k| k.starts_with(&prefix)));
+        }
+        total.div_ceil(members.max(1))
+    }
+
+    /// Gives up one partition a tick while holding more than `fair`: its run finishes the
+    /// message in hand and acknowledges it, then the lease is deleted for another member.
+    fn shed(&mut self, fair: usize) {
+        if self.owned.len() <= fair {
+            return;
+        }
+        let Some(key) = self.owned.keys().max().cloned() else {
+            return;
+        };
+        let Some(owned) = self.owned.remove(&key) else {
+            return;
+        };
+        tracing::info!(target: "inoutbox::nats", topic = %key.0, partition = key.1, fair, "giving a partition up to another member");
+        owned.stop.cancel();
+        owned.reader.abort();
+        self.retiring.insert(
+            key,
+            Retiring {
+                run: owned.run,
+                restart: false,
+                release: Some(owned.revision),
             },
         );
     }
@@ -275,6 +331,12 @@ impl<P: Partitions> Member<P> {
             }
             if retired.restart {
                 self.restart(key).await;
+            } else if let Some(revision) = retired.release {
+                let lease_key = self.lease_key(&key);
+                let _ = self
+                    .kv
+                    .delete_expect_revision(lease_key, Some(revision))
+                    .await;
             }
         }
     }
@@ -302,11 +364,14 @@ impl<P: Partitions> Member<P> {
         }
     }
 
-    /// Takes the lease of every free partition.
-    async fn acquire(&mut self) {
+    /// Takes the leases of free partitions, up to `fair` held.
+    async fn acquire(&mut self, fair: usize) {
         let topics: Vec<Arc<str>> = self.streams.keys().cloned().collect();
         for topic in topics {
             for partition in 0..self.config.partitions {
+                if self.owned.len() + self.retiring.len() >= fair {
+                    return;
+                }
                 let key = (topic.clone(), partition);
                 if self.owned.contains_key(&key) || self.retiring.contains_key(&key) {
                     continue;
@@ -433,6 +498,8 @@ impl<P: Partitions> Member<P> {
                 .delete_expect_revision(lease_key, Some(revision))
                 .await;
         }
+        let me = format!("{}._members.{}", token(&group), self.id);
+        let _ = self.kv.delete(me).await;
         self.partitions.health().set_joined(false);
         tracing::info!(target: "inoutbox::nats", group, "consumer stopped");
         first_error.map_or(Ok(()), Err)
