@@ -748,24 +748,33 @@ async fn two_live_members_share_the_partitions() {
     nats_support::create_stream(&js, &topic).await;
     let builder = || Consumer::builder("nats-share", store.clone(), config(&server, &topic, 4));
     let mut first = RunningNats::start(builder());
-    let mut second = RunningNats::start(builder());
     let leases = loop {
         if let Ok(leases) = js.get_key_value("inoutbox_leases").await {
             break leases;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut owners = std::collections::HashSet::new();
+    let owners = || async {
+        let (mut owners, mut held) = (std::collections::HashSet::new(), 0);
         for p in 0..4 {
             if let Ok(Some(owner)) = leases.get(lease_key("nats-share", &topic, p)).await {
                 owners.insert(owner);
+                held += 1;
             }
         }
-        if owners.len() == 2 {
-            break;
-        }
+        (held, owners.len())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // The first member alone holds all four before the second starts.
+    while owners().await != (4, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the first member did not take all four"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut second = RunningNats::start(builder());
+    while owners().await != (4, 2) {
         assert!(Instant::now() < deadline, "the partitions were not shared");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
