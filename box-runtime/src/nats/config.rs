@@ -6,7 +6,7 @@ use std::time::Duration;
 /// subjects of its topics. Its `Debug` hides the URL's password.
 ///
 /// ```
-/// let nats = inoutbox_runtime::nats::NatsConfig::new("nats://127.0.0.1:4222", ["orders"])
+/// let nats = inoutbox::nats::NatsConfig::new("nats://127.0.0.1:4222", ["orders"])
 ///     .partitions(6)
 ///     .dead_letter_subject("orders.dlq");
 /// assert_eq!(nats.partitions, 6);
