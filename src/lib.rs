@@ -231,6 +231,18 @@ pub mod ops {
     pub use inoutbox_runtime::ops::{install_prometheus, OpsEndpoint, OpsError, Prometheus};
 }
 
+/// (Feature `nats`.) The NATS JetStream transport: the consumer's settings
+/// ([`NatsConfig`](nats::NatsConfig)) and the relay's publisher
+/// ([`NatsPublisher`](nats::NatsPublisher)); see `docs/nats.md`.
+#[cfg(feature = "nats")]
+pub mod nats {
+    #[doc(inline)]
+    pub use inoutbox_runtime::nats::{
+        partition_for, stream_name, subject, NatsConfig, NatsPublisher, NatsTransportError,
+        HEADER_KEY,
+    };
+}
+
 /// The Kafka transport: the consumer's settings ([`KafkaConfig`](kafka::KafkaConfig)), the
 /// relay's producer ([`KafkaProducer`](kafka::KafkaProducer)), and an in-process Kafka for
 /// zero-setup runs.
