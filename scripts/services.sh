@@ -42,3 +42,13 @@ ensure_tansu() {
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
+
+# NATS with JetStream: the NATS tests start their own `nats-server -js` processes (one per test,
+# on a free port, with a store directory of their own); this only installs the server.
+ensure_nats_server() {
+  if ! command -v nats-server >/dev/null 2>&1; then
+    echo "nats-server is not installed; installing it with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nats-server >/dev/null
+  fi
+  command -v nats-server >/dev/null || { echo "nats-server could not be installed" >&2; return 1; }
+}

@@ -145,8 +145,8 @@ pub mod relay {
     pub use inoutbox_runtime::postgres::PgRelayStore;
     #[doc(inline)]
     pub use inoutbox_runtime::relay::{
-        Backlog, IntoRelayStore, Relay, RelayBuilder, RelayConfig, RelayError, RelayReport,
-        RelaySession, RelayStore,
+        Backlog, Failure, IntoRelayStore, KeyRef, Members, PendingRow, Relay, RelayBuilder,
+        RelayConfig, RelayError, RelayReport, RelaySession, RelayStore,
     };
     #[cfg(feature = "sqlite")]
     #[doc(inline)]
@@ -208,7 +208,8 @@ pub mod shutdown {
 pub mod testing {
     #[doc(inline)]
     pub use inoutbox_runtime::testing::{
-        delivery, delivery_on, sqlite_memory, wait_idle, EffectRun, NotIdle, TestInbox,
+        conformance, delivery, delivery_on, relay_conformance, sqlite_memory, wait_idle,
+        Conformance, ConformanceError, EffectRun, NotIdle, TestInbox,
     };
 }
 
@@ -228,6 +229,18 @@ pub mod telemetry {
 pub mod ops {
     #[doc(inline)]
     pub use inoutbox_runtime::ops::{install_prometheus, OpsEndpoint, OpsError, Prometheus};
+}
+
+/// (Feature `nats`.) The NATS JetStream transport: the consumer's settings
+/// ([`NatsConfig`](nats::NatsConfig)) and the relay's publisher
+/// ([`NatsPublisher`](nats::NatsPublisher)); see `docs/nats.md`.
+#[cfg(feature = "nats")]
+pub mod nats {
+    #[doc(inline)]
+    pub use inoutbox_runtime::nats::{
+        partition_for, stream_name, subject, NatsConfig, NatsPublisher, NatsTransportError,
+        HEADER_KEY,
+    };
 }
 
 /// The Kafka transport: the consumer's settings ([`KafkaConfig`](kafka::KafkaConfig)), the

@@ -44,6 +44,11 @@ contract_tests!(
 #[path = "contract/memory.rs"]
 mod memory;
 
+/// The public conformance suite on both stores, and on a store written outside the crate.
+#[cfg(all(feature = "testing", feature = "sqlite"))]
+#[path = "contract/conformance.rs"]
+mod conformance;
+
 /// Per-store counters: `[postgres, sqlite]`.
 type Counter = [AtomicU32; 2];
 

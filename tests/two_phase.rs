@@ -432,11 +432,18 @@ async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once()
     // Thawed, the first finishes its handler; its transaction must not commit a second receipt.
     signal(&first, "CONT");
     first.wait_for("lease lost", Duration::from_secs(30));
+    // Polled rather than read once: on a loaded machine the thawed process's bookkeeping
+    // statement may land after its log line is read.
+    let runs = wait_count(
+        &db,
+        "SELECT count(*) FROM handler_runs WHERE ended_at IS NOT NULL",
+        2,
+        Duration::from_secs(30),
+        "both processes ran the handler to its end",
+    )
+    .await;
+    assert_eq!(runs, 2, "both processes ran the handler to its end, once each");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let runs = db
-        .count("SELECT count(*) FROM handler_runs WHERE ended_at IS NOT NULL")
-        .await;
-    assert_eq!(runs, 2, "both processes ran the handler to its end");
     assert_each_once(&receipts_per_order(&db).await, &orders);
 }
 
@@ -1119,5 +1126,423 @@ async fn stop_within_grace<K: Kit>() {
         .await,
         2,
         "the two in flight stay claimed until their lease expires"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-phase handlers on SQLite (inbox migration 8): one writer at a time, so a lease is a row's
+// owner and expiry claimed by a write, and the handler's transaction holds the write lock from
+// its lease check to its end.
+
+/// A migrated SQLite store on a database file of its own, whose connections wait `busy` for
+/// the write lock; the directory goes with the returned guard.
+async fn sqlite_store(
+    name: &str,
+    busy: Duration,
+) -> (support::kit::TempDir, inoutbox::SqliteStore) {
+    let dir = support::kit::TempDir::new(name);
+    let store = sqlite_store_at(&dir, busy).await;
+    store.migrate().await.expect("migrate SQLite");
+    sqlx::raw_sql("CREATE TABLE receipts (order_id text NOT NULL, worker text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create receipts");
+    (dir, store)
+}
+
+/// A second store on the database file of `dir` (another process's view of it).
+async fn sqlite_store_at(dir: &support::kit::TempDir, busy: Duration) -> inoutbox::SqliteStore {
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    let options = SqliteConnectOptions::new()
+        .filename(dir.0.join("inoutbox.db"))
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(busy);
+    let pool = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("open SQLite");
+    inoutbox::SqliteStore::new(pool)
+}
+
+/// One received row of group `group` (event type `Slow`), committed; returns its key.
+async fn received_row(store: &inoutbox::SqliteStore, group: &str) -> inoutbox::store::InboxKey {
+    use inoutbox::store::{ClaimRequest, InboxKey, InboxStore};
+    let key = InboxKey {
+        group: group.into(),
+        source: String::new(),
+        event_id: Uuid::new_v4().to_string(),
+        business_key: None,
+    };
+    let delivery = inoutbox::inbox::Delivery {
+        topic: "t".into(),
+        partition: 0,
+        offset: 7,
+        key: Some(b"account-1".to_vec()),
+        payload: Some(b"{\"n\":1}".to_vec()),
+        headers: vec![
+            ("ce_type".into(), Some(b"Slow".to_vec())),
+            ("none".into(), None),
+        ],
+    };
+    let request = ClaimRequest {
+        key: &key,
+        event_type: "Slow",
+        delivery: &delivery,
+    };
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(store.receive(&mut tx, &[request]).await.unwrap(), [true]);
+    store.commit(tx).await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.receive(&mut tx, &[request]).await.unwrap(),
+        [false],
+        "a redelivery of a received message is a duplicate"
+    );
+    store.commit(tx).await.unwrap();
+    key
+}
+
+fn sqlite_lease<'a>(
+    group: &'a str,
+    owner: &'a str,
+    lease: Duration,
+) -> inoutbox::store::LeaseRequest<'a> {
+    inoutbox::store::LeaseRequest {
+        group,
+        owner,
+        lease,
+        event_types: &["Slow"],
+        ordered: &[],
+    }
+}
+
+/// What a worker's run does in its transaction, as `Inbox::run` does it: check the lease,
+/// run the handler (a receipt), mark the row processed if the lease still holds, commit; or
+/// roll back. Returns whether it committed.
+async fn sqlite_run(
+    store: &inoutbox::SqliteStore,
+    key: &inoutbox::store::InboxKey,
+    owner: &str,
+) -> bool {
+    use inoutbox::store::InboxStore;
+    let mut tx = store.begin().await.unwrap();
+    if store
+        .check_lease(&mut tx, key, owner)
+        .await
+        .unwrap()
+        .is_none()
+    {
+        store.rollback(tx).await.unwrap();
+        return false;
+    }
+    sqlx::query("INSERT INTO receipts (order_id, worker) VALUES ($1, $2)")
+        .bind(&key.event_id)
+        .bind(owner)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    if !store
+        .finish_leased(&mut tx, key, owner, false)
+        .await
+        .unwrap()
+    {
+        store.rollback(tx).await.unwrap();
+        return false;
+    }
+    store.commit(tx).await.unwrap();
+    true
+}
+
+async fn sqlite_count(store: &inoutbox::SqliteStore, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+        .fetch_one(store.pool())
+        .await
+        .expect(sql)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
+    use inoutbox::store::InboxStore;
+    let (_dir, store) = sqlite_store("tp_sqlite_lost", Duration::from_secs(30)).await;
+    let key = received_row(&store, "tp-lost").await;
+    let a = store
+        .claim_received(&sqlite_lease("tp-lost", "A", Duration::from_millis(200)))
+        .await
+        .unwrap()
+        .expect("A claims the received row");
+    assert_eq!(a.key, key);
+    assert_eq!(a.delivery.offset, 7);
+    assert_eq!(a.delivery.key.as_deref(), Some(&b"account-1"[..]));
+    assert_eq!(a.delivery.payload.as_deref(), Some(&b"{\"n\":1}"[..]));
+    assert_eq!(
+        a.delivery.headers,
+        [
+            ("ce_type".to_owned(), Some(b"Slow".to_vec())),
+            ("none".to_owned(), None)
+        ],
+        "the message is kept exactly"
+    );
+    assert!(
+        store
+            .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .is_none(),
+        "a live lease is not taken"
+    );
+    // A stalls (a pause, a stop) before its transaction: its lease expires and B takes over.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = store
+        .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(b.is_some(), "B claims the row once A's lease expired");
+    assert!(
+        !store
+            .renew_lease(&key, "A", Duration::from_secs(30))
+            .await
+            .unwrap(),
+        "A no longer holds the lease: its renewal says so"
+    );
+    // A thaws and runs: its transaction must roll back; B's commits.
+    assert!(
+        !sqlite_run(&store, &key, "A").await,
+        "A's run committed without its lease"
+    );
+    assert!(sqlite_run(&store, &key, "B").await, "B's run committed");
+    assert_eq!(
+        sqlite_count(&store, "SELECT count(*) FROM receipts").await,
+        1,
+        "the event applied once"
+    );
+    assert_eq!(
+        sqlite_count(&store, "SELECT count(*) FROM receipts WHERE worker = 'B'").await,
+        1
+    );
+    assert_eq!(
+        sqlite_count(
+            &store,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 2 \
+               AND lease_owner IS NULL"
+        )
+        .await,
+        1,
+        "the row is processed, claimed twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_row_in_a_workers_transaction_is_not_claimed_by_another_after_its_lease_expires() {
+    use inoutbox::store::InboxStore;
+    let (dir, store) = sqlite_store("tp_sqlite_lock", Duration::from_secs(30)).await;
+    // Another process, which waits little for the write lock.
+    let other = sqlite_store_at(&dir, Duration::from_millis(300)).await;
+    let key = received_row(&store, "tp-lock").await;
+    let lease = Duration::from_millis(200);
+    assert!(store
+        .claim_received(&sqlite_lease("tp-lock", "A", lease))
+        .await
+        .unwrap()
+        .is_some());
+    // A's handler transaction begins: it checks its lease, and its handler runs past it.
+    let mut a = store.begin().await.unwrap();
+    assert_eq!(store.check_lease(&mut a, &key, "A").await.unwrap(), Some(0));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = other
+        .claim_received(&sqlite_lease("tp-lock", "B", Duration::from_secs(30)))
+        .await;
+    assert!(
+        !matches!(b, Ok(Some(_))),
+        "B claimed the row while A's handler runs on it: two runs at once"
+    );
+    assert!(store.finish_leased(&mut a, &key, "A", false).await.unwrap());
+    store.commit(a).await.unwrap();
+    assert!(
+        other
+            .claim_received(&sqlite_lease("tp-lock", "B", Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .is_none(),
+        "a processed row is never claimed"
+    );
+    assert_eq!(
+        sqlite_count(
+            &store,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL"
+        )
+        .await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_worker_that_dies_mid_handler_leaves_nothing_and_its_row_is_run_again_once() {
+    use inoutbox::store::InboxStore;
+    let (dir, store) = sqlite_store("tp_sqlite_crash", Duration::from_secs(30)).await;
+    let key = received_row(&store, "tp-crash").await;
+    {
+        // The worker's process: it claims, its handler writes, and it dies before the commit
+        // (its connection closes: SQLite rolls the transaction back).
+        let dying = sqlite_store_at(&dir, Duration::from_secs(30)).await;
+        assert!(dying
+            .claim_received(&sqlite_lease("tp-crash", "A", Duration::from_millis(300)))
+            .await
+            .unwrap()
+            .is_some());
+        let mut tx = dying.begin().await.unwrap();
+        assert_eq!(
+            dying.check_lease(&mut tx, &key, "A").await.unwrap(),
+            Some(0)
+        );
+        sqlx::query("INSERT INTO receipts (order_id, worker) VALUES ($1, 'A')")
+            .bind(&key.event_id)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        drop(tx);
+        dying.pool().close().await;
+    }
+    assert_eq!(
+        sqlite_count(&store, "SELECT count(*) FROM receipts").await,
+        0
+    );
+    let lease = sqlite_lease("tp-crash", "B", Duration::from_secs(30));
+    assert!(
+        store.claim_received(&lease).await.unwrap().is_none(),
+        "the dead worker's lease holds until it expires"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        store.claim_received(&lease).await.unwrap().is_some(),
+        "the row is claimed again once the dead worker's lease expired"
+    );
+    assert!(sqlite_run(&store, &key, "B").await);
+    assert_eq!(
+        sqlite_count(&store, "SELECT count(*) FROM receipts").await,
+        1
+    );
+    assert_eq!(
+        sqlite_count(
+            &store,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 2"
+        )
+        .await,
+        1
+    );
+}
+
+/// A payment review of the zero-setup test: a two-phase handler records it, and schedules the
+/// notification as an effect after commit.
+#[derive(Debug, serde::Serialize, serde::Deserialize, inoutbox::OutboxEvent)]
+#[outbox(event_type = "ZeroReviewAsked", topic = "tp-zero-reviews", key = order_id)]
+struct ZeroReviewAsked {
+    order_id: Uuid,
+}
+
+#[inoutbox::inbox_handler(event = "ZeroReviewAsked", group = "tp-zero", mode = "two_phase")]
+async fn zero_review(
+    event: ZeroReviewAsked,
+    tx: &mut inoutbox::SqliteTx<'_>,
+    meta: &inoutbox::MessageMeta,
+) -> Result<(), inoutbox::HandlerError> {
+    sqlx::query("INSERT INTO zero_reviews (order_id) VALUES ($1)")
+        .bind(event.order_id.to_string())
+        .execute(&mut **tx)
+        .await?;
+    inoutbox::effects::after_commit(tx, meta, "notify", &event.order_id).await?;
+    Ok(())
+}
+
+/// The zero-setup mode (a SQLite file, Kafka in the process) runs a two-phase handler and its
+/// effect: each event received, claimed by a worker, handled once, and its effect run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_zero_setup_mode_runs_a_two_phase_handler_and_its_effect_after_commit() {
+    use inoutbox::app::{ConsumerSpec, Store};
+    use inoutbox::effects::Effect;
+
+    let app = inoutbox::App::connect(None, None)
+        .await
+        .expect("zero-setup app");
+    let Store::Sqlite(store) = app.store().clone() else {
+        panic!("the zero-setup store is SQLite")
+    };
+    sqlx::raw_sql("CREATE TABLE zero_reviews (order_id text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .expect("create zero_reviews");
+    app.create_topic("tp-zero-reviews", 2).await.expect("topic");
+    let notified = Arc::new(Mutex::new(Vec::new()));
+    let record = notified.clone();
+    let spec = ConsumerSpec::new("tp-zero", ["tp-zero-reviews"])
+        .two_phase_workers(2)
+        .two_phase_poll(Duration::from_millis(50))
+        .effect("notify", move |effect: Effect| {
+            let record = record.clone();
+            async move {
+                let order: Uuid = effect.payload_as()?;
+                record.lock().unwrap().push((order, effect.idempotency_key));
+                Ok(())
+            }
+        });
+    let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+    for order_id in &orders {
+        let mut tx = store.pool().begin().await.expect("begin");
+        inoutbox::outbox::enqueue(
+            &mut tx,
+            &ZeroReviewAsked {
+                order_id: *order_id,
+            },
+        )
+        .await
+        .expect("enqueue");
+        tx.commit().await.expect("commit");
+    }
+    let mut app = app.consumer_with(spec).relay();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while notified.lock().unwrap().len() < orders.len() {
+        if running.is_finished() {
+            panic!("the app stopped: {:?}", running.await);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "effects run: {:?}",
+            notified.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the app stopped")
+        .expect("no panic")
+        .expect("the app ran");
+
+    let notified = notified.lock().unwrap().clone();
+    let mut once: Vec<Uuid> = notified.iter().map(|(o, _)| *o).collect();
+    once.sort();
+    let mut expected = orders.clone();
+    expected.sort();
+    assert_eq!(once, expected, "each order's effect ran once");
+    let keys: HashSet<&String> = notified.iter().map(|(_, k)| k).collect();
+    assert_eq!(keys.len(), orders.len(), "one idempotency key per event");
+    assert_eq!(
+        sqlite_count(&store, "SELECT count(*) FROM zero_reviews").await,
+        5,
+        "each handler applied once"
+    );
+    // Through the two-phase path: received rows, each claimed by a worker, then processed.
+    assert_eq!(
+        sqlite_count(
+            &store,
+            "SELECT count(*) FROM inoutbox_inbox WHERE consumer_group = 'tp-zero' \
+               AND processed_at IS NOT NULL AND claims = 1 AND payload IS NOT NULL"
+        )
+        .await,
+        5,
+        "each event received, claimed once, and processed"
     );
 }

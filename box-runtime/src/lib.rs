@@ -20,6 +20,8 @@ mod ident;
 pub mod kafka;
 pub mod message;
 pub mod names;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "http")]
 pub mod ops;
 pub mod outbox;

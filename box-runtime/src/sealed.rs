@@ -1,5 +1,6 @@
 //! The seal of traits users call, name as bounds, but do not implement: `Partitions`,
-//! `OutboxTx`, `RelayStore`, `RelaySession`, `IntoRelayStore`, `Executes`. Only this crate can
+//! `Executes`, `Db`. (The store traits a store author implements are open:
+//! `InboxStore`, `OutboxTx`, `RelayStore`, `RelaySession`, `IntoRelayStore`.) Only this crate can
 //! implement `Sealed`, so only this crate can implement them, and they may grow methods without
 //! a breaking change.
 

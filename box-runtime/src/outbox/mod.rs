@@ -99,7 +99,6 @@ use uuid::Uuid;
 
 use crate::event::OutboxEvent;
 use crate::names;
-use crate::sealed::Sealed;
 use crate::store::StoreError;
 
 pub use crate::message::Retention;
@@ -290,7 +289,10 @@ impl NewRow {
     note = "pass the transaction of the business write: `&mut tx` where `tx` is a \
             `sqlx::Transaction` of PostgreSQL or SQLite (or `&mut PgConnection`)"
 )]
-pub trait OutboxTx: Sealed + Send {
+///
+/// A store written outside this crate implements it for its transaction type, so that
+/// [`enqueue`] writes through it.
+pub trait OutboxTx: Send {
     /// Inserts the rows in order; returns their ids.
     fn insert_rows(
         &mut self,

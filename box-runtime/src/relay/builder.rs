@@ -6,7 +6,6 @@ use tokio::sync::mpsc;
 
 use super::service::Relay;
 use super::{RelayConfig, RelayError, RelayReport, RelayStore};
-use crate::sealed::Sealed;
 use crate::telemetry::{Health, DEFAULT_SAMPLE_INTERVAL};
 use crate::transport::{IntoPublisher, Publisher};
 
@@ -117,7 +116,8 @@ impl<S: RelayStore, I: IntoPublisher> RelayBuilder<S, I> {
 /// A store a relay can be built on: the backend's [`RelayStore`], or the inbox store of the
 /// same database ([`PgStore`](crate::postgres::PgStore), [`SqliteStore`](crate::sqlite::SqliteStore)), whose table
 /// names it takes.
-pub trait IntoRelayStore: Sealed {
+/// A store written outside the crate implements it for its [`RelayStore`] (`type Store = Self`).
+pub trait IntoRelayStore {
     /// The relay store.
     type Store: RelayStore;
     /// Converts.

@@ -7,7 +7,6 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use crate::outbox::Retention;
-use crate::sealed::Sealed;
 use crate::store::StoreError;
 
 /// The ordering unit: events of one `(topic, key)` are published in `seq` order. An event
@@ -121,7 +120,10 @@ pub struct Failure<'a> {
 ///   due time has passed by the database's clock; until then it is left out and holds nothing
 ///   (the later rows of its key are publishable); [`RelaySession::next_due`] says when the
 ///   next one is due, so that an idle worker wakes up for it.
-pub trait RelayStore: Sealed + Send + Sync + 'static {
+///
+/// A store written outside this crate may implement it (with its [`RelaySession`]); the
+/// rules above are what `inoutbox::testing::relay_conformance` (feature `testing`) checks.
+pub trait RelayStore: Send + Sync + 'static {
     /// A worker's hold on the store: its claimed slots and the connection it reads through.
     type Session: RelaySession;
 
@@ -202,7 +204,7 @@ impl Backlog {
 /// rows of those slots. Every call is made on the session's own connection (PostgreSQL), so a
 /// lost connection, which also loses the slots, fails the next call before anything of its
 /// slots is published.
-pub trait RelaySession: Sealed + Send + 'static {
+pub trait RelaySession: Send + 'static {
     /// The sessions (of every relay on this table) sharing the slots, and this one's rank.
     fn members(&mut self) -> impl Future<Output = Result<Members, StoreError>> + Send + '_;
 

@@ -5,8 +5,8 @@ use sqlx::{Row, Sqlite};
 use super::SqliteStore;
 use crate::message::Delivery;
 use crate::store::{
-    Claim, ClaimRequest, DeadLetter, EffectCounts, InboxKey, InboxStore, ReceivedRow, StoreError,
-    StoredDeadLetter, StoredEffect, Tables,
+    Claim, ClaimRequest, DeadLetter, EffectCounts, InboxKey, InboxStore, LeaseRequest, ReceivedRow,
+    StoreError, StoredDeadLetter, StoredEffect, Tables,
 };
 
 impl InboxStore for SqliteStore {
@@ -188,8 +188,36 @@ impl InboxStore for SqliteStore {
         self.delete_done_effect_rows(older_than, limit).await
     }
 
-    // Deferred messages: the lease methods serve their rows (SQLite has no two-phase
-    // handlers: `TWO_PHASE` stays false).
+    // Two-phase handlers (`two_phase.rs`): received rows claimed with leases.
+
+    const TWO_PHASE: bool = true;
+
+    async fn receive<'a>(
+        &'a self,
+        tx: &'a mut Self::Tx,
+        requests: &'a [ClaimRequest<'a>],
+    ) -> Result<Vec<bool>, StoreError> {
+        self.receive_rows(tx, requests).await
+    }
+
+    async fn claim_received<'a>(
+        &'a self,
+        request: &'a LeaseRequest<'a>,
+    ) -> Result<Option<ReceivedRow>, StoreError> {
+        self.claim_received_row(request).await
+    }
+
+    async fn renew_lease<'a>(
+        &'a self,
+        key: &'a InboxKey,
+        owner: &'a str,
+        lease: std::time::Duration,
+    ) -> Result<bool, StoreError> {
+        self.renew_row(key, owner, lease).await
+    }
+
+    // Deferred messages; the lease methods below serve their rows and the received rows of
+    // two-phase handlers alike.
 
     const DEFERRAL: bool = true;
 

@@ -21,6 +21,7 @@ mod inbox;
 mod legacy;
 pub(crate) mod outbox;
 pub(crate) mod relay;
+mod two_phase;
 mod tx;
 
 pub use outbox::SqliteOutbox;
@@ -81,6 +82,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 7,
         description: "effects after commit (leased by the drain, done ones purged oldest first)",
         sql: include_str!("migrations/inbox_v7.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 8,
+        description: "two-phase handlers: received rows claimed with leases, counted claims",
+        sql: include_str!("migrations/inbox_v8.sql"),
     },
 ];
 

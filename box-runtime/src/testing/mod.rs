@@ -9,6 +9,10 @@
 //! published; [`TestInbox::run_effects`] runs the group's effect executors on the effects its
 //! deliveries scheduled, as the consumer's drain would.
 
+mod conformance;
+
+pub use conformance::{conformance, relay_conformance, Conformance, ConformanceError};
+
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 

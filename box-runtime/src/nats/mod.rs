@@ -1,0 +1,200 @@
+//! The NATS JetStream transport (feature `nats`, async-nats): the second broker on the
+//! transport contract. See `docs/nats.md` for the design and its timings.
+//!
+//! - Topics are streams of partitioned subjects: topic `orders` with 3 partitions is the
+//!   stream `orders` of subjects `orders.0`, `orders.1`, `orders.2`; a message's partition is
+//!   the hash of its key, as Kafka's default partitioner computes it ([`partition_for`]).
+//! - `config`: [`NatsConfig`], the consumer's settings; it implements `Transport`;
+//! - `member`: a member of a group: takes the leases of free partitions, renews them, runs each
+//!   owned partition through the engine and gives it up when its lease is lost;
+//! - `lease`: the leases in a JetStream key-value bucket (revision-checked updates, a TTL), and
+//!   the [`PartitionLink`](crate::transport::PartitionLink) of one owned partition, which
+//!   acknowledges only while its lease holds;
+//! - `reader`: one partition's durable pull consumer, per lease, started at the acknowledgement
+//!   floor of the previous one;
+//! - `publisher`: [`NatsPublisher`], the relay's side (`Nats-Msg-Id` = the event id);
+//! - `dead_letter`: the optional dead-letter subject.
+//!
+//! async-nats is named in this room only.
+
+mod config;
+mod dead_letter;
+mod headers;
+mod lease;
+mod member;
+mod publisher;
+mod reader;
+
+pub use config::NatsConfig;
+pub use publisher::NatsPublisher;
+
+use async_nats::jetstream;
+
+/// The header that carries a message's key: NATS messages have none of their own (the
+/// CloudEvents partitioning extension's `partitionkey`, with the `ce_` prefix of the other
+/// attributes).
+pub const HEADER_KEY: &str = "ce_partitionkey";
+
+/// A failure of the NATS consumer itself.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NatsTransportError {
+    /// No server answered within the start-up timeout.
+    #[error("no NATS server at {url} answered within {timeout:?}: {message}")]
+    Unreachable {
+        /// The URL, its password hidden.
+        url: String,
+        /// The start-up timeout.
+        timeout: std::time::Duration,
+        /// The last error.
+        message: String,
+    },
+    /// Creating a stream, the lease bucket or a consumer failed.
+    #[error("NATS JetStream setup failed: {0}")]
+    Setup(String),
+    /// A partition task died.
+    #[error("partition task for {topic}/{partition} failed: {message}")]
+    Task {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// The partition of a message of `key` among `partitions`: Kafka's default partitioner
+/// (`murmur2(key) & 0x7fffffff % partitions`), so that a key lands on the same partition
+/// number on both brokers. A message without a key goes by its event id.
+pub fn partition_for(key: &[u8], partitions: u32) -> u32 {
+    let hash = u32::from_ne_bytes(murmur2(key).to_ne_bytes()) & 0x7fff_ffff;
+    hash % partitions.max(1)
+}
+
+/// Kafka's murmur2 (`org.apache.kafka.common.utils.Utils.murmur2`).
+fn murmur2(data: &[u8]) -> i32 {
+    const M: u32 = 0x5bd1_e995;
+    let mut h: u32 = 0x9747_b28c ^ u32::try_from(data.len()).unwrap_or(u32::MAX);
+    let mut chunks = data.chunks_exact(4);
+    for c in &mut chunks {
+        let mut k = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() == 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    i32::from_ne_bytes(h.to_ne_bytes())
+}
+
+/// The subject of one partition of a topic.
+pub fn subject(topic: &str, partition: u32) -> String {
+    format!("{topic}.{partition}")
+}
+
+/// The stream of a topic: its name with what a stream name may not hold (`.`, `*`, `>`,
+/// spaces, path separators) replaced by `_`.
+pub fn stream_name(topic: &str) -> String {
+    token(topic)
+}
+
+/// `text` as a token of a stream, consumer or key name: letters, digits, `-` and `_`.
+pub(crate) fn token(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Creates the stream of `topic` (subjects `<topic>.*`, on file storage) unless it exists.
+pub(crate) async fn ensure_stream(
+    js: &jetstream::Context,
+    topic: &str,
+) -> Result<jetstream::stream::Stream, String> {
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: stream_name(topic),
+        subjects: vec![format!("{topic}.*")],
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| format!("stream of {topic}: {e}"))
+}
+
+/// Connects to `url` within `timeout`; the error names the URL without its password.
+pub(crate) async fn connect(
+    url: &str,
+    timeout: std::time::Duration,
+) -> Result<async_nats::Client, NatsTransportError> {
+    let unreachable = |message: String| NatsTransportError::Unreachable {
+        url: crate::redact::redact_url(url),
+        timeout,
+        message: crate::redact::hide_secrets(&message, &crate::redact::url_secrets(url)),
+    };
+    let options = async_nats::ConnectOptions::new()
+        .connection_timeout(timeout)
+        .max_reconnects(None);
+    match tokio::time::timeout(timeout, options.connect(url)).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(unreachable(e.to_string())),
+        Err(_) => Err(unreachable("timed out".to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{murmur2, partition_for, stream_name};
+
+    /// Kafka's own test vectors (`UtilsTest.testMurmur2`).
+    #[test]
+    fn murmur2_is_kafkas() {
+        let cases: [(&str, i32); 6] = [
+            ("21", -973_932_308),
+            ("foobar", -790_332_482),
+            ("a-little-bit-long-string", -985_981_536),
+            ("a-little-bit-longer-string", -1_486_304_829),
+            (
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
+            ("abc", 479_470_107),
+        ];
+        for (key, hash) in cases {
+            assert_eq!(murmur2(key.as_bytes()), hash, "{key}");
+        }
+    }
+
+    #[test]
+    fn a_key_always_lands_on_one_partition_within_range() {
+        for key in ["a", "b", "customer-17", ""] {
+            let p = partition_for(key.as_bytes(), 6);
+            assert!(p < 6);
+            assert_eq!(p, partition_for(key.as_bytes(), 6));
+        }
+    }
+
+    #[test]
+    fn stream_names_hold_no_subject_wildcards() {
+        assert_eq!(stream_name("shop.orders v2>*"), "shop_orders_v2__");
+    }
+}

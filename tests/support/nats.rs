@@ -1,0 +1,292 @@
+//! NATS fixtures: a `nats-server -js` process of its own per test (a free port, a store
+//! directory of its own, killed and removed when dropped; it can be killed and restarted on
+//! the same store), raw JetStream publishing and reading, and a consumer on NATS run in a task.
+
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream;
+use futures_util::StreamExt;
+use inoutbox::inbox::Report;
+use inoutbox::nats::{partition_for, stream_name, subject, NatsConfig};
+use tokio::sync::mpsc;
+
+/// A `nats-server -js` of its own.
+pub struct NatsServer {
+    child: Option<Child>,
+    pub port: u16,
+    pub url: String,
+    store: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+impl NatsServer {
+    pub fn start() -> Self {
+        let port = free_port();
+        let store = std::env::temp_dir().join(format!(
+            "inoutbox-nats-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        ));
+        let mut server = Self {
+            child: None,
+            port,
+            url: format!("nats://127.0.0.1:{port}"),
+            store,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let bin = std::env::var("NATS_SERVER_BIN").unwrap_or_else(|_| "nats-server".to_owned());
+        let child = Command::new(&bin)
+            .args([
+                "-js",
+                "-a",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-sd",
+            ])
+            .arg(&self.store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start `{bin}`: {e}\ninstall it with: apt-get install nats-server \
+                     (scripts/test does it: ensure_nats_server in scripts/services.sh)"
+                )
+            });
+        self.child = Some(child);
+        let addr = format!("127.0.0.1:{}", self.port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not listen on {addr} within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL (the store directory is kept).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and store.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// A JetStream context on this server (JetStream answering).
+    pub async fn js(&self) -> jetstream::Context {
+        let client = async_nats::connect(&self.url)
+            .await
+            .expect("connect to nats");
+        let js = jetstream::new(client);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let probe = || async {
+            js.get_or_create_stream(jetstream::stream::Config {
+                name: "inoutbox_probe".to_owned(),
+                subjects: vec!["inoutbox_probe".to_owned()],
+                storage: jetstream::stream::StorageType::Memory,
+                ..Default::default()
+            })
+            .await
+        };
+        while let Err(e) = probe().await {
+            assert!(Instant::now() < deadline, "JetStream did not answer: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        js
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.store);
+    }
+}
+
+/// Consumer settings for tests: a short lease, a short grace.
+pub fn config(server: &NatsServer, topic: &str, partitions: u32) -> NatsConfig {
+    NatsConfig::new(server.url.clone(), [topic])
+        .partitions(partitions)
+        .lease_ttl(Duration::from_secs(2))
+        .shutdown_grace(Duration::from_secs(10))
+}
+
+/// Creates the stream of `topic` (subjects `<topic>.*`).
+pub async fn create_stream(js: &jetstream::Context, topic: &str) {
+    js.get_or_create_stream(jetstream::stream::Config {
+        name: stream_name(topic),
+        subjects: vec![format!("{topic}.*")],
+        ..Default::default()
+    })
+    .await
+    .expect("create stream");
+}
+
+/// Publishes a raw message and waits for JetStream's acknowledgement; returns its sequence.
+pub async fn publish(
+    js: &jetstream::Context,
+    subject: &str,
+    headers: &[(&str, &str)],
+    payload: Vec<u8>,
+) -> u64 {
+    let mut map = async_nats::HeaderMap::new();
+    for (name, value) in headers {
+        map.append(*name, *value);
+    }
+    js.publish_with_headers(subject.to_owned(), map, payload.into())
+        .await
+        .expect("publish")
+        .await
+        .expect("publish ack")
+        .sequence
+}
+
+/// Publishes an `OrderCreated` with event id `id`, keyed by the order, to its partition.
+pub async fn publish_order(
+    js: &jetstream::Context,
+    topic: &str,
+    partitions: u32,
+    id: &str,
+    order_id: uuid::Uuid,
+    total_cents: i64,
+) -> u64 {
+    let key = order_id.to_string();
+    let payload =
+        serde_json::to_vec(&serde_json::json!({"order_id": order_id, "total_cents": total_cents}))
+            .expect("json");
+    let subject = subject(topic, partition_for(key.as_bytes(), partitions));
+    let headers = [
+        ("ce_id", id),
+        ("ce_type", "OrderCreated"),
+        ("ce_source", "tests"),
+        ("ce_specversion", "1.0"),
+        ("content-type", "application/json"),
+        ("ce_partitionkey", key.as_str()),
+    ];
+    publish(js, &subject, &headers, payload).await
+}
+
+/// The highest acknowledgement floor (a stream sequence) of the consumers of one group's
+/// partition: what the group has acknowledged there.
+pub async fn ack_floor(js: &jetstream::Context, topic: &str, group: &str, partition: u32) -> u64 {
+    let token: String = format!("{group}-{topic}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let prefix = format!("{token}_p{partition}_");
+    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let mut names = stream.consumer_names();
+    let mut floor = 0;
+    while let Some(name) = names.next().await {
+        let name = name.expect("consumer name");
+        if name.starts_with(&prefix) {
+            let info = stream.consumer_info(&name).await.expect("consumer info");
+            floor = floor.max(info.ack_floor.stream_sequence);
+        }
+    }
+    floor
+}
+
+/// Every message of `topic`'s stream, read from the start by an ordered consumer until none
+/// comes for `quiet`.
+pub async fn read_stream(
+    js: &jetstream::Context,
+    topic: &str,
+    quiet: Duration,
+) -> Vec<async_nats::jetstream::Message> {
+    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("reader consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut out = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(quiet, messages.next()).await {
+        out.push(m.expect("message"));
+    }
+    out
+}
+
+/// A consumer on NATS, running in a task.
+pub struct RunningNats {
+    pub reports: mpsc::UnboundedReceiver<Report>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl RunningNats {
+    pub fn start<S: inoutbox::store::InboxStore>(
+        builder: inoutbox::ConsumerBuilder<S, NatsConfig>,
+    ) -> Self {
+        crate::support::init_logging();
+        let (tx, reports) = mpsc::unbounded_channel();
+        let consumer = builder.reports(tx).build().expect("build consumer");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(async move {
+            consumer
+                .run(async move {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("consumer run");
+        });
+        Self {
+            reports,
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    /// The next `n` reports; panics if they do not come within 60 s.
+    pub async fn take(&mut self, n: usize) -> Vec<Report> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            match tokio::time::timeout(Duration::from_secs(60), self.reports.recv()).await {
+                Ok(Some(r)) => out.push(r),
+                _ => panic!("expected {n} reports, got {}: {out:#?}", out.len()),
+            }
+        }
+        out
+    }
+
+    /// Stops gracefully and waits for the consumer to end.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), &mut self.handle)
+            .await
+            .expect("consumer stops within 30 s")
+            .expect("consumer task");
+    }
+}
