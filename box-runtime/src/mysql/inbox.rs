@@ -95,8 +95,11 @@ impl MySqlStore {
         for r in requests {
             query = query.bind(&r.key.source).bind(&r.key.event_id);
         }
-        let inserted: Vec<(String, String)> = query.fetch_all(&mut **tx).await?;
-        Ok(inserted.into_iter().collect())
+        let inserted: Vec<(Vec<u8>, Vec<u8>)> = query.fetch_all(&mut **tx).await?;
+        Ok(inserted
+            .into_iter()
+            .map(|(s, e)| (text(s), text(e)))
+            .collect())
     }
 
     /// The recorded failed runs of the rows of `requests` that have some.
@@ -115,10 +118,10 @@ impl MySqlStore {
         for r in requests {
             query = query.bind(&r.key.source).bind(&r.key.event_id);
         }
-        let failed: Vec<(String, String, i32)> = query.fetch_all(&mut **tx).await?;
+        let failed: Vec<(Vec<u8>, Vec<u8>, i32)> = query.fetch_all(&mut **tx).await?;
         Ok(failed
             .into_iter()
-            .map(|(s, e, n)| ((s, e), i64::from(n)))
+            .map(|(s, e, n)| ((text(s), text(e)), i64::from(n)))
             .collect())
     }
 }
@@ -328,8 +331,8 @@ impl InboxStore for MySqlStore {
         let replayed: i64 = row.try_get("replayed")?;
         Ok(Some(StoredDeadLetter {
             id: row.try_get("id")?,
-            group: row.try_get("consumer_group")?,
-            event_id: row.try_get("event_id")?,
+            group: text(row.try_get("consumer_group")?),
+            event_id: row.try_get::<Option<Vec<u8>>, _>("event_id")?.map(text),
             event_type: row.try_get("event_type")?,
             delivery: Delivery {
                 topic: row.try_get::<String, _>("topic")?.into(),
@@ -380,6 +383,11 @@ impl InboxStore for MySqlStore {
             .fetch_one(&self.pool)
             .await?)
     }
+}
+
+/// A key column (`varbinary`: compared byte by byte) as the text it was written from.
+fn text(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Headers as JSON: `[[name, "hex" | null], ...]`, exact for any bytes (as on SQLite).

@@ -3,11 +3,12 @@
 -- Names in braces are filled in from the configured table names (see store::migrate); double
 -- quotes become backticks. MySQL commits each DDL statement: every statement here may run again
 -- after a crash half-way (`IF NOT EXISTS`). Statements are those MariaDB >= 10.6 and MySQL >= 8.0
--- both accept. Text compares byte by byte (`utf8mb4_bin`); timestamps are UTC `DATETIME(6)`.
+-- both accept. Keys are `varbinary`: compared byte by byte, trailing spaces included (a `varchar`
+-- of MySQL's and MariaDB's binary collations pads them away); timestamps are UTC `DATETIME(6)`.
 CREATE TABLE IF NOT EXISTS {inbox} (
-    consumer_group varchar(255) NOT NULL,
-    source         varchar(255) NOT NULL DEFAULT '',
-    event_id       varchar(255) NOT NULL,
+    consumer_group varbinary(255) NOT NULL,
+    source         varbinary(255) NOT NULL DEFAULT '',
+    event_id       varbinary(255) NOT NULL,
     event_type     text         NOT NULL,
     topic          text,
     "partition"    int,
@@ -16,7 +17,7 @@ CREATE TABLE IF NOT EXISTS {inbox} (
     received_at    datetime(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
     processed_at   datetime(6),
     -- `scope:key`, unique per group (NULLs do not collide).
-    business_key   varchar(512),
+    business_key   varbinary(1024),
     -- Which claim inserted the row (MySQL has no `RETURNING`): a random number per claim.
     claim_token    bigint,
     -- Deferred messages: the kept message, its lease, due time and deferral count.
@@ -33,9 +34,9 @@ CREATE TABLE IF NOT EXISTS {inbox} (
     KEY {inbox:due_idx} (consumer_group, due_at)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS {attempts} (
-    consumer_group  varchar(255) NOT NULL,
-    source          varchar(255) NOT NULL,
-    event_id        varchar(255) NOT NULL,
+    consumer_group  varbinary(255) NOT NULL,
+    source          varbinary(255) NOT NULL,
+    event_id        varbinary(255) NOT NULL,
     attempts        int          NOT NULL,
     last_error      text         NOT NULL,
     first_failed_at datetime(6)  NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
@@ -44,9 +45,9 @@ CREATE TABLE IF NOT EXISTS {attempts} (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 CREATE TABLE IF NOT EXISTS {dead_letters} (
     id               bigint       NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    consumer_group   varchar(255) NOT NULL,
-    source           varchar(255) NOT NULL DEFAULT '',
-    event_id         varchar(255),
+    consumer_group   varbinary(255) NOT NULL,
+    source           varbinary(255) NOT NULL DEFAULT '',
+    event_id         varbinary(255),
     event_type       text,
     topic            text         NOT NULL,
     "partition"      int          NOT NULL,
