@@ -68,6 +68,8 @@ pub mod docs {
 
 /// The names most services need: `use inoutbox::prelude::*;`.
 pub mod prelude {
+    #[cfg(feature = "mysql")]
+    pub use crate::MySqlTx;
     #[cfg(feature = "sqlite")]
     pub use crate::SqliteTx;
     pub use crate::{inbox_handler, Db, HandlerError, MessageMeta, OutboxEvent, PgTx, Tx};
