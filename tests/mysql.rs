@@ -40,9 +40,9 @@ async fn store(name: &str) -> inoutbox::MySqlStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_two_phase_group_on_mysql_is_refused_at_start_up_naming_the_store() {
     let store = store("mytwophase").await;
-    let error = Inbox::new(store, "my-two-phase", InboxConfig::default())
-        .err()
-        .expect("refused");
+    let Err(error) = Inbox::new(store, "my-two-phase", InboxConfig::default()) else {
+        panic!("a two-phase group on MySQL must be refused");
+    };
     let text = error.to_string();
     assert!(
         text.contains("two-phase") && text.contains("mysql"),
