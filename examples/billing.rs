@@ -49,6 +49,29 @@ async fn create_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Ha
     Ok(())
 }
 
+/// The same handler on MySQL/MariaDB (`DATABASE_URL=mysql://...`, feature `mysql`).
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "OrderCreated", group = "billing")]
+async fn create_invoice_mysql(
+    event: OrderCreated,
+    tx: &mut inoutbox::MySqlTx<'_>,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES (?, ?)")
+        .bind(event.order_id.to_string())
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// The invoices table on MySQL/MariaDB (the order id as its text).
+#[cfg(feature = "mysql")]
+const MYSQL_INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
+    id bigint AUTO_INCREMENT PRIMARY KEY,
+    order_id varchar(36) NOT NULL,
+    total_cents bigint NOT NULL,
+    created_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))";
+
 /// Deliberately no unique constraint: a doubled effect would show as two rows.
 const INVOICES: &str = "CREATE TABLE IF NOT EXISTS invoices (
     id bigserial PRIMARY KEY,
@@ -80,6 +103,19 @@ async fn main() -> Result<(), common::Failure> {
     FINISH_SLOWLY.get_or_init(|| Duration::from_millis(slowly));
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
+
+    #[cfg(feature = "mysql")]
+    if database_url.starts_with("mysql://") {
+        let store = inoutbox::MySqlStore::connect(&database_url).await?;
+        sqlx::query(MYSQL_INVOICES).execute(store.pool()).await?;
+        store.migrate().await?;
+        let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
+        inoutbox::Consumer::builder(group, store, kafka)
+            .build()?
+            .run_until_signal()
+            .await?;
+        return Ok(());
+    }
 
     // Refuses a URL of another database, and names the target (password hidden) if it
     // cannot connect within a few seconds.

@@ -52,3 +52,20 @@ ensure_nats_server() {
   fi
   command -v nats-server >/dev/null || { echo "nats-server could not be installed" >&2; return 1; }
 }
+
+# MariaDB for the MySQL/MariaDB store's tests: installed with apt-get when missing, started when
+# down (left running: it is the machine's shared server), database `test` for root without a
+# password over TCP. Each test creates a database of its own (`t_<name>_<random>`).
+ensure_mariadb() {
+  if ! command -v mariadb >/dev/null 2>&1 && ! command -v mysqld_safe >/dev/null 2>&1; then
+    echo "MariaDB is not installed; installing it with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mariadb-server >/dev/null
+  fi
+  if ! mariadb -uroot -h 127.0.0.1 -e 'select 1' >/dev/null 2>&1; then
+    echo "starting MariaDB" >&2
+    service mariadb start >/dev/null 2>&1 || (mysqld_safe >/dev/null 2>&1 &)
+    for _ in $(seq 1 100); do mariadb -uroot -h 127.0.0.1 -e 'select 1' >/dev/null 2>&1 && break; sleep 0.2; done
+  fi
+  mariadb -uroot -h 127.0.0.1 -e 'CREATE DATABASE IF NOT EXISTS test' >/dev/null 2>&1 \
+    || { echo "cannot connect as root (no password) to MariaDB on 127.0.0.1:3306" >&2; return 1; }
+}

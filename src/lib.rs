@@ -21,6 +21,9 @@ pub use inoutbox_runtime::engine::{AckStrategy, RetryPolicy};
 pub use inoutbox_runtime::kafka::KafkaConfig;
 #[doc(inline)]
 pub use inoutbox_runtime::message::Outcome;
+#[cfg(feature = "mysql")]
+#[doc(inline)]
+pub use inoutbox_runtime::mysql::{MySqlStore, MySqlTx};
 #[doc(inline)]
 pub use inoutbox_runtime::postgres::{PgStore, PgTx};
 #[doc(inline)]
@@ -65,6 +68,8 @@ pub mod docs {
 
 /// The names most services need: `use inoutbox::prelude::*;`.
 pub mod prelude {
+    #[cfg(feature = "mysql")]
+    pub use crate::MySqlTx;
     #[cfg(feature = "sqlite")]
     pub use crate::SqliteTx;
     pub use crate::{inbox_handler, Db, HandlerError, MessageMeta, OutboxEvent, PgTx, Tx};
@@ -126,6 +131,9 @@ pub mod effects {
 pub mod outbox {
     #[doc(inline)]
     pub use inoutbox_runtime::message::Retention;
+    #[cfg(feature = "mysql")]
+    #[doc(inline)]
+    pub use inoutbox_runtime::mysql::MySqlOutbox;
     #[doc(inline)]
     pub use inoutbox_runtime::outbox::{
         current_traceparent, enqueue, enqueue_after, enqueue_all, enqueue_at, is_valid_traceparent,
@@ -141,6 +149,9 @@ pub mod outbox {
 /// The relay: publishes committed outbox rows through a [`Publisher`](crate::transport::Publisher)
 /// (Kafka's: [`KafkaProducer`](crate::kafka::KafkaProducer)).
 pub mod relay {
+    #[cfg(feature = "mysql")]
+    #[doc(inline)]
+    pub use inoutbox_runtime::mysql::MySqlRelayStore;
     #[doc(inline)]
     pub use inoutbox_runtime::postgres::PgRelayStore;
     #[doc(inline)]
@@ -182,6 +193,16 @@ pub mod sqlite {
     #[doc(inline)]
     pub use inoutbox_runtime::sqlite::{
         SchemaNotSupported, SqliteOutbox, SqliteRelayStore, SqliteStore, SqliteTx,
+    };
+}
+
+/// The MySQL/MariaDB backend (MariaDB >= 10.6, MySQL >= 8.0): the inbox store, its
+/// transactions, the outbox writer and the relay store (one relay publishes at a time; it polls).
+#[cfg(feature = "mysql")]
+pub mod mysql {
+    #[doc(inline)]
+    pub use inoutbox_runtime::mysql::{
+        MySqlOutbox, MySqlRelaySession, MySqlRelayStore, MySqlStore, MySqlTx,
     };
 }
 

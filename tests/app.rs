@@ -92,12 +92,40 @@ async fn a_group_without_handlers_fails_the_start_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_url_of_another_scheme_is_refused() {
-    let error = App::connect(Some("mysql://localhost/db"), None)
+    let error = App::connect(Some("mssql://localhost/db"), None)
         .await
         .err()
         .expect("refused");
     assert!(matches!(error, AppError::Config(_)), "{error}");
     assert!(error.to_string().contains("postgres://"), "{error}");
+}
+
+/// `DATABASE_URL=mysql://...` (feature `mysql`): the app opens MariaDB's store, migrated.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_database_url_opens_the_mysql_store_migrated() {
+    let (_db, url) = support::kit::mysql_database("app").await;
+    let brokers = format!("127.0.0.1:{}", closed_port());
+    let app = App::connect(Some(&url), Some(&brokers))
+        .await
+        .expect("app on MariaDB");
+    assert!(matches!(app.store(), Store::MySql(_)), "the MySQL store");
+    assert!(
+        app.describe().contains("MySQL/MariaDB"),
+        "{}",
+        app.describe()
+    );
+    let Store::MySql(store) = app.store() else {
+        unreachable!()
+    };
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() \
+         AND table_name IN ('inoutbox_inbox', 'inoutbox_outbox', 'inoutbox_dead_letters')",
+    )
+    .fetch_one(store.pool())
+    .await
+    .expect("count tables");
+    assert_eq!(tables, 3, "migrated");
 }
 
 /// Not a test: `App::from_env` in a child process (this binary started again with

@@ -49,11 +49,11 @@ mod memory;
 #[path = "contract/conformance.rs"]
 mod conformance;
 
-/// Per-store counters: `[postgres, sqlite]`.
-type Counter = [AtomicU32; 2];
+/// Per-store counters: `[postgres, sqlite, mysql]`.
+type Counter = [AtomicU32; 3];
 
 const fn counter() -> Counter {
-    [AtomicU32::new(0), AtomicU32::new(0)]
+    [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)]
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -566,15 +566,18 @@ async fn failed_message_is_not_skipped_by_a_later_success<K: Kit>() {
 /// The message whose handler blocks, on its first run, until the test releases it.
 const GATE: (i32, i64) = (0, 9);
 const GATE_CENTS: i64 = 4242;
-static GATE_USED: [std::sync::atomic::AtomicBool; 2] = [
+static GATE_USED: [std::sync::atomic::AtomicBool; 3] = [
+    std::sync::atomic::AtomicBool::new(false),
     std::sync::atomic::AtomicBool::new(false),
     std::sync::atomic::AtomicBool::new(false),
 ];
-static GATE_ENTERED: [tokio::sync::Notify; 2] = [
+static GATE_ENTERED: [tokio::sync::Notify; 3] = [
+    tokio::sync::Notify::const_new(),
     tokio::sync::Notify::const_new(),
     tokio::sync::Notify::const_new(),
 ];
-static GATE_RELEASED: [tokio::sync::Notify; 2] = [
+static GATE_RELEASED: [tokio::sync::Notify; 3] = [
+    tokio::sync::Notify::const_new(),
     tokio::sync::Notify::const_new(),
     tokio::sync::Notify::const_new(),
 ];
@@ -704,7 +707,8 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
 // Graceful shutdown: the stop arrives while a slow handler runs; the message in hand is
 // finished and its offset committed, the buffered ones are left for the next member.
 
-static SLOW_STARTED: [tokio::sync::Notify; 2] = [
+static SLOW_STARTED: [tokio::sync::Notify; 3] = [
+    tokio::sync::Notify::const_new(),
     tokio::sync::Notify::const_new(),
     tokio::sync::Notify::const_new(),
 ];
@@ -1139,12 +1143,12 @@ async fn outbox_retention_deletes_old_published_rows_only<K: Kit>() {
     let t = kit.tables().outbox.clone();
     // 7 published 10 days ago, 2 published now, 3 unpublished.
     kit.exec(&format!(
-        "UPDATE {t} SET published_at = {} WHERE seq IN (SELECT seq FROM {t} ORDER BY seq LIMIT 7)",
+        "UPDATE {t} SET published_at = {} WHERE seq IN (SELECT seq FROM (SELECT seq FROM {t} ORDER BY seq LIMIT 7) AS s)",
         K::days_ago(10)
     ))
     .await;
     kit.exec(&format!(
-        "UPDATE {t} SET published_at = {} WHERE seq IN (SELECT seq FROM {t} WHERE published_at IS NULL ORDER BY seq LIMIT 2)",
+        "UPDATE {t} SET published_at = {} WHERE seq IN (SELECT seq FROM (SELECT seq FROM {t} WHERE published_at IS NULL ORDER BY seq LIMIT 2) AS s)",
         K::days_ago(0)
     ))
     .await;

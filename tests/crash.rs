@@ -131,6 +131,97 @@ async fn sigkill_after_db_commit_before_offset_commit_applies_each_event_once() 
     crash_at("after_db_commit").await;
 }
 
+/// [`crash_at`] on MariaDB: the billing example on `mysql://`, killed at `failpoint` in its
+/// batch's transaction, restarted; every order invoiced exactly once.
+#[cfg(feature = "mysql")]
+async fn mysql_crash_at(failpoint: &str) {
+    let broker = Broker::start();
+    let (_db, url) = support::kit::mysql_database("crash").await;
+    let pool = sqlx::MySqlPool::connect(&url)
+        .await
+        .expect("connect to MariaDB");
+    let count = |sql: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap_or(0)
+        }
+    };
+    let topic = support::unique("mycrash");
+    broker.create_topic(&topic, 1).await;
+    let producer = support::producer(&broker.brokers);
+    let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
+    for (i, order) in orders.iter().enumerate() {
+        let msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+        send(&producer, &topic, msg).await;
+    }
+    let hit = if failpoint == "after_handler" { 3 } else { 1 };
+    let spec = format!("{failpoint}:{hit}");
+    let args = ["--topic", topic.as_str()];
+    let mut first = ChildConsumer::start_on("billing", &url, &broker.brokers, &args, Some(&spec));
+    first.wait_for(
+        &format!("inoutbox failpoint {failpoint} reached"),
+        Duration::from_secs(60),
+    );
+    first.kill9();
+    const PROCESSED: &str = "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL";
+    let committed_before_restart = count(PROCESSED).await;
+    let mut second = ChildConsumer::start_on("billing", &url, &broker.brokers, &args, None);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while count(PROCESSED).await < orders.len() as i64 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    support::wait_committed(&broker.brokers, "billing", &topic, 0, orders.len() as i64).await;
+    let status = second.terminate();
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+    assert_eq!(
+        count(PROCESSED).await,
+        orders.len() as i64,
+        "every event processed"
+    );
+    for order in &orders {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices WHERE order_id = ?")
+            .bind(order.to_string())
+            .fetch_one(&pool)
+            .await
+            .expect("count invoices");
+        assert_eq!(
+            n, 1,
+            "order {order} invoiced once after a SIGKILL at {failpoint} on MariaDB"
+        );
+    }
+    match failpoint {
+        "after_db_commit" => assert!(
+            committed_before_restart >= 3 && second.count(" duplicate ") >= 1,
+            "committed before the kill ({committed_before_restart}), then seen as duplicates"
+        ),
+        _ => assert!(
+            committed_before_restart < 3,
+            "the batch's transaction died with the process ({committed_before_restart} committed)"
+        ),
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sigkill_after_inbox_insert_applies_each_event_once() {
+    mysql_crash_at("after_inbox_insert").await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sigkill_after_handler_applies_each_event_once() {
+    mysql_crash_at("after_handler").await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sigkill_after_db_commit_before_offset_commit_applies_each_event_once() {
+    mysql_crash_at("after_db_commit").await;
+}
+
 /// A real SIGTERM while a message is in the handler: the billing example (its handler made to
 /// finish slowly) finishes that message, commits its offset, handles nothing more and exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -824,3 +824,103 @@ fn random_envelopes_through_the_postgres_inbox_end_in_an_outcome() {
     println!("postgres: {CASES} random envelopes through Inbox::process: {outcomes:?}");
     assert!(outcomes.contains_key("processed") && outcomes.contains_key("dead-lettered"));
 }
+
+// MySQL/MariaDB: the same property, and keys that differ only by trailing spaces.
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "OrderCreated", group = "hostile-prop")]
+async fn prop_mysql(
+    event: OrderCreated,
+    tx: &mut inoutbox::MySqlTx<'_>,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES (?, ?)")
+        .bind(event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "OrderCreated", group = "hostile-mykeys")]
+async fn mysql_keys(
+    event: OrderCreated,
+    tx: &mut inoutbox::MySqlTx<'_>,
+) -> Result<(), HandlerError> {
+    let _ = (event, tx);
+    Ok(())
+}
+
+/// A fresh MariaDB database, migrated, with an invoices table.
+#[cfg(feature = "mysql")]
+async fn mysql_store(name: &str) -> inoutbox::MySqlStore {
+    let (_db, url) = support::kit::mysql_database(name).await;
+    let store = inoutbox::MySqlStore::connect(&url)
+        .await
+        .expect("connect to MariaDB");
+    sqlx::raw_sql(
+        "CREATE TABLE invoices (id bigint AUTO_INCREMENT PRIMARY KEY, order_id binary(16) NOT NULL, \
+         total_cents bigint NOT NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .expect("invoices");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn random_envelopes_through_the_mysql_inbox_end_in_an_outcome() {
+    const CASES: u32 = 1000;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(mysql_store("hostileprop"));
+    let inbox = Inbox::new(store, "hostile-prop", prop_config()).unwrap();
+    let outcomes = envelope_property(rt.handle(), &inbox, CASES);
+    println!("mysql: {CASES} random envelopes through Inbox::process: {outcomes:?}");
+    assert!(outcomes.contains_key("processed") && outcomes.contains_key("dead-lettered"));
+}
+
+/// MySQL's text collations ignore trailing spaces: the inbox keys are bytes, so `X` and `X `
+/// are two events, and an over-long id or one with NUL keys on its digest.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_inbox_keys_are_exact_bytes() {
+    let store = mysql_store("hostilekeys").await;
+    let inbox = Inbox::new(store.clone(), "hostile-mykeys", InboxConfig::default()).unwrap();
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
+    let ids = [
+        "X".to_owned(),
+        "X ".to_owned(),
+        "x".to_owned(),
+        " X".to_owned(),
+        "nul\0inside".to_owned(),
+        "L".repeat(5000),
+        "é€\u{1F600}".to_owned(),
+    ];
+    let payload = order_json(Uuid::new_v4(), None);
+    for (i, id) in ids.iter().enumerate() {
+        let headers = vec![
+            ("ce_id".to_owned(), Some(id.as_bytes().to_vec())),
+            ("ce_type".to_owned(), Some(b"OrderCreated".to_vec())),
+        ];
+        let d = delivery(i as i64, headers, &payload);
+        assert_eq!(
+            inbox.process(&d, &shutdown).await,
+            Outcome::Processed { attempt: 1 },
+            "{id:?}"
+        );
+        assert_eq!(
+            inbox.process(&d, &shutdown).await,
+            Outcome::Duplicate,
+            "{id:?}"
+        );
+    }
+    let keyed: Vec<String> =
+        sqlx::query_scalar("SELECT CAST(event_id AS CHAR) FROM inoutbox_inbox ORDER BY `offset`")
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let expected: Vec<String> = ids.iter().map(|id| inbox_id(id).into_owned()).collect();
+    assert_eq!(keyed, expected);
+}

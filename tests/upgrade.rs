@@ -740,3 +740,140 @@ async fn sqlite_business_keys_of_version_4_take_their_event_type_as_scope() {
         .unwrap();
     assert_eq!(handled, 1);
 }
+
+// MySQL/MariaDB: a database of the backend's first schema (its version 1 migrations, applied
+// as they were shipped, with data in every table) is migrated by the current migrator and
+// keeps working on the old data.
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "UpgradeOrder", group = "upgrade-mysql")]
+async fn record_mysql(
+    event: UpgradeOrder,
+    tx: &mut inoutbox::MySqlTx<'_>,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO handled (order_id) VALUES (?)")
+        .bind(&event.order_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// A MySQL version 1 migration with the default table names, backticks for double quotes.
+#[cfg(feature = "mysql")]
+fn render_mysql_v1(template: &str) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let close = after.find('}').expect("closing brace");
+        let (table, suffix) = match after[..close].split_once(':') {
+            Some((t, s)) => (t, Some(s)),
+            None => (&after[..close], None),
+        };
+        let table = match table {
+            "inbox" => "inoutbox_inbox",
+            "attempts" => "inoutbox_inbox_attempts",
+            "dead_letters" => "inoutbox_dead_letters",
+            "outbox" => "inoutbox_outbox",
+            other => panic!("unknown table `{other}` in a MySQL v1 migration"),
+        };
+        match suffix {
+            Some(suffix) => out.push_str(&format!("`{table}_{suffix}`")),
+            None => out.push_str(&format!("`{table}`")),
+        }
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    out.replace('"', "`")
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mysql_database_of_the_first_schema_upgrades_and_keeps_working() {
+    let (_db, url) = support::kit::mysql_database("upgrade").await;
+    let pool = sqlx::MySqlPool::connect(&url)
+        .await
+        .expect("connect to MariaDB");
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>();
+    let headers = format!(
+        r#"[["ce_id","{}"],["ce_type","{}"]]"#,
+        hex("e-dead"),
+        hex("UpgradeOrder")
+    );
+    let mut statements = vec![
+        "CREATE TABLE inoutbox_migrations (component varchar(64) NOT NULL, version int NOT NULL, \
+         description text NOT NULL, applied_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+         PRIMARY KEY (component, version))"
+            .to_owned(),
+        render_mysql_v1(include_str!("../box-runtime/src/mysql/migrations/inbox_v1.sql")),
+        render_mysql_v1(include_str!("../box-runtime/src/mysql/migrations/outbox_v1.sql")),
+        "INSERT INTO inoutbox_migrations (component, version, description) VALUES \
+         ('inbox', 1, 'inbox'), ('outbox', 1, 'outbox')"
+            .to_owned(),
+        "CREATE TABLE handled (order_id text NOT NULL)".to_owned(),
+        "INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, topic, `partition`, `offset`, processed_at) \
+         VALUES ('upgrade-mysql', 'e-processed', 'UpgradeOrder', 'upgrade', 0, 0, NOW(6))"
+            .to_owned(),
+        "INSERT INTO inoutbox_inbox_attempts (consumer_group, source, event_id, attempts, last_error) \
+         VALUES ('upgrade-mysql', '', 'e-dead', 5, 'handler failed')"
+            .to_owned(),
+        format!(
+            "INSERT INTO inoutbox_dead_letters (consumer_group, source, event_id, event_type, topic, `partition`, `offset`, \
+               message_key, headers, payload, error, attempts, first_failed_at, last_failed_at) \
+             VALUES ('upgrade-mysql', '', 'e-dead', 'UpgradeOrder', 'upgrade', 0, 1, X'{}', '{headers}', \
+               X'{}', 'handler failed', 5, '2024-01-01 00:00:00', '2024-01-01 00:00:00')",
+            hex("o-dead"),
+            hex(r#"{"order_id":"o-dead"}"#)
+        ),
+        "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload, headers, published_at) VALUES \
+         ('018f0000-0000-7000-8000-000000000002', 'UpgradeOrder', 'upgrade', 'o-published', \
+          '{\"order_id\":\"o-published\"}', '{}', NOW(6))"
+            .to_owned(),
+        format!(
+            "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload, headers) VALUES \
+             ('018f0000-0000-7000-8000-000000000001', 'UpgradeOrder', 'upgrade', 'o-unpublished', '{OLD_PAYLOAD}', '{{}}')"
+        ),
+    ];
+    statements.retain(|s| !s.is_empty());
+    for sql in statements {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(&*sql))
+            .execute(&pool)
+            .await
+            .expect(&sql);
+    }
+    let store = inoutbox::MySqlStore::connect(&url).await.expect("connect");
+    store
+        .migrate()
+        .await
+        .expect("the current migrator upgrades the first schema");
+    let rows: Vec<(String, i32)> =
+        sqlx::query_as("SELECT component, version FROM inoutbox_migrations")
+            .fetch_all(&pool)
+            .await
+            .expect("migrations");
+    assert!(
+        recorded(&rows, "inbox", 1) && recorded(&rows, "outbox", 1),
+        "{rows:?}"
+    );
+    let dead_letter: i64 = sqlx::query_scalar("SELECT id FROM inoutbox_dead_letters")
+        .fetch_one(&pool)
+        .await
+        .expect("the old dead letter is kept");
+    let mut tx = pool.begin().await.expect("begin");
+    inoutbox::outbox::enqueue(
+        &mut tx,
+        &UpgradeOrder {
+            order_id: "o-after-upgrade".into(),
+        },
+    )
+    .await
+    .expect("enqueue after the upgrade");
+    tx.commit().await.expect("commit");
+    works_on_the_old_data(store, "upgrade-mysql", dead_letter, NEW_PAYLOAD).await;
+    let handled: i64 = sqlx::query_scalar("SELECT count(*) FROM handled")
+        .fetch_one(&pool)
+        .await
+        .expect("handled");
+    assert_eq!(handled, 2, "o-new and o-dead");
+}

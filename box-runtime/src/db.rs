@@ -22,6 +22,8 @@ mod sealed {
     impl Sealed for sqlx::Postgres {}
     #[cfg(feature = "sqlite")]
     impl Sealed for sqlx::Sqlite {}
+    #[cfg(feature = "mysql")]
+    impl Sealed for sqlx::MySql {}
 }
 
 /// A database inoutbox runs on: `sqlx::Postgres`, or `sqlx::Sqlite` with the `sqlite` feature.
@@ -499,9 +501,152 @@ fn sqlite_row(row: &sqlx::sqlite::SqliteRow) -> Result<Row, sqlx::Error> {
     Ok(Row { cells })
 }
 
+#[cfg(feature = "mysql")]
+impl Executes for sqlx::MySqlConnection {
+    type Db = sqlx::MySql;
+    fn connection(&mut self) -> &mut sqlx::MySqlConnection {
+        self
+    }
+}
+
+/// `Db` for MySQL/MariaDB: a statement written with `$1`, `$2`, ... is rewritten to MySQL's
+/// `?`, each bound in the order its placeholder appears (a placeholder used twice is bound
+/// twice); one written with `?` runs as it is.
+#[cfg(feature = "mysql")]
+impl Db for sqlx::MySql {
+    const STORE: &'static str = "mysql";
+
+    fn run<'a>(
+        conn: &'a mut sqlx::MySqlConnection,
+        sql: SqlStr,
+        args: Vec<Value>,
+    ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
+        Box::pin(async move {
+            let (sql, args) = positional(sql, args)?;
+            let query = bind_all!(sqlx::query(sql), args);
+            Ok(query.execute(conn).await?.rows_affected())
+        })
+    }
+
+    fn fetch<'a>(
+        conn: &'a mut sqlx::MySqlConnection,
+        sql: SqlStr,
+        args: Vec<Value>,
+    ) -> BoxFuture<'a, Result<Vec<Row>, sqlx::Error>> {
+        Box::pin(async move {
+            let (sql, args) = positional(sql, args)?;
+            let query = bind_all!(sqlx::query(sql), args);
+            let rows = query.fetch_all(conn).await?;
+            rows.iter().map(mysql_row).collect()
+        })
+    }
+
+    fn enqueue(
+        conn: &mut sqlx::MySqlConnection,
+        rows: Vec<NewRow>,
+    ) -> BoxFuture<'_, Result<Vec<Uuid>, EnqueueError>> {
+        Box::pin(OutboxTx::insert_rows(conn, rows))
+    }
+}
+
+/// `$n` placeholders (outside quotes) rewritten to `?`, with the values in the order they are
+/// now bound; a statement without them is returned as it is.
+#[cfg(feature = "mysql")]
+fn positional(sql: SqlStr, args: Vec<Value>) -> Result<(SqlStr, Vec<Value>), sqlx::Error> {
+    let text = sql.as_str();
+    let mut out = String::with_capacity(text.len());
+    let mut order = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), '\\') => out.extend(chars.next()),
+            (Some(_), _) => {}
+            (None, '\'' | '"' | '`') => quote = Some(c),
+            (None, '$') if chars.peek().is_some_and(char::is_ascii_digit) => {
+                out.pop();
+                let mut n = 0_usize;
+                while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                    n = n.saturating_mul(10).saturating_add(d as usize);
+                    chars.next();
+                }
+                let value = n
+                    .checked_sub(1)
+                    .and_then(|i| args.get(i))
+                    .ok_or_else(|| sqlx::Error::Protocol(format!("${n} has no bound value")))?;
+                order.push(value.clone());
+                out.push('?');
+            }
+            (None, _) => {}
+        }
+    }
+    if order.is_empty() {
+        return Ok((sql, args));
+    }
+    Ok((sqlx::AssertSqlSafe(out).into_sql_str(), order))
+}
+
+#[cfg(feature = "mysql")]
+fn mysql_row(row: &sqlx::mysql::MySqlRow) -> Result<Row, sqlx::Error> {
+    let mut cells = Vec::with_capacity(row.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        if row.try_get_raw(i)?.is_null() {
+            cells.push(Cell::Null);
+            continue;
+        }
+        cells.push(match column.type_info().name() {
+            "BOOLEAN" => Cell::Bool(row.try_get(i)?),
+            "TINYINT" => Cell::I64(row.try_get::<i8, _>(i)?.into()),
+            "SMALLINT" => Cell::I64(row.try_get::<i16, _>(i)?.into()),
+            "INT" | "MEDIUMINT" => Cell::I64(row.try_get::<i32, _>(i)?.into()),
+            "BIGINT" => Cell::I64(row.try_get(i)?),
+            "TINYINT UNSIGNED" | "SMALLINT UNSIGNED" | "MEDIUMINT UNSIGNED" | "INT UNSIGNED" => {
+                Cell::I64(row.try_get::<u32, _>(i)?.into())
+            }
+            "BIGINT UNSIGNED" => {
+                let n: u64 = row.try_get(i)?;
+                Cell::I64(i64::try_from(n).map_err(|e| sqlx::Error::ColumnDecode {
+                    index: i.to_string(),
+                    source: e.into(),
+                })?)
+            }
+            "FLOAT" => Cell::F64(row.try_get::<f32, _>(i)?.into()),
+            "DOUBLE" => Cell::F64(row.try_get(i)?),
+            "VARCHAR" | "CHAR" | "TEXT" | "TINYTEXT" | "MEDIUMTEXT" | "LONGTEXT" | "ENUM" => {
+                Cell::Text(row.try_get(i)?)
+            }
+            "BINARY" | "VARBINARY" | "BLOB" | "TINYBLOB" | "MEDIUMBLOB" | "LONGBLOB" => {
+                Cell::Bytes(row.try_get(i)?)
+            }
+            other => return Err(unsupported(i, other)),
+        });
+    }
+    Ok(Row { cells })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn numbered_placeholders_become_marks_bound_in_order() {
+        let (sql, args) = positional(
+            "UPDATE s SET a = a - $1 WHERE k = $2 AND a >= $1 AND n <> '$3'".into_sql_str(),
+            vec![Value::from(2_i64), Value::from("apple")],
+        )
+        .unwrap();
+        assert_eq!(
+            sql.as_str(),
+            "UPDATE s SET a = a - ? WHERE k = ? AND a >= ? AND n <> '$3'"
+        );
+        assert_eq!(
+            args,
+            vec![Value::from(2_i64), Value::from("apple"), Value::from(2_i64)]
+        );
+    }
 
     #[test]
     fn values_convert_from_the_types_handlers_bind() {

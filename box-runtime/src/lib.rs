@@ -19,6 +19,8 @@ mod handler;
 mod ident;
 pub mod kafka;
 pub mod message;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 pub mod names;
 #[cfg(feature = "nats")]
 pub mod nats;
@@ -58,6 +60,8 @@ pub mod __private {
         IntoHandlerError, MessageMeta, RegistryError,
     };
     pub use inventory;
+    #[cfg(feature = "mysql")]
+    pub use sqlx::MySql;
     pub use sqlx::Postgres;
     #[cfg(feature = "sqlite")]
     pub use sqlx::Sqlite;

@@ -21,7 +21,7 @@ pub fn example(name: &str) -> PathBuf {
                 "build",
                 "--quiet",
                 "--features",
-                "failpoints",
+                "failpoints mysql",
                 "--example",
                 "billing",
                 "--example",
@@ -102,6 +102,30 @@ impl ChildProcess {
         };
         let child = cmd.spawn().expect("spawn child consumer");
         Self::collect(child)
+    }
+
+    /// Starts example `program` on the database at `database_url` (MariaDB's, say) and the
+    /// broker, with `failpoint` armed if given.
+    pub fn start_on(
+        program: &str,
+        database_url: &str,
+        brokers: &str,
+        args: &[&str],
+        failpoint: Option<&str>,
+    ) -> Self {
+        let mut cmd = Command::new(example(program));
+        cmd.args(args)
+            .env("DATABASE_URL", database_url)
+            .env("KAFKA_BROKERS", brokers)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        match failpoint {
+            Some(fp) => cmd.env("INOUTBOX_FAILPOINT", fp),
+            None => cmd.env_remove("INOUTBOX_FAILPOINT"),
+        };
+        Self::collect(cmd.spawn().expect("spawn child consumer"))
     }
 
     /// Collects the output lines of a child started with piped stdout and stderr.

@@ -248,8 +248,178 @@ impl Kit for SqliteKit {
     same_sql_in_tx!();
 }
 
-/// Runs each named generic test body `async fn name<K: Kit>()` against both stores:
-/// `postgres::name` and `sqlite::name`.
+/// MySQL/MariaDB: a database of its own (`t_<name>_<random>`), dropped on drop. The kit's own
+/// pool reads double quotes as identifiers (`ANSI_QUOTES`), so that the suite's SQL, written
+/// with `Tables`' double-quoted names, runs as it is; the store's pool is left as users have it.
+#[cfg(feature = "mysql")]
+pub struct MySqlKit {
+    name: String,
+    ansi: sqlx::MySqlPool,
+    pool: sqlx::MySqlPool,
+    store: inoutbox::MySqlStore,
+}
+
+/// The MariaDB/MySQL server of the tests (`MYSQL_URL`, default the local MariaDB's `test`).
+#[cfg(feature = "mysql")]
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_owned())
+}
+
+/// A fresh database on the test server: its name and its URL.
+#[cfg(feature = "mysql")]
+pub async fn mysql_database(name: &str) -> (String, String) {
+    use sqlx::Connection;
+    let base = mysql_url();
+    let mut admin = sqlx::MySqlConnection::connect(&base)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot reach MariaDB at {base}: {e} (start it: `service mariadb start`, or run \
+             scripts/test, which starts it)"
+            )
+        });
+    let db = format!(
+        "t_{name}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{db}`")))
+        .execute(&mut admin)
+        .await
+        .expect("create database");
+    let url = match base.rfind('/') {
+        Some(i) if i > "mysql://".len() => format!("{}/{db}", &base[..i]),
+        _ => format!("{base}/{db}"),
+    };
+    (db, url)
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for MySqlKit {
+    fn drop(&mut self) {
+        // Best effort, on a thread of its own (the test's runtime may be shutting down).
+        let name = self.name.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                use sqlx::Connection;
+                if let Ok(mut c) = sqlx::MySqlConnection::connect(&mysql_url()).await {
+                    let drop = format!("DROP DATABASE IF EXISTS `{name}`");
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+                        .execute(&mut c)
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Kit for MySqlKit {
+    type Store = inoutbox::MySqlStore;
+    type Tx = sqlx::Transaction<'static, sqlx::MySql>;
+    type RelayStore = inoutbox::relay::MySqlRelayStore;
+    const INDEX: usize = 2;
+    const NAME: &'static str = "mysql";
+
+    async fn new(name: &str) -> Self {
+        let (db, url) = mysql_database(name).await;
+        let store = inoutbox::MySqlStore::connect(&url)
+            .await
+            .expect("connect to MariaDB");
+        let pool = store.pool().clone();
+        let ansi = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(4)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql("SET SESSION sql_mode = CONCAT(@@sql_mode, ',ANSI_QUOTES')")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .connect(&url)
+            .await
+            .expect("connect to MariaDB");
+        sqlx::raw_sql(
+            "CREATE TABLE invoices (id bigint AUTO_INCREMENT PRIMARY KEY, order_id binary(16) NOT NULL, \
+             total_cents bigint NOT NULL, created_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)); \
+             CREATE TABLE seq_counters (k varchar(255) PRIMARY KEY, n bigint NOT NULL)",
+        )
+        .execute(&pool)
+        .await
+        .expect("create invoices and seq_counters");
+        store.migrate().await.expect("migrate MariaDB");
+        Self {
+            name: db,
+            ansi,
+            pool,
+            store,
+        }
+    }
+
+    fn store(&self) -> inoutbox::MySqlStore {
+        self.store.clone()
+    }
+
+    fn tables(&self) -> &inoutbox::Tables {
+        self.store.tables()
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&self.ansi)
+            .await
+            .expect(sql)
+    }
+
+    async fn exec(&self, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&self.ansi)
+            .await
+            .expect(sql);
+    }
+
+    fn days_ago(days: u32) -> String {
+        format!("(NOW(6) - INTERVAL {days} DAY)")
+    }
+
+    fn relay_store(&self) -> Self::RelayStore {
+        inoutbox::relay::MySqlRelayStore::new(self.pool.clone(), self.store.tables())
+    }
+
+    async fn next_seq<'a>(tx: &'a mut Self::Tx, key: &'a str) -> i64 {
+        sqlx::query(
+            "INSERT INTO seq_counters (k, n) VALUES (?, 1) ON DUPLICATE KEY UPDATE n = n + 1",
+        )
+        .bind(key)
+        .execute(&mut **tx)
+        .await
+        .expect("next seq");
+        sqlx::query_scalar("SELECT n FROM seq_counters WHERE k = ?")
+            .bind(key)
+            .fetch_one(&mut **tx)
+            .await
+            .expect("next seq")
+    }
+
+    async fn insert_invoice(tx: &mut Self::Tx, order: uuid::Uuid, cents: i64) {
+        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES (?, ?)")
+            .bind(order)
+            .bind(cents)
+            .execute(&mut **tx)
+            .await
+            .expect("insert invoice");
+    }
+}
+
+/// Runs each named generic test body `async fn name<K: Kit>()` against every store:
+/// `postgres::name`, `sqlite::name` and, with the `mysql` feature, `mysql::name`.
 #[macro_export]
 macro_rules! contract_tests {
     ($($name:ident),* $(,)?) => {
@@ -266,6 +436,15 @@ macro_rules! contract_tests {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $name() {
                     super::$name::<$crate::support::kit::SqliteKit>().await
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<$crate::support::kit::MySqlKit>().await
                 }
             )*
         }
@@ -301,15 +480,28 @@ macro_rules! handlers {
                 let _ = (&$meta, $store);
                 $body
             }
+
+            #[cfg(feature = "mysql")]
+            #[inbox_handler(event = "OrderCreated", group = $group)]
+            async fn on_mysql(
+                $event: OrderCreated,
+                $tx: &mut inoutbox::MySqlTx<'_>,
+                $meta: &MessageMeta,
+            ) -> Result<(), HandlerError> {
+                let $store: usize = 2;
+                let _ = (&$meta, $store);
+                $body
+            }
         };
     };
 }
 
-/// Inserts the event's invoice through the handler's transaction (same SQL on both stores).
+/// Inserts the event's invoice through the handler's transaction (same SQL on every store:
+/// `inoutbox::sql` binds `$n` on MySQL too).
 #[macro_export]
 macro_rules! insert_invoice {
     ($event:expr, $tx:expr) => {
-        sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
+        inoutbox::sql("INSERT INTO invoices (order_id, total_cents) VALUES ($1, $2)")
             .bind($event.order_id)
             .bind($event.total_cents)
             .execute(&mut **$tx)

@@ -94,6 +94,9 @@ pub(super) enum Database<'a> {
     /// `sqlite:...`.
     #[cfg(feature = "sqlite")]
     Sqlite(&'a str),
+    /// `mysql://...` or `mariadb://...` (MySQL/MariaDB).
+    #[cfg(feature = "mysql")]
+    MySql(&'a str),
     /// No URL: a SQLite file in a temporary directory.
     #[cfg(feature = "sqlite")]
     ZeroSetup,
@@ -107,6 +110,10 @@ pub(super) fn database(database_url: Option<&str>) -> Result<Database<'_>, AppEr
         }
         #[cfg(feature = "sqlite")]
         Some(url) if url.starts_with("sqlite:") => Ok(Database::Sqlite(url)),
+        #[cfg(feature = "mysql")]
+        Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
+            Ok(Database::MySql(url))
+        }
         #[cfg(feature = "sqlite")]
         None => Ok(Database::ZeroSetup),
         #[cfg(not(feature = "sqlite"))]
@@ -114,7 +121,7 @@ pub(super) fn database(database_url: Option<&str>) -> Result<Database<'_>, AppEr
             "set DATABASE_URL=postgres://... (zero setup needs the `sqlite` feature)".to_owned(),
         )),
         Some(url) => Err(AppError::Config(format!(
-            "DATABASE_URL must start with postgres://, postgresql:// or sqlite:, got `{}`",
+            "DATABASE_URL must start with postgres://, postgresql://, sqlite: or (feature `mysql`) mysql://, got `{}`",
             redact_url(url)
         ))),
     }

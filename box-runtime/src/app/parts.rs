@@ -32,6 +32,8 @@ impl App {
             Store::Postgres(store) => consumer(store.clone(), kafka, spec, &self.token),
             #[cfg(feature = "sqlite")]
             Store::Sqlite(store) => consumer(store.clone(), kafka, spec, &self.token),
+            #[cfg(feature = "mysql")]
+            Store::MySql(store) => consumer(store.clone(), kafka, spec, &self.token),
         }
     }
 
@@ -42,6 +44,8 @@ impl App {
             Store::Postgres(store) => relay(store.clone(), producer, spec, &self.token),
             #[cfg(feature = "sqlite")]
             Store::Sqlite(store) => relay(store.clone(), producer, spec, &self.token),
+            #[cfg(feature = "mysql")]
+            Store::MySql(store) => relay(store.clone(), producer, spec, &self.token),
         }
     }
 }

@@ -21,15 +21,20 @@ pub enum Store {
     /// SQLite (`DATABASE_URL=sqlite:...`, or the zero-setup file).
     #[cfg(feature = "sqlite")]
     Sqlite(crate::sqlite::SqliteStore),
+    /// MySQL/MariaDB (`DATABASE_URL=mysql://...`, feature `mysql`).
+    #[cfg(feature = "mysql")]
+    MySql(crate::mysql::MySqlStore),
 }
 
 impl Store {
-    /// `"postgres"` or `"sqlite"`.
+    /// `"postgres"`, `"sqlite"` or `"mysql"`.
     pub fn name(&self) -> &'static str {
         match self {
             Store::Postgres(_) => "postgres",
             #[cfg(feature = "sqlite")]
             Store::Sqlite(_) => "sqlite",
+            #[cfg(feature = "mysql")]
+            Store::MySql(_) => "mysql",
         }
     }
 
@@ -39,6 +44,8 @@ impl Store {
             Store::Postgres(store) => store.migrate().await,
             #[cfg(feature = "sqlite")]
             Store::Sqlite(store) => store.migrate().await,
+            #[cfg(feature = "mysql")]
+            Store::MySql(store) => store.migrate().await,
         }
     }
 }
@@ -67,6 +74,12 @@ pub(super) async fn open_store(
         Database::Sqlite(url) => {
             let store = crate::sqlite::SqliteStore::connect(url).await?;
             Ok((Store::Sqlite(store), None, format!("SQLite ({url})")))
+        }
+        #[cfg(feature = "mysql")]
+        Database::MySql(url) => {
+            let store = crate::mysql::MySqlStore::connect(url).await?;
+            let name = format!("MySQL/MariaDB ({})", crate::redact::redact_url(url));
+            Ok((Store::MySql(store), None, name))
         }
         #[cfg(feature = "sqlite")]
         Database::ZeroSetup => zero_setup().await,

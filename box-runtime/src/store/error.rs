@@ -1,13 +1,13 @@
-//! Database errors, classified by what they mean: the SQLSTATE class (PostgreSQL) or result
-//! code (SQLite) of the backend's own error type, and the driver's error kind. Never by text.
+//! Database errors, classified by what they mean: the SQLSTATE class (PostgreSQL), result
+//! code (SQLite) or error number (MySQL/MariaDB) of the backend's own error type, and the driver's error kind. Never by text.
 //!
-//! | class | PostgreSQL SQLSTATE | SQLite | what inoutbox does |
-//! | --- | --- | --- | --- |
-//! | [`ErrorClass::Unavailable`] | class `08`, class `53`, `57P01`–`57P03`; I/O, TLS, pool errors | `SQLITE_IOERR`, `SQLITE_FULL`, `SQLITE_CANTOPEN` | back off and retry without limit; no handler attempt is counted |
-//! | [`ErrorClass::Conflict`] | `40001`, `40P01` | `SQLITE_BUSY`, `SQLITE_LOCKED` | retry after a backoff (the transaction lost a race); each run counted once the database answers the count, the message given up on after `busy_attempts` (default 10) |
-//! | [`ErrorClass::Timeout`] | `55P03` (lock not available), `57014` (statement timeout, cancel) | — | as `Conflict`; so is a transaction that outlives `transaction_timeout` |
-//! | [`ErrorClass::Rejected`] | class `22` (data exception), class `23` (integrity constraint) | `SQLITE_CONSTRAINT`, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`, `SQLITE_RANGE`; encode errors | permanent for this message: a handler's error dead-letters it at once; inoutbox's own statements dead-letter it after a few tries |
-//! | [`ErrorClass::Other`] | everything else | everything else | a handler's error is transient (retried, counted); inoutbox's own statements back off and retry |
+//! | class | PostgreSQL SQLSTATE | SQLite | MySQL/MariaDB error number | what inoutbox does |
+//! | --- | --- | --- | --- | --- |
+//! | [`ErrorClass::Unavailable`] | class `08`, class `53`, `57P01`–`57P03`; I/O, TLS, pool errors | `SQLITE_IOERR`, `SQLITE_FULL`, `SQLITE_CANTOPEN` | 1040 (too many connections), 1053 (shutdown), 1077–1081, 1152, 1154–1161 (aborted, network), 1927 (connection killed), 2002, 2003, 2006, 2013 (gone away, lost), 4031 (idle disconnect) | back off and retry without limit; no handler attempt is counted |
+//! | [`ErrorClass::Conflict`] | `40001`, `40P01` | `SQLITE_BUSY`, `SQLITE_LOCKED` | 1213 (deadlock), 1614, 1637 (XA/too many transactions) | retry after a backoff (the transaction lost a race); each run counted once the database answers the count, the message given up on after `busy_attempts` (default 10) |
+//! | [`ErrorClass::Timeout`] | `55P03` (lock not available), `57014` (statement timeout, cancel) | — | 1205 (lock wait timeout), 3572 (`NOWAIT`), 1317 (interrupted), 1969, 3024 (statement timeout) | as `Conflict`; so is a transaction that outlives `transaction_timeout` |
+//! | [`ErrorClass::Rejected`] | class `22` (data exception), class `23` (integrity constraint) | `SQLITE_CONSTRAINT`, `SQLITE_MISMATCH`, `SQLITE_TOOBIG`, `SQLITE_RANGE`; encode errors | 1062, 1586 (duplicate key), 1048, 1364 (NULL, no default), 1216, 1217, 1451, 1452 (foreign key), 3819, 4025 (check), 1264, 1265, 1292, 1366, 1406, 1365 (out of range, truncated, bad string, too long, division by 0), 1301, 1153 (too large), 3140 (bad JSON) | permanent for this message: a handler's error dead-letters it at once; inoutbox's own statements dead-letter it after a few tries |
+//! | [`ErrorClass::Other`] | everything else | everything else | everything else | a handler's error is transient (retried, counted); inoutbox's own statements back off and retry |
 //!
 //! A handler overrides the class of its error with `HandlerError::permanent` or
 //! `HandlerError::transient`.
@@ -152,6 +152,10 @@ pub fn classify(error: &sqlx::Error) -> ErrorClass {
             if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
                 return postgres_class(pg.code());
             }
+            #[cfg(feature = "mysql")]
+            if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return mysql_class(my.number());
+            }
             #[cfg(feature = "sqlite")]
             if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
                 let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
@@ -171,6 +175,29 @@ pub(crate) fn postgres_class(sqlstate: &str) -> ErrorClass {
         "57P01" | "57P02" | "57P03" => ErrorClass::Unavailable,
         s if s.starts_with("08") || s.starts_with("53") => ErrorClass::Unavailable,
         s if s.starts_with("22") || s.starts_with("23") => ErrorClass::Rejected,
+        _ => ErrorClass::Other,
+    }
+}
+
+/// The class of a MySQL/MariaDB error number (the server's, or the client's 2xxx).
+#[cfg(feature = "mysql")]
+pub(crate) fn mysql_class(number: u16) -> ErrorClass {
+    match number {
+        1213 | 1614 | 1637 => ErrorClass::Conflict,
+        1205 | 3572 | 1317 | 1969 | 3024 => ErrorClass::Timeout,
+        1040
+        | 1053
+        | 1077..=1081
+        | 1152
+        | 1154..=1161
+        | 1927
+        | 2002
+        | 2003
+        | 2006
+        | 2013
+        | 4031 => ErrorClass::Unavailable,
+        1062 | 1586 | 1048 | 1364 | 1216 | 1217 | 1451 | 1452 | 3819 | 4025 | 1264 | 1265
+        | 1292 | 1366 | 1406 | 1365 | 1301 | 1153 | 3140 => ErrorClass::Rejected,
         _ => ErrorClass::Other,
     }
 }
@@ -256,6 +283,18 @@ mod tests {
         assert_eq!(sqlite_class(2067), ErrorClass::Rejected); // SQLITE_CONSTRAINT_UNIQUE
         assert_eq!(sqlite_class(10), ErrorClass::Unavailable);
         assert_eq!(sqlite_class(1), ErrorClass::Other);
+    }
+
+    #[cfg(feature = "mysql")]
+    #[test]
+    fn mysql_numbers_are_classified() {
+        assert_eq!(mysql_class(1213), ErrorClass::Conflict);
+        assert_eq!(mysql_class(1205), ErrorClass::Timeout);
+        assert_eq!(mysql_class(1062), ErrorClass::Rejected);
+        assert_eq!(mysql_class(1406), ErrorClass::Rejected);
+        assert_eq!(mysql_class(2013), ErrorClass::Unavailable);
+        assert_eq!(mysql_class(1927), ErrorClass::Unavailable);
+        assert_eq!(mysql_class(1146), ErrorClass::Other);
     }
 
     #[test]

@@ -49,6 +49,11 @@ pub(crate) trait Migrator {
         conn: &mut <Self::Db as Database>::Connection,
         tables: &Tables,
     ) -> impl Future<Output = Result<Vec<(String, String)>, StoreError>> + Send;
+    /// Adapts a statement the migrator renders (with double-quoted identifiers and `$n`
+    /// placeholders) to the backend's syntax; MySQL quotes with backticks and binds `?`.
+    fn adapt(sql: String) -> String {
+        sql
+    }
 }
 
 /// Fills the table names into a migration template.
@@ -142,19 +147,19 @@ where
     for<'q> String: sqlx::Decode<'q, M::Db> + sqlx::Type<M::Db>,
     (String, i32): for<'r> sqlx::FromRow<'r, <M::Db as Database>::Row>,
 {
-    sqlx::raw_sql(stmt(M::migrations_table(tables)))
+    sqlx::raw_sql(stmt(M::adapt(M::migrations_table(tables))))
         .execute(&mut *conn)
         .await?;
-    let applied: Vec<(String, i32)> = sqlx::query_as(stmt(format!(
+    let applied: Vec<(String, i32)> = sqlx::query_as(stmt(M::adapt(format!(
         "SELECT component, version FROM {}",
         tables.migrations
-    )))
+    ))))
     .fetch_all(&mut *conn)
     .await?;
-    let record = stmt(format!(
+    let record = stmt(M::adapt(format!(
         "INSERT INTO {} (component, version, description) VALUES ($1, $2, $3)",
         tables.migrations
-    ));
+    )));
     for m in M::MIGRATIONS {
         if applied
             .iter()
@@ -162,7 +167,7 @@ where
         {
             continue;
         }
-        let sql = render(m.sql, tables).map_err(StoreError::Migration)?;
+        let sql = M::adapt(render(m.sql, tables).map_err(StoreError::Migration)?);
         sqlx::raw_sql(stmt(sql)).execute(&mut *conn).await?;
         sqlx::query(record.clone())
             .bind(m.component)
@@ -208,6 +213,8 @@ mod tests {
         let mut templates: Vec<&str> = crate::postgres::MIGRATIONS.iter().map(|m| m.sql).collect();
         #[cfg(feature = "sqlite")]
         templates.extend(crate::sqlite::MIGRATIONS.iter().map(|m| m.sql));
+        #[cfg(feature = "mysql")]
+        templates.extend(crate::mysql::MIGRATIONS.iter().map(|m| m.sql));
         for sql in templates {
             for part in sql.split('{').skip(1) {
                 let inner = part.split('}').next().unwrap_or("");
@@ -249,6 +256,10 @@ mod tests {
         }
         #[cfg(feature = "sqlite")]
         for m in crate::sqlite::MIGRATIONS {
+            render(m.sql, &tables).unwrap();
+        }
+        #[cfg(feature = "mysql")]
+        for m in crate::mysql::MIGRATIONS {
             render(m.sql, &tables).unwrap();
         }
     }

@@ -1,0 +1,322 @@
+//! The MySQL/MariaDB backend: the inbox store ([`MySqlStore`]), the outbox writer, the relay
+//! store and the migrations, with the semantics of the PostgreSQL store.
+//!
+//! Statements are those MariaDB >= 10.6 and MySQL >= 8.0 both accept: no `RETURNING` (a claim
+//! marks the rows it inserts with a random token and reads them back), `ON DUPLICATE KEY
+//! UPDATE` for upserts, `GET_LOCK` for the relay's hold on the outbox. Identifiers are the
+//! validated names of [`Tables`], quoted with backticks; a configured schema is a database.
+//! There is no LISTEN/NOTIFY: the relay polls.
+
+use std::sync::Arc;
+
+use sqlx::mysql::MySqlPool;
+use sqlx::MySql;
+
+use crate::ident::TableName;
+use crate::store::migrate::{self, Migration, Migrator};
+use crate::store::sql::{stmt, Stmt};
+use crate::store::{StoreError, Tables};
+
+mod inbox;
+pub(crate) mod outbox;
+pub(crate) mod relay;
+mod tx;
+
+pub use outbox::MySqlOutbox;
+pub use relay::{MySqlRelaySession, MySqlRelayStore};
+pub use tx::MySqlTx;
+
+/// The migrations this backend ships, in order.
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
+        component: "inbox",
+        version: 1,
+        description: "inbox, attempts and dead-letter tables (business keys, deferred messages)",
+        sql: include_str!("migrations/inbox_v1.sql"),
+    },
+    Migration {
+        component: "outbox",
+        version: 1,
+        description: "outbox table (scheduled publishing)",
+        sql: include_str!("migrations/outbox_v1.sql"),
+    },
+];
+
+/// The current time, as stored (UTC: sqlx sets the session's time zone to `+00:00`).
+pub(crate) const NOW: &str = "NOW(6)";
+
+/// A time `?` microseconds before now.
+pub(crate) const AGO: &str = "(NOW(6) - INTERVAL ? MICROSECOND)";
+
+/// A time `?` microseconds after now.
+pub(crate) const LATER: &str = "(NOW(6) + INTERVAL ? MICROSECOND)";
+
+/// A duration in whole microseconds, for [`AGO`] and [`LATER`].
+pub(crate) fn micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// A statement written with double-quoted identifiers and `$n` placeholders, for MySQL: quoted
+/// with backticks, bound with `?` (each placeholder is bound in the order it appears).
+///
+/// Every identifier of inoutbox's statements is a validated [`Ident`](crate::ident::Ident)
+/// (letters, digits, `_`), so no double quote can be part of a name, and no statement of the
+/// store holds a string literal with a double quote or a `$`.
+pub(crate) fn adapt(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => out.push('`'),
+            '$' if chars.peek().is_some_and(char::is_ascii_digit) => {
+                while chars.peek().is_some_and(char::is_ascii_digit) {
+                    chars.next();
+                }
+                out.push('?');
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A table name quoted for MySQL: `` `schema`.`name` ``.
+pub(crate) fn quoted(table: &TableName) -> String {
+    adapt(&table.to_string())
+}
+
+/// `adapt`, then [`stmt`].
+fn my(sql: String) -> Stmt {
+    stmt(adapt(&sql))
+}
+
+/// `(?, ?), (?, ?), ...`: `n` pairs, for row constructors.
+pub(crate) fn pairs(n: usize) -> String {
+    vec!["(?, ?)"; n.max(1)].join(", ")
+}
+
+/// `?, ?, ...`: `n` placeholders.
+pub(crate) fn marks(n: usize) -> String {
+    vec!["?"; n.max(1)].join(", ")
+}
+
+struct MySql8;
+
+impl Migrator for MySql8 {
+    type Db = MySql;
+    const MIGRATIONS: &'static [Migration] = MIGRATIONS;
+
+    fn begin(tables: &Tables) -> Vec<String> {
+        // MySQL commits each DDL statement: the migrations exclude each other by the named
+        // lock `MySqlStore::migrate` takes; `BEGIN` only groups the records.
+        let mut statements = Vec::new();
+        if let Some(schema) = tables.schema() {
+            statements.push(format!("CREATE DATABASE IF NOT EXISTS {schema}"));
+        }
+        statements.push("BEGIN".to_owned());
+        statements
+    }
+
+    fn migrations_table(tables: &Tables) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (component varchar(64) NOT NULL, version int NOT NULL, \
+             description text NOT NULL, applied_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             PRIMARY KEY (component, version)) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin",
+            tables.migrations
+        )
+    }
+
+    async fn rename_legacy(
+        _conn: &mut sqlx::MySqlConnection,
+        _tables: &Tables,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        // The backend is newer than the project's former name: nothing to rename.
+        Ok(Vec::new())
+    }
+
+    fn adapt(sql: String) -> String {
+        adapt(&sql)
+    }
+}
+
+#[derive(Debug)]
+struct Statements {
+    clear_attempts: Stmt,
+    mark_replayed: Stmt,
+    delete_processed: Stmt,
+    count_stuck: Stmt,
+    count_dead_letters: Stmt,
+    record_failure: Stmt,
+    failures_of: Stmt,
+    known_event: Stmt,
+    dead_letter: Stmt,
+    load_dead_letter: Stmt,
+    inbox: String,
+    attempts: String,
+}
+
+impl Statements {
+    fn new(t: &Tables) -> Self {
+        let (inbox, attempts, dead) = (&t.inbox, &t.attempts, &t.dead_letters);
+        Self {
+            clear_attempts: my(format!(
+                "DELETE FROM {attempts} WHERE consumer_group = $1 AND source = $2 AND event_id = $3"
+            )),
+            mark_replayed: my(format!("UPDATE {dead} SET replayed_at = {NOW} WHERE id = $1")),
+            delete_processed: my(format!(
+                "DELETE FROM {inbox} WHERE processed_at < {AGO} ORDER BY processed_at LIMIT $2"
+            )),
+            count_stuck: my(format!(
+                "SELECT count(*) FROM {inbox} WHERE processed_at IS NULL AND received_at < {AGO} \
+                 AND (due_at IS NULL OR due_at < {AGO})"
+            )),
+            count_dead_letters: my(format!(
+                "SELECT count(*) FROM {dead} WHERE consumer_group = $1 AND replayed_at IS NULL"
+            )),
+            record_failure: my(format!(
+                "INSERT INTO {attempts} (consumer_group, source, event_id, attempts, last_error) \
+                 VALUES ($1, $2, $3, 1, $4) \
+                 ON DUPLICATE KEY UPDATE attempts = attempts + 1, last_error = $5, last_failed_at = {NOW}"
+            )),
+            failures_of: my(format!(
+                "SELECT attempts FROM {attempts} WHERE consumer_group = $1 AND source = $2 AND event_id = $3"
+            )),
+            known_event: my(format!(
+                "SELECT count(*) FROM {inbox} WHERE consumer_group = $1 AND source = $2 AND event_id = $3"
+            )),
+            // One letter per (group, source, event id): a redelivered or replayed message that
+            // fails again updates its letter; `LAST_INSERT_ID(id)` reports the updated one's id.
+            dead_letter: my(format!(
+                "INSERT INTO {dead} (consumer_group, source, event_id, event_type, topic, \"partition\", \"offset\", \
+                   message_key, headers, payload, error, attempts, first_failed_at, last_failed_at, \
+                   payload_size, payload_sha256) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+                   COALESCE((SELECT first_failed_at FROM {attempts} \
+                             WHERE consumer_group = $13 AND source = $14 AND event_id = $15), {NOW}), \
+                   {NOW}, $16, $17) \
+                 ON DUPLICATE KEY UPDATE id = LAST_INSERT_ID(id), \
+                   event_type = VALUES(event_type), topic = VALUES(topic), \"partition\" = VALUES(\"partition\"), \
+                   \"offset\" = VALUES(\"offset\"), message_key = VALUES(message_key), headers = VALUES(headers), \
+                   payload = VALUES(payload), payload_size = VALUES(payload_size), \
+                   payload_sha256 = VALUES(payload_sha256), error = VALUES(error), \
+                   attempts = attempts + VALUES(attempts), last_failed_at = {NOW}, \
+                   dead_lettered_at = {NOW}, times = times + 1, replayed_at = NULL"
+            )),
+            load_dead_letter: my(format!(
+                "SELECT id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", message_key, \
+                   headers, payload, error, attempts, CAST(replayed_at IS NOT NULL AS SIGNED) AS replayed \
+                 FROM {dead} WHERE consumer_group = $1 AND id = $2"
+            )),
+            inbox: quoted(inbox),
+            attempts: quoted(attempts),
+        }
+    }
+}
+
+/// The MySQL/MariaDB store of the inbox: inbox rows, attempt counts and dead letters.
+#[derive(Debug, Clone)]
+pub struct MySqlStore {
+    pool: MySqlPool,
+    tables: Tables,
+    sql: Arc<Statements>,
+}
+
+impl MySqlStore {
+    /// A store on `pool` with the default table names (in the pool's database).
+    pub fn new(pool: MySqlPool) -> Self {
+        Self::with_tables(pool, Tables::default())
+    }
+
+    /// A store on `pool` with the given table names; a schema is a database (MySQL has no
+    /// other kind of schema).
+    pub fn with_tables(pool: MySqlPool, tables: Tables) -> Self {
+        let sql = Arc::new(Statements::new(&tables));
+        Self { pool, tables, sql }
+    }
+
+    /// Connects to `url` (`mysql://user:password@host:port/database`, MariaDB or MySQL),
+    /// failing within [`CONNECT_TIMEOUT`] with the target (password hidden) and the cause.
+    /// Its sessions read committed data (`READ COMMITTED`, as PostgreSQL does by default).
+    ///
+    /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
+        check_scheme(url, &["mysql", "mariadb"], "MySqlStore")?;
+        let options = connect_options(url)?;
+        let pool = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(10)
+            .acquire_timeout(CONNECT_TIMEOUT)
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .execute(conn)
+                        .await
+                        .map(|_| ())
+                })
+            });
+        let pool = bounded(url, pool.connect_with(options)).await?;
+        Ok(Self::new(pool))
+    }
+
+    /// Applies inoutbox's migrations (inbox and outbox tables): idempotent, and safe to call from
+    /// several processes at once (they take a named lock, `GET_LOCK`, one after the other).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut conn = self.pool.acquire().await?.detach();
+        let name = format!("inoutbox.migrate.{}", self.tables.migrations);
+        let lock = stmt(
+            "SELECT GET_LOCK(CONCAT('inoutbox:', LEFT(SHA2(CONCAT(COALESCE(DATABASE(), ''), ?), 256), 40)), 60)"
+                .to_owned(),
+        );
+        let got: Option<i64> = sqlx::query_scalar(lock)
+            .bind(&name)
+            .fetch_one(&mut conn)
+            .await?;
+        if got != Some(1) {
+            return Err(StoreError::Config(
+                "another process held the migration lock for 60 s: is a migration stuck?".into(),
+            ));
+        }
+        let migrated = migrate::migrate::<MySql8>(&mut conn, &self.tables).await;
+        // Closing the connection releases its lock.
+        let _ = sqlx::Connection::close(conn).await;
+        migrated
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.pool
+    }
+
+    /// The table names.
+    pub fn tables(&self) -> &Tables {
+        &self.tables
+    }
+}
+
+/// The connect options of `url`, or a configuration error that hides its password.
+pub(crate) fn connect_options(url: &str) -> Result<sqlx::mysql::MySqlConnectOptions, StoreError> {
+    use std::str::FromStr;
+    let url = url
+        .strip_prefix("mariadb://")
+        .map(|rest| format!("mysql://{rest}"))
+        .unwrap_or_else(|| url.to_owned());
+    sqlx::mysql::MySqlConnectOptions::from_str(&url).map_err(|e| {
+        StoreError::Config(format!(
+            "invalid MySQL URL `{}`: {e}",
+            crate::redact::redact_url(&url)
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::adapt;
+
+    #[test]
+    fn quotes_become_backticks_and_numbered_placeholders_become_marks() {
+        assert_eq!(
+            adapt("SELECT \"offset\" FROM \"app\".\"t\" WHERE a = $1 AND b = $12 AND c = '$x'"),
+            "SELECT `offset` FROM `app`.`t` WHERE a = ? AND b = ? AND c = '$x'"
+        );
+    }
+}
