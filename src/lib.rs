@@ -54,6 +54,8 @@ pub mod docs {
     pub mod deployment {}
     #[doc = include_str!("../docs/modes.md")]
     pub mod modes {}
+    #[doc = include_str!("../docs/nats.md")]
+    pub mod nats {}
     #[doc = include_str!("../docs/operations.md")]
     pub mod operations {}
     #[doc = include_str!("../docs/outbox.md")]
