@@ -167,15 +167,8 @@ async fn strategy_scenario(
     let store = db.migrated_store().await;
     let topic = support::unique(group);
     nats_support::create_stream(&js, &topic).await;
-    let seq = publish_order(
-        &js,
-        &topic,
-        1,
-        &Uuid::new_v4().to_string(),
-        Uuid::new_v4(),
-        1200,
-    )
-    .await;
+    let order = Uuid::new_v4();
+    let seq = publish_order(&js, &topic, 1, &Uuid::new_v4().to_string(), order, 1200).await;
     let builder = || {
         Consumer::builder(group, store.clone(), config(server, &topic, 1))
             .ack(strategy)
@@ -189,13 +182,16 @@ async fn strategy_scenario(
     let processed = matches!(report.outcome, Outcome::Processed { .. });
     let committed = ack_floor(&js, &topic, group, 0).await >= seq;
 
-    // A sentinel after it on the same partition tells when the second consumer's answer is in.
+    // A sentinel after it with the same key (each key is in offset order; different keys of a
+    // partition run in lanes of their own) tells when the second consumer's answer is in.
     let payload = serde_json::to_vec(&serde_json::json!({})).expect("json");
+    let key = order.to_string();
     let sentinel = [
         ("ce_id", "sentinel"),
         ("ce_type", "Sentinel"),
         ("ce_source", "tests"),
         ("ce_specversion", "1.0"),
+        ("ce_partitionkey", key.as_str()),
     ];
     publish(&js, &subject(&topic, 0), &sentinel, payload).await;
     let mut second = RunningNats::start(builder());
@@ -700,8 +696,10 @@ async fn hostile_messages_are_dead_lettered_and_the_partition_goes_on() {
         )
         .retry(RetryPolicy::no_retries()),
     );
-    let reports = consumer.take(6).await;
+    let mut reports = consumer.take(6).await;
     consumer.stop().await;
+    // Reports come as the key lanes finish: read them in offset order.
+    reports.sort_by_key(|r| r.delivery.offset);
     for r in &reports {
         println!("{} -> {:?}", r.delivery.offset, r.outcome);
     }
