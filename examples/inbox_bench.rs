@@ -27,7 +27,7 @@
 //! * **B, inoutbox batched, partition order** (`ExactlyOnceInbox`, `Ordering::Partition`):
 //!   micro-batches per partition, one claim statement, the handler per event, one commit and
 //!   one offset commit per batch.
-//! * **K, inoutbox batched, key lanes** (the default: `Ordering::Key`, lanes sized from the
+//! * **K, inoutbox batched, key lanes** (`Ordering::Key`, lanes sized from the
 //!   pool): B with the keys of each partition spread over concurrent lanes.
 //! * **C, inoutbox unbatched** (`max_batch(1)`): one transaction per message, as before batching.
 //! * **D, at least once** (`OnSuccess`, batched): B without the inbox row.
@@ -544,7 +544,7 @@ async fn store_apart(pg: &inoutbox::PgStore, prefix: &str) -> Result<inoutbox::P
 }
 
 /// Runs B, K, C, D and F: inoutbox's consumer on PostgreSQL, batched in partition order,
-/// batched in key lanes (the default), unbatched, without the inbox, and a batch handler.
+/// batched in key lanes (`Ordering::Key`), unbatched, without the inbox, and a batch handler.
 async fn postgres_runs(
     broker: &Broker,
     topic: &str,
@@ -569,7 +569,7 @@ async fn postgres_runs(
             Partition,
         ),
         (
-            "K inoutbox batched, key lanes (default)",
+            "K inoutbox batched, key lanes (Ordering::Key)",
             "k",
             GROUP,
             AckStrategy::ExactlyOnceInbox,

@@ -503,28 +503,28 @@ async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() 
     );
 }
 
-/// The default (nothing set): key lanes sized from the pool (the test store's 10
+/// `Ordering::Key` with no `key_lanes` set: lanes sized from the pool (the test store's 10
 /// connections), each key in offset order, different keys at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_order_runs_the_keys_of_a_partition_concurrently_each_in_offset_order() {
+async fn key_order_sized_from_the_pool_runs_the_keys_of_a_partition_concurrently_each_in_offset_order(
+) {
     keyed_run("batchkeysdef", "batch-keys-default", &KEYS_DEFAULT, |c| {
-        c.max_batch(10).max_wait(Duration::ZERO)
+        c.ordering(Ordering::Key)
+            .max_batch(10)
+            .max_wait(Duration::ZERO)
     })
     .await;
     assert!(
         KEYS_DEFAULT.max_in_flight.load(AtomicOrdering::SeqCst) > 1,
-        "by default, different keys of one partition run concurrently"
+        "with Ordering::Key and lanes from the pool, different keys of one partition run concurrently"
     );
 }
 
-/// The old default, one setting away: every message of the partition in offset order, one
-/// at a time.
+/// The default (nothing set): every message of the partition in offset order, one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partition_order_is_one_setting_away_and_keeps_the_whole_partitions_order() {
+async fn the_default_order_keeps_the_whole_partitions_order() {
     let offsets = keyed_run("batchpart", "batch-partition-order", &KEYS_PARTITION, |c| {
-        c.ordering(Ordering::Partition)
-            .max_batch(10)
-            .max_wait(Duration::ZERO)
+        c.max_batch(10).max_wait(Duration::ZERO)
     })
     .await;
     assert!(

@@ -169,14 +169,14 @@ impl RetryPolicy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Ordering {
-    /// One message after the other, in offset order (the default before key lanes): choose it
-    /// when a handler needs the order of messages with different keys.
+    /// One message after the other, in offset order (the default): what a handler that needs
+    /// the order of messages with different keys keeps.
+    #[default]
     Partition,
     /// Messages with the same key in offset order; different keys in concurrent lanes (see
     /// [`InboxConfig::key_lanes`]), so that the concurrency does not come from the number of
-    /// partitions alone (the default). Keyless messages share one lane, in offset order. The
-    /// committed offset still never passes a message that is not resolved.
-    #[default]
+    /// partitions alone. Keyless messages share one lane, in offset order. The committed offset
+    /// still never passes a message that is not resolved.
     Key,
 }
 
@@ -232,7 +232,7 @@ pub struct InboxConfig {
     pub max_batch: usize,
     /// How long a batch waits for more messages before it closes (default 2 ms).
     pub max_wait: Duration,
-    /// The order of handling inside a partition (default [`Ordering::Key`]).
+    /// The order of handling inside a partition (default [`Ordering::Partition`]).
     pub ordering: Ordering,
     /// Concurrent lanes per partition with [`Ordering::Key`]; 0 (the default) sizes them from
     /// the store: as many as its pool has connections
@@ -298,7 +298,7 @@ impl Default for InboxConfig {
             outage_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             max_batch: 500,
             max_wait: Duration::from_millis(2),
-            ordering: Ordering::Key,
+            ordering: Ordering::Partition,
             key_lanes: 0,
             transaction_timeout: Duration::from_secs(60),
             busy_attempts: 10,
@@ -395,9 +395,9 @@ macro_rules! inbox_setters {
         }
 
         /// The order of handling inside a partition (default
-        /// [`Ordering::Key`](crate::engine::Ordering::Key): per key;
-        /// [`Ordering::Partition`](crate::engine::Ordering::Partition) keeps the whole
-        /// partition's order).
+        /// [`Ordering::Partition`](crate::engine::Ordering::Partition): the whole partition's
+        /// order; [`Ordering::Key`](crate::engine::Ordering::Key): per key, different keys in
+        /// concurrent lanes).
         pub fn ordering(mut self, ordering: $crate::engine::Ordering) -> Self {
             self$(.$field)?.ordering = ordering;
             self

@@ -30,7 +30,7 @@ pub use state::Report;
 
 /// Runs one partition's messages through `inbox` until the channel closes, `stop` turns true
 /// or the partition is no longer owned: in micro-batches (see [`Inbox::process_batch`]), or in
-/// key-ordered lanes with [`Ordering::Key`] (the default) when the store runs more than one
+/// key-ordered lanes with [`Ordering::Key`] when the store runs more than one
 /// transaction at once. Commits once per batch as messages resolve; on the
 /// way out re-queues the last position (closing the consumer waits for queued commits).
 ///
