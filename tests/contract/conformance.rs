@@ -35,7 +35,8 @@ async fn the_store_passes_the_conformance_suite<K: Kit>() {
         _ => &[],
     };
     assert_eq!(skipped, expected, "{:?}", passed.skipped);
-    assert!(passed.passed.len() >= 20, "{:?}", passed.passed);
+    let least = if expected.is_empty() { 20 } else { 12 };
+    assert!(passed.passed.len() >= least, "{:?}", passed.passed);
     let relay = relay_conformance(&store, &kit.relay_store())
         .await
         .unwrap_or_else(|e| panic!("{e}"));
