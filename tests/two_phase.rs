@@ -432,27 +432,19 @@ async fn a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once()
     // Thawed, the first finishes its handler; its transaction must not commit a second receipt.
     signal(&first, "CONT");
     first.wait_for("lease lost", Duration::from_secs(30));
-    // Polled rather than read once: on a loaded machine the thawed process's bookkeeping
-    // statement may land after its log line is read.
-    let ended = "SELECT count(*) FROM handler_runs WHERE ended_at IS NOT NULL";
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while db.count(ended).await < 2 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // The thawed first process either finishes its handler and its commit is refused, or finds
+    // its connection closed by the server while it was frozen (a session timeout) and its retry
+    // is refused at the lease check: "lease lost" either way, and no second receipt. Without
+    // the lease check the refused run commits (or the retry runs) and a receipt is doubled.
     let runs: Vec<(i32, bool)> =
         sqlx::query_as("SELECT pid, ended_at IS NOT NULL FROM handler_runs ORDER BY id")
             .fetch_all(&db.pool)
             .await
             .expect("handler_runs");
-    let ended_runs = runs.iter().filter(|(_, ended)| *ended).count();
-    assert_eq!(
-        ended_runs,
-        2,
-        "both processes ran the handler to its end, once each; runs (pid, ended): {runs:?} \
-         (first pid {}); the first's output:\n{}\nthe second's:\n{}",
-        first.pid(),
+    assert!(
+        runs.iter().any(|(pid, _)| *pid as u32 == first.pid()),
+        "the first process ran the handler; runs (pid, ended): {runs:?}, its output:\n{}",
         first.lines().join("\n"),
-        _second.lines().join("\n"),
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_each_once(&receipts_per_order(&db).await, &orders);
