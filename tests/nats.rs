@@ -18,8 +18,9 @@ use inoutbox::nats::{partition_for, subject, NatsPublisher};
 use inoutbox::outbox;
 use inoutbox::prelude::*;
 use inoutbox::{Consumer, Outcome, RetryPolicy};
-use nats_support::{ack_floor, config, publish, publish_order, NatsServer, RunningNats};
+use nats_support::{ack_floor, config, publish, publish_order, NatsServer, Setup};
 use serde::{Deserialize, Serialize};
+use support::Running;
 use support::TestDb;
 use uuid::Uuid;
 
@@ -74,17 +75,18 @@ async fn counts_runs(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Handl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_delivery_runs_handler_once() {
     let server = NatsServer::start();
-    let js = server.js().await;
-    let db = TestDb::new("nats_dup").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique("dup");
-    nats_support::create_stream(&js, &topic).await;
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_dup", "dup").await;
     let id = Uuid::new_v4().to_string();
     let order = Uuid::new_v4();
     // The same event twice (no `Nats-Msg-Id`: JetStream keeps both).
     publish_order(&js, &topic, 1, &id, order, 100).await;
     publish_order(&js, &topic, 1, &id, order, 100).await;
-    let mut consumer = RunningNats::start(Consumer::builder(
+    let mut consumer = Running::start(Consumer::builder(
         "nats-duplicate",
         store,
         config(&server, &topic, 1),
@@ -162,11 +164,12 @@ async fn strategy_scenario(
     group: &'static str,
     runs: &AtomicU32,
 ) -> StrategyRow {
-    let js = server.js().await;
-    let db = TestDb::new("nats_ack").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique(group);
-    nats_support::create_stream(&js, &topic).await;
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(server, "nats_ack", group).await;
     let order = Uuid::new_v4();
     let seq = publish_order(&js, &topic, 1, &Uuid::new_v4().to_string(), order, 1200).await;
     let builder = || {
@@ -176,7 +179,7 @@ async fn strategy_scenario(
             .on_exhausted(OnExhausted::LeaveUncommitted)
             .unknown_event(UnknownEvent::Skip)
     };
-    let mut first = RunningNats::start(builder());
+    let mut first = Running::start(builder());
     let report = first.take(1).await.remove(0);
     first.stop().await;
     let processed = matches!(report.outcome, Outcome::Processed { .. });
@@ -194,7 +197,7 @@ async fn strategy_scenario(
         ("ce_partitionkey", key.as_str()),
     ];
     publish(&js, &subject(&topic, 0), &sentinel, payload).await;
-    let mut second = RunningNats::start(builder());
+    let mut second = Running::start(builder());
     let mut second_received = false;
     loop {
         let r = second.take(1).await.remove(0);
@@ -451,11 +454,12 @@ async fn pauses_the_first_run(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_lease_was_taken_cannot_acknowledge() {
     let server = NatsServer::start();
-    let js = server.js().await;
-    let db = TestDb::new("nats_fence").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique("fence");
-    nats_support::create_stream(&js, &topic).await;
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_fence", "fence").await;
     let seq = publish_order(
         &js,
         &topic,
@@ -481,7 +485,7 @@ async fn a_member_whose_lease_was_taken_cannot_acknowledge() {
         .expect("lease bucket");
     let key = lease_key("nats-fence", &topic, 0);
     let first_owner = leases.get(&key).await.expect("lease").expect("held");
-    let mut second = RunningNats::start(Consumer::builder(
+    let mut second = Running::start(Consumer::builder(
         "nats-fence",
         store,
         config(&server, &topic, 1),
@@ -530,11 +534,12 @@ async fn takeover_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_member_takes_the_partitions_of_a_killed_one() {
     let server = NatsServer::start();
-    let js = server.js().await;
-    let db = TestDb::new("nats_takeover").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique("takeover");
-    nats_support::create_stream(&js, &topic).await;
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_takeover", "takeover").await;
     for n in 0..30 {
         publish_order(
             &js,
@@ -550,7 +555,7 @@ async fn a_second_member_takes_the_partitions_of_a_killed_one() {
     for _ in 0..5 {
         first.next().await;
     }
-    let mut second = RunningNats::start(Consumer::builder(
+    let mut second = Running::start(Consumer::builder(
         "nats-takeover",
         store,
         config(&server, &topic, 3),
@@ -589,11 +594,12 @@ async fn restart_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), H
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_server_killed_and_restarted_loses_and_doubles_nothing() {
     let mut server = NatsServer::start();
-    let js = server.js().await;
-    let db = TestDb::new("nats_restart").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique("restart");
-    nats_support::create_stream(&js, &topic).await;
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_restart", "restart").await;
     for n in 0..20 {
         publish_order(
             &js,
@@ -605,7 +611,7 @@ async fn nats_server_killed_and_restarted_loses_and_doubles_nothing() {
         )
         .await;
     }
-    let mut consumer = RunningNats::start(Consumer::builder(
+    let mut consumer = Running::start(Consumer::builder(
         "nats-restart",
         store,
         config(&server, &topic, 3),
@@ -644,12 +650,13 @@ async fn hostile_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), H
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_messages_are_dead_lettered_and_the_partition_goes_on() {
     let server = NatsServer::start();
-    let js = server.js().await;
-    let db = TestDb::new("nats_hostile").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique("hostile");
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_hostile", "hostile").await;
     let dlq = support::unique("dlq");
-    nats_support::create_stream(&js, &topic).await;
     let p0 = subject(&topic, 0);
     let attributes = |id: &'static str| {
         [
@@ -688,7 +695,7 @@ async fn hostile_messages_are_dead_lettered_and_the_partition_goes_on() {
         2,
     )
     .await;
-    let mut consumer = RunningNats::start(
+    let mut consumer = Running::start(
         Consumer::builder(
             "nats-hostile",
             store,
@@ -739,13 +746,14 @@ async fn share_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), Han
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_live_members_share_the_partitions() {
     let server = NatsServer::start();
-    let js = server.js().await;
-    let db = TestDb::new("nats_share").await;
-    let store = db.migrated_store().await;
-    let topic = support::unique("share");
-    nats_support::create_stream(&js, &topic).await;
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_share", "share").await;
     let builder = || Consumer::builder("nats-share", store.clone(), config(&server, &topic, 4));
-    let mut first = RunningNats::start(builder());
+    let mut first = Running::start(builder());
     let leases = loop {
         if let Ok(leases) = js.get_key_value("inoutbox_leases").await {
             break leases;
@@ -771,7 +779,7 @@ async fn two_live_members_share_the_partitions() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let mut second = RunningNats::start(builder());
+    let mut second = Running::start(builder());
     while owners().await != (4, 2) {
         assert!(Instant::now() < deadline, "the partitions were not shared");
         tokio::time::sleep(Duration::from_millis(100)).await;

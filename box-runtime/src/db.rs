@@ -553,11 +553,31 @@ impl Db for sqlx::MySql {
 /// now bound; a statement without them is returned as it is.
 #[cfg(feature = "mysql")]
 fn positional(sql: SqlStr, args: Vec<Value>) -> Result<(SqlStr, Vec<Value>), sqlx::Error> {
-    let text = sql.as_str();
-    let mut out = String::with_capacity(text.len());
-    let mut order = Vec::new();
+    let (out, numbers) = numbered_to_marks(sql.as_str());
+    if numbers.is_empty() {
+        return Ok((sql, args));
+    }
+    let order = numbers
+        .into_iter()
+        .map(|n| {
+            n.checked_sub(1)
+                .and_then(|i| args.get(i))
+                .cloned()
+                .ok_or_else(|| sqlx::Error::Protocol(format!("${n} has no bound value")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((sqlx::AssertSqlSafe(out).into_sql_str(), order))
+}
+
+/// `sql` with its `$n` placeholders outside quotes (`'..'`, `".."`, `` `..` ``) rewritten to
+/// MySQL's `?`, and the numbers they had, in the order they stood: the one scanner of the
+/// handlers' statements ([`positional`]) and the store's own (`mysql::adapt`).
+#[cfg(feature = "mysql")]
+pub(crate) fn numbered_to_marks(sql: &str) -> (String, Vec<usize>) {
+    let mut out = String::with_capacity(sql.len());
+    let mut numbers = Vec::new();
     let mut quote: Option<char> = None;
-    let mut chars = text.chars().peekable();
+    let mut chars = sql.chars().peekable();
     while let Some(c) = chars.next() {
         out.push(c);
         match (quote, c) {
@@ -572,20 +592,13 @@ fn positional(sql: SqlStr, args: Vec<Value>) -> Result<(SqlStr, Vec<Value>), sql
                     n = n.saturating_mul(10).saturating_add(d as usize);
                     chars.next();
                 }
-                let value = n
-                    .checked_sub(1)
-                    .and_then(|i| args.get(i))
-                    .ok_or_else(|| sqlx::Error::Protocol(format!("${n} has no bound value")))?;
-                order.push(value.clone());
+                numbers.push(n);
                 out.push('?');
             }
             (None, _) => {}
         }
     }
-    if order.is_empty() {
-        return Ok((sql, args));
-    }
-    Ok((sqlx::AssertSqlSafe(out).into_sql_str(), order))
+    (out, numbers)
 }
 
 #[cfg(feature = "mysql")]

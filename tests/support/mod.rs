@@ -404,8 +404,9 @@ pub fn init_logging() {
 }
 
 impl Running {
-    pub fn start<S: inoutbox::store::InboxStore>(
-        builder: inoutbox::ConsumerBuilder<S, inoutbox::KafkaConfig>,
+    /// Runs the consumer `builder` makes, on any transport (Kafka, NATS, the in-memory broker).
+    pub fn start<S: inoutbox::store::InboxStore, T: inoutbox::transport::Transport>(
+        builder: inoutbox::ConsumerBuilder<S, T>,
     ) -> Self {
         init_logging();
         let (tx, reports) = mpsc::unbounded_channel();

@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use futures_util::StreamExt;
-use inoutbox::inbox::Report;
 use inoutbox::nats::{partition_for, stream_name, subject, NatsConfig};
-use tokio::sync::mpsc;
 
 /// A `nats-server -js` of its own.
 pub struct NatsServer {
@@ -132,6 +130,31 @@ pub fn config(server: &NatsServer, topic: &str, partitions: u32) -> NatsConfig {
         .shutdown_grace(Duration::from_secs(10))
 }
 
+/// What most NATS tests start from: a JetStream context on `server`, a migrated database
+/// `db_name` with its store, and a fresh stream for a topic named from `topic`.
+pub struct Setup {
+    pub js: jetstream::Context,
+    pub db: crate::support::TestDb,
+    pub store: inoutbox::PgStore,
+    pub topic: String,
+}
+
+impl Setup {
+    pub async fn new(server: &NatsServer, db_name: &str, topic: &str) -> Self {
+        let js = server.js().await;
+        let db = crate::support::TestDb::new(db_name).await;
+        let store = db.migrated_store().await;
+        let topic = crate::support::unique(topic);
+        create_stream(&js, &topic).await;
+        Self {
+            js,
+            db,
+            store,
+            topic,
+        }
+    }
+}
+
 /// Creates the stream of `topic` (subjects `<topic>.*`).
 pub async fn create_stream(js: &jetstream::Context, topic: &str) {
     js.get_or_create_stream(jetstream::stream::Config {
@@ -235,58 +258,4 @@ pub async fn read_stream(
         out.push(m.expect("message"));
     }
     out
-}
-
-/// A consumer on NATS, running in a task.
-pub struct RunningNats {
-    pub reports: mpsc::UnboundedReceiver<Report>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    handle: tokio::task::JoinHandle<()>,
-}
-
-impl RunningNats {
-    pub fn start<S: inoutbox::store::InboxStore>(
-        builder: inoutbox::ConsumerBuilder<S, NatsConfig>,
-    ) -> Self {
-        crate::support::init_logging();
-        let (tx, reports) = mpsc::unbounded_channel();
-        let consumer = builder.reports(tx).build().expect("build consumer");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
-            consumer
-                .run(async move {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("consumer run");
-        });
-        Self {
-            reports,
-            stop: Some(stop),
-            handle,
-        }
-    }
-
-    /// The next `n` reports; panics if they do not come within 60 s.
-    pub async fn take(&mut self, n: usize) -> Vec<Report> {
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            match tokio::time::timeout(Duration::from_secs(60), self.reports.recv()).await {
-                Ok(Some(r)) => out.push(r),
-                _ => panic!("expected {n} reports, got {}: {out:#?}", out.len()),
-            }
-        }
-        out
-    }
-
-    /// Stops gracefully and waits for the consumer to end.
-    pub async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        tokio::time::timeout(Duration::from_secs(30), &mut self.handle)
-            .await
-            .expect("consumer stops within 30 s")
-            .expect("consumer task");
-    }
 }

@@ -11,7 +11,7 @@ use sqlx::{MySql, Row};
 use super::{marks, micros, pairs, MySqlStore, AGO};
 use crate::message::Delivery;
 use crate::store::sql::stmt;
-use crate::store::text::{safe_text, MAX_ERROR_BYTES};
+use crate::store::text::{decode_headers, encode_headers, safe_text, MAX_ERROR_BYTES};
 use crate::store::{
     Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
 };
@@ -388,33 +388,4 @@ impl InboxStore for MySqlStore {
 /// A key column (`varbinary`: compared byte by byte) as the text it was written from.
 fn text(bytes: Vec<u8>) -> String {
     String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-/// Headers as JSON: `[[name, "hex" | null], ...]`, exact for any bytes (as on SQLite).
-pub(super) fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
-    let list: Vec<(&str, Option<String>)> = headers
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.as_str(),
-                v.as_ref()
-                    .map(|b| b.iter().map(|x| format!("{x:02x}")).collect()),
-            )
-        })
-        .collect();
-    serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned())
-}
-
-pub(super) fn decode_headers(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
-    let list: Vec<(String, Option<String>)> = serde_json::from_str(text).unwrap_or_default();
-    list.into_iter()
-        .map(|(n, v)| {
-            let bytes = v.map(|hex| {
-                (0..hex.len() / 2)
-                    .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-                    .collect()
-            });
-            (n, bytes)
-        })
-        .collect()
 }

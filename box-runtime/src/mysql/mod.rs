@@ -63,21 +63,7 @@ pub(crate) fn micros(d: std::time::Duration) -> i64 {
 /// (letters, digits, `_`), so no double quote can be part of a name, and no statement of the
 /// store holds a string literal with a double quote or a `$`.
 pub(crate) fn adapt(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut chars = sql.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => out.push('`'),
-            '$' if chars.peek().is_some_and(char::is_ascii_digit) => {
-                while chars.peek().is_some_and(char::is_ascii_digit) {
-                    chars.next();
-                }
-                out.push('?');
-            }
-            c => out.push(c),
-        }
-    }
-    out
+    crate::db::numbered_to_marks(sql).0.replace('"', "`")
 }
 
 /// A table name quoted for MySQL: `` `schema`.`name` ``.

@@ -4,6 +4,7 @@ use sqlx::{Row, Sqlite};
 
 use super::SqliteStore;
 use crate::message::Delivery;
+use crate::store::text::{decode_headers, encode_headers};
 use crate::store::{
     Claim, ClaimRequest, DeadLetter, EffectCounts, InboxKey, InboxStore, LeaseRequest, ReceivedRow,
     StoreError, StoredDeadLetter, StoredEffect, Tables,
@@ -377,50 +378,5 @@ impl InboxStore for SqliteStore {
             attempts: attempts.max(0) as u32,
             replayed: row.try_get("replayed")?,
         }))
-    }
-}
-
-/// Headers as JSON: `[[name, "hex" | null], ...]`, exact for any bytes.
-pub(super) fn encode_headers(headers: &[(String, Option<Vec<u8>>)]) -> String {
-    let list: Vec<(&str, Option<String>)> = headers
-        .iter()
-        .map(|(n, v)| {
-            (
-                n.as_str(),
-                v.as_ref()
-                    .map(|b| b.iter().map(|x| format!("{x:02x}")).collect()),
-            )
-        })
-        .collect();
-    serde_json::to_string(&list).unwrap_or_else(|_| "[]".to_owned())
-}
-
-pub(super) fn decode_headers(text: &str) -> Vec<(String, Option<Vec<u8>>)> {
-    let list: Vec<(String, Option<String>)> = serde_json::from_str(text).unwrap_or_default();
-    list.into_iter()
-        .map(|(n, v)| {
-            let bytes = v.map(|hex| {
-                (0..hex.len() / 2)
-                    .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
-                    .collect()
-            });
-            (n, bytes)
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{decode_headers, encode_headers};
-
-    #[test]
-    fn headers_round_trip_exactly() {
-        let headers = vec![
-            ("ce_id".to_owned(), Some(b"abc".to_vec())),
-            ("bin".to_owned(), Some(vec![0, 255, 10, 34])),
-            ("none".to_owned(), None),
-            ("empty".to_owned(), Some(Vec::new())),
-        ];
-        assert_eq!(decode_headers(&encode_headers(&headers)), headers);
     }
 }

@@ -15,11 +15,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-use sqlx::{Row, Sqlite};
+use sqlx::Sqlite;
 
-use super::inbox::{decode_headers, encode_headers};
+use super::deferred::received_row;
 use super::{later, SqliteStore, NOW, OWNED};
-use crate::message::Delivery;
 use crate::store::sql::{stmt, Stmt};
 use crate::store::{text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, Tables};
 
@@ -102,7 +101,7 @@ impl SqliteStore {
                 .bind(d.partition)
                 .bind(d.offset)
                 .bind(d.key.as_deref())
-                .bind(encode_headers(&d.headers))
+                .bind(text::encode_headers(&d.headers))
                 .bind(d.payload.as_deref())
                 .fetch_optional(&mut **tx)
                 .await?;
@@ -129,27 +128,8 @@ impl SqliteStore {
         else {
             return Ok(None);
         };
-        let headers: Option<String> = row.try_get("headers")?;
-        Ok(Some(ReceivedRow {
-            key: InboxKey {
-                group: request.group.to_owned(),
-                source: row.try_get("source")?,
-                event_id: row.try_get("event_id")?,
-                // Two-phase handlers have no business key (refused at set-up).
-                business_key: None,
-            },
-            delivery: Delivery {
-                topic: row
-                    .try_get::<Option<String>, _>("topic")?
-                    .unwrap_or_default()
-                    .into(),
-                partition: row.try_get::<Option<i64>, _>("partition")?.unwrap_or(0) as i32,
-                offset: row.try_get::<Option<i64>, _>("offset")?.unwrap_or(0),
-                key: row.try_get("message_key")?,
-                payload: row.try_get("payload")?,
-                headers: headers.as_deref().map(decode_headers).unwrap_or_default(),
-            },
-        }))
+        // Two-phase handlers have no business key (refused at set-up).
+        Ok(Some(received_row(&row, request.group, None)?))
     }
 
     pub(super) async fn renew_row(
