@@ -643,10 +643,9 @@ async fn hostile_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), H
 
 /// Hostile messages between valid ones on one partition (bytes that are not JSON, with NUL
 /// bytes; a payload of 900 kB; no event id; a header of non-ASCII text; a valid event after
-/// them). Not here: a header of raw bytes (not UTF-8) makes async-nats drop its connection
-/// (see docs/nats.md, "Known gaps").
-/// each is processed or dead-lettered (to the table and to the dead-letter subject), and the
-/// partition goes on to the valid message after them.
+/// them): each is processed or dead-lettered (to the table and to the dead-letter subject), and
+/// the partition goes on to the valid message after them. Not here: a header of raw bytes (not
+/// UTF-8) makes async-nats drop its connection (see docs/nats.md, "Known gaps").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_messages_are_dead_lettered_and_the_partition_goes_on() {
     let server = NatsServer::start();
