@@ -809,3 +809,123 @@ async fn two_live_members_share_the_partitions() {
     assert_eq!(distinct_invoices(&db).await, 40);
     assert_eq!(db.invoices().await, 40);
 }
+
+// ---------------------------------------------------------------------------------------------
+// `App` on NATS (`DATABASE_URL` + `NATS_URL`): the relay and the registered handlers run on
+// JetStream; a republish of the same `Nats-Msg-Id` after the duplicate window is applied once.
+
+static APP_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "nats-app")]
+async fn app_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    APP_RUNS.fetch_add(1, Ordering::SeqCst);
+    insert_invoice(&event, tx).await
+}
+
+/// The next report of `reports` within `within`.
+async fn next_report(
+    reports: &mut tokio::sync::mpsc::UnboundedReceiver<inoutbox::inbox::Report>,
+    within: Duration,
+) -> inoutbox::inbox::Report {
+    tokio::time::timeout(within, reports.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no report within {within:?}"))
+        .expect("the consumer's reports ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    // The topic's stream made beforehand with a short duplicate window, so that the test can
+    // republish the same `Nats-Msg-Id` after it (JetStream then stores it again).
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "orders".to_owned(),
+        subjects: vec!["orders.*".to_owned()],
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let db = TestDb::new("nats_app").await;
+    // A password the server does not ask for: it must never be shown.
+    let url = server
+        .url
+        .replacen("nats://", "nats://app:hunter2-nats@", 1);
+    let app = inoutbox::App::connect_nats(Some(&db.url()), &url)
+        .await
+        .expect("app on NATS");
+    assert_eq!(app.transport(), "nats");
+    let describe = app.describe().to_owned();
+    assert!(
+        describe.starts_with("PostgreSQL (")
+            && describe.contains("NATS JetStream at nats://app:***@"),
+        "{describe}"
+    );
+    assert!(!describe.contains("hunter2"), "{describe}");
+    app.create_topic("orders", 2).await.expect("topic");
+    let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
+    let spec = inoutbox::app::ConsumerSpec::new("nats-app", ["orders"]).reports(reports);
+    let mut app = app.consumer_with(spec).relay();
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+
+    let order = Uuid::new_v4();
+    let mut tx = db.pool.begin().await.expect("begin");
+    let id = outbox::enqueue(
+        &mut tx,
+        &OrderCreated {
+            order_id: order,
+            total_cents: 12,
+        },
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let first = next_report(&mut reported, Duration::from_secs(60)).await;
+    assert!(
+        matches!(first.outcome, Outcome::Processed { .. }),
+        "{first:?}"
+    );
+    let first_id = first.delivery.header_str("ce_id").map(str::to_owned);
+    assert_eq!(first_id, Some(id.to_string()), "{first:?}");
+
+    // The relayed message, on the partition of its key (of the app's 2), republished with its
+    // headers and the same `Nats-Msg-Id` after the duplicate window.
+    let messages = nats_support::read_stream(&js, "orders", Duration::from_secs(2)).await;
+    assert_eq!(messages.len(), 1, "one message relayed");
+    let relayed = &messages[0];
+    let key = order.to_string();
+    assert_eq!(
+        relayed.subject.as_str(),
+        subject("orders", partition_for(key.as_bytes(), 2))
+    );
+    let headers = relayed.headers.clone().expect("headers");
+    let msg_id = headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
+    assert_eq!(msg_id.as_deref(), Some(id.to_string().as_str()));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = js
+        .publish_with_headers(relayed.subject.clone(), headers, relayed.payload.clone())
+        .await
+        .expect("republish")
+        .await
+        .expect("ack");
+    assert!(!again.duplicate, "stored again after the duplicate window");
+    let second = next_report(&mut reported, Duration::from_secs(60)).await;
+    assert_eq!(second.outcome, Outcome::Duplicate, "{second:?}");
+
+    stop.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the app stopped")
+        .expect("the app's task");
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(APP_RUNS.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(db.invoices().await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
+            .await,
+        0,
+        "the outbox row was marked published"
+    );
+}
