@@ -466,7 +466,8 @@ async fn the_ops_endpoint_serves_metrics_and_probes_and_the_log_summarises_each_
         tx.commit().await.expect("commit");
     }
 
-    let processed = r#"inoutbox_inbox_processed_total{group="app-ops",event_type="AppPing"} 3"#;
+    // Every metric of an app's endpoint says its transport.
+    let processed = r#"inoutbox_inbox_processed_total{transport="kafka",group="app-ops",event_type="AppPing"} 3"#;
     let (status, scrape) = get_until(addr, "/metrics", |_, b| b.contains(processed)).await;
     assert_eq!(status, 200);
     assert!(scrape.contains(processed), "{scrape}");

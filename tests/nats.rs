@@ -866,7 +866,10 @@ async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
     app.create_topic("orders", 2).await.expect("topic");
     let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
     let spec = inoutbox::app::ConsumerSpec::new("nats-app", ["orders"]).reports(reports);
-    let mut app = app.consumer_with(spec).relay();
+    let ops = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut app = app.consumer_with(spec).relay().ops_endpoint(ops);
     let stop = app.shutdown_token();
     let running = tokio::spawn(async move { app.run().await });
 
@@ -913,6 +916,11 @@ async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
     assert!(!again.duplicate, "stored again after the duplicate window");
     let second = next_report(&mut reported, Duration::from_secs(60)).await;
     assert_eq!(second.outcome, Outcome::Duplicate, "{second:?}");
+    // The app's metrics say their transport.
+    let duplicates = r#"inoutbox_inbox_duplicates_total{transport="nats",group="nats-app",event_type="OrderCreated"} 1"#;
+    let (status, scrape) = support::http_get(ops, "/metrics").await.expect("/metrics");
+    assert_eq!(status, 200);
+    assert!(scrape.contains(duplicates), "{scrape}");
 
     stop.cancel();
     let result = tokio::time::timeout(Duration::from_secs(60), running)

@@ -1,6 +1,7 @@
 //! Each part of an [`App`]: a consumer group or a relay as a future that ends with the part,
 //! and the panic of a part as an [`AppError`].
 
+#[cfg(feature = "nats")]
 use super::broker::Broker;
 use super::run::Part;
 use super::{App, AppError, ConsumerSpec, RelaySpec, Store};
