@@ -865,7 +865,9 @@ async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
     assert!(!describe.contains("hunter2"), "{describe}");
     app.create_topic("orders", 2).await.expect("topic");
     let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
-    let spec = inoutbox::app::ConsumerSpec::new("nats-app", ["orders"]).reports(reports);
+    let spec = inoutbox::app::ConsumerSpec::new("nats-app", ["orders"])
+        .reports(reports)
+        .sample_interval(Duration::from_millis(200));
     let ops = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port");
@@ -921,6 +923,20 @@ async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
     let (status, scrape) = support::http_get(ops, "/metrics").await.expect("/metrics");
     assert_eq!(status, 200);
     assert!(scrape.contains(duplicates), "{scrape}");
+    // Its lag gauge, sampled by the member for the partition it owns: all handled.
+    let partition = partition_for(key.as_bytes(), 2);
+    let lag = format!(
+        "inoutbox_consumer_lag{{transport=\"nats\",group=\"nats-app\",topic=\"orders\",partition=\"{partition}\"}} 0"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, scrape) = support::http_get(ops, "/metrics").await.expect("/metrics");
+        if scrape.contains(&lag) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no `{lag}` in:\n{scrape}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     stop.cancel();
     let result = tokio::time::timeout(Duration::from_secs(60), running)
@@ -936,4 +952,123 @@ async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
         0,
         "the outbox row was marked published"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lag: per group and partition, the current consumer's pending and unacknowledged messages.
+
+#[inbox_handler(event = "OrderCreated", group = "nats-lag")]
+async fn lag_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+static LAG_RELEASE: AtomicBool = AtomicBool::new(false);
+
+#[inbox_handler(event = "OrderCreated", group = "nats-lag-slow")]
+async fn lag_slow(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    while !LAG_RELEASE.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_lag_counts_what_the_group_has_not_acknowledged_per_partition() {
+    let server = NatsServer::start();
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_lag", "lag").await;
+    let groups = ["nats-lag".to_owned(), "nats-lag-none".to_owned()];
+    let lag = || inoutbox::nats::consumer_lag(&server.url, &groups, Duration::from_secs(10));
+    assert!(lag().await.expect("lag").is_empty(), "no consumer yet");
+    for n in 0..2 {
+        publish_order_to(&js, &subject(&topic, 1), n).await;
+    }
+    let mut consumer = Running::start(Consumer::builder(
+        "nats-lag",
+        store,
+        config(&server, &topic, 2),
+    ));
+    consumer.take(2).await;
+    // Acknowledged (`commit` hands the acknowledgement to a task: wait for it).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ack_floor(&js, &topic, "nats-lag", 1).await < 2 {
+        assert!(Instant::now() < deadline, "not acknowledged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    consumer.stop().await;
+    assert_eq!(db.invoices().await, 2);
+    // The member held both partitions: a consumer each (kept after a graceful stop: the
+    // next owner starts from it), nothing behind; nothing for the group that never ran.
+    let row = |l: &inoutbox::nats::ConsumerLag| {
+        (
+            l.group.clone(),
+            l.topic.clone(),
+            l.partition,
+            l.pending,
+            l.ack_pending,
+            l.lag,
+        )
+    };
+    let rows = |lags: Vec<inoutbox::nats::ConsumerLag>| {
+        let mut rows: Vec<_> = lags.iter().map(row).collect();
+        rows.sort();
+        rows
+    };
+    let expected =
+        |p: u32, pending: u64| ("nats-lag".to_owned(), topic.clone(), p, pending, 0, pending);
+    assert_eq!(
+        rows(lag().await.expect("lag")),
+        vec![expected(0, 0), expected(1, 0)]
+    );
+    // Three more on partition 1, one on partition 0: behind by as many.
+    for n in 0..3 {
+        publish_order_to(&js, &subject(&topic, 1), n).await;
+    }
+    publish_order_to(&js, &subject(&topic, 0), 9).await;
+    assert_eq!(
+        rows(lag().await.expect("lag")),
+        vec![expected(0, 1), expected(1, 3)]
+    );
+
+    // Another group whose handler holds the first message of each partition: what its
+    // partitions' readers took is delivered, not acknowledged, and still its lag.
+    let slow_group = ["nats-lag-slow".to_owned()];
+    let slow = || inoutbox::nats::consumer_lag(&server.url, &slow_group, Duration::from_secs(10));
+    let mut held = Running::start(Consumer::builder(
+        "nats-lag-slow",
+        db.store(),
+        config(&server, &topic, 2),
+    ));
+    let delivered = |p: u32, n: u64| ("nats-lag-slow".to_owned(), topic.clone(), p, 0, n, n);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = rows(slow().await.expect("lag"));
+        if now == vec![delivered(0, 1), delivered(1, 5)] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    LAG_RELEASE.store(true, Ordering::SeqCst);
+    held.take(6).await;
+    held.stop().await;
+}
+
+/// Publishes an `OrderCreated` of a fresh event id and order to `subject` (a partition's).
+async fn publish_order_to(js: &async_nats::jetstream::Context, subject: &str, total_cents: i64) {
+    let id = Uuid::new_v4().to_string();
+    let headers = [
+        ("ce_id", id.as_str()),
+        ("ce_type", "OrderCreated"),
+        ("ce_source", "tests"),
+        ("ce_specversion", "1.0"),
+        ("content-type", "application/json"),
+    ];
+    let payload = serde_json::json!({"order_id": Uuid::new_v4(), "total_cents": total_cents});
+    let payload = serde_json::to_vec(&payload).expect("json");
+    publish(js, subject, &headers, payload).await;
 }

@@ -13,19 +13,23 @@
 //! - `reader`: one partition's durable pull consumer, per lease, started at the acknowledgement
 //!   floor of the previous one;
 //! - `publisher`: [`NatsPublisher`], the relay's side (`Nats-Msg-Id` = the event id);
-//! - `dead_letter`: the optional dead-letter subject.
+//! - `dead_letter`: the optional dead-letter subject;
+//! - `lag`: each partition's lag (its consumer's pending and unacknowledged messages): the
+//!   lag gauge of a member's partitions, and [`consumer_lag`] for `inoutbox status`.
 //!
 //! async-nats is named in this room only.
 
 mod config;
 mod dead_letter;
 mod headers;
+mod lag;
 mod lease;
 mod member;
 mod publisher;
 mod reader;
 
 pub use config::NatsConfig;
+pub use lag::{consumer_lag, ConsumerLag};
 pub use publisher::NatsPublisher;
 
 use async_nats::jetstream;
