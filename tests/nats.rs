@@ -1072,3 +1072,68 @@ async fn publish_order_to(js: &async_nats::jetstream::Context, subject: &str, to
     let payload = serde_json::to_vec(&payload).expect("json");
     publish(js, subject, &headers, payload).await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Credentials in a NATS URL: sent to the server (async-nats takes them from its options only)
+// and never shown, in errors or in any log line (async-nats logs its server address at debug).
+
+/// Log lines written into a shared buffer.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_url_with_credentials_authenticates_and_never_shows_them() {
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || writer.clone())
+            .finish(),
+    )
+    .expect("the only subscriber of this test binary");
+    let server = NatsServer::start_with(&["--user", "app", "--pass", "hunter2-auth"]);
+    let db = TestDb::new("nats_auth").await;
+    let url = |password: &str| {
+        server
+            .url
+            .replacen("nats://", &format!("nats://app:{password}@"), 1)
+    };
+    let app = inoutbox::App::connect_nats(Some(&db.url()), &url("hunter2-auth"))
+        .await
+        .expect("app");
+    app.create_topic("auth-orders", 1)
+        .await
+        .expect("authenticated: the stream is created");
+    let refused = inoutbox::App::connect_nats(Some(&db.url()), &url("hunter2-wrong"))
+        .await
+        .expect("app")
+        .create_topic("auth-orders", 1)
+        .await
+        .expect_err("a wrong password is refused");
+    assert!(refused.to_string().contains("nats://app:***@"), "{refused}");
+    assert!(
+        !format!("{refused} {refused:?}").contains("hunter2"),
+        "{refused:?}"
+    );
+    let logged = String::from_utf8_lossy(&logs.0.lock().expect("logs")).into_owned();
+    assert!(
+        logged.contains("async_nats"),
+        "async-nats's debug lines were captured:\n{logged}"
+    );
+    assert!(
+        !logged.contains("hunter2"),
+        "a password in the log:\n{logged}"
+    );
+}
