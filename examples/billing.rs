@@ -1,10 +1,16 @@
-//! A billing service: consumes `OrderCreated` from Kafka and writes one invoice per order,
-//! exactly once per event id, however often the broker delivers it.
+//! A billing service: consumes `OrderCreated` from Kafka (or NATS JetStream) and writes one
+//! invoice per order, exactly once per event id, however often the broker delivers it.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --example billing -- [--topic orders] [--group billing]
+//! DATABASE_URL=postgres://postgres@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --example billing --features nats -- [--topic orders] [--partitions 3]
 //! ```
+//!
+//! With `NATS_URL` set (feature `nats`) it reads the topic's stream of `--partitions`
+//! partitioned subjects (`orders.0`, ...; the relay's publisher must use the same number);
+//! `KAFKA_BROKERS` is then not read.
 //!
 //! Messages are JSON (`{"order_id": "<uuid>", "total_cents": 1200}`) in CloudEvents binary mode:
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
@@ -101,20 +107,15 @@ async fn main() -> Result<(), common::Failure> {
     let group = flag(&args, "--group", "billing")?;
     let slowly: u64 = flag(&args, "--finish-slowly-ms", "0")?.parse()?;
     FINISH_SLOWLY.get_or_init(|| Duration::from_millis(slowly));
+    let partitions: u32 = flag(&args, "--partitions", "3")?.parse()?;
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
-    let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
 
     #[cfg(feature = "mysql")]
     if database_url.starts_with("mysql://") {
         let store = inoutbox::MySqlStore::connect(&database_url).await?;
         sqlx::query(MYSQL_INVOICES).execute(store.pool()).await?;
         store.migrate().await?;
-        let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
-        inoutbox::Consumer::builder(group, store, kafka)
-            .build()?
-            .run_until_signal()
-            .await?;
-        return Ok(());
+        return run(&group, store, &topic, partitions).await;
     }
 
     // Refuses a URL of another database, and names the target (password hidden) if it
@@ -122,8 +123,29 @@ async fn main() -> Result<(), common::Failure> {
     let store = inoutbox::PgStore::connect(&database_url, 8).await?;
     sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
+    run(&group, store, &topic, partitions).await
+}
 
-    let kafka = inoutbox::KafkaConfig::new(brokers, [topic.as_str()]).quick_join();
+/// Runs the group on `store` until SIGTERM: on NATS when `NATS_URL` is set (feature `nats`),
+/// else on the Kafka of `KAFKA_BROKERS`.
+async fn run<S: inoutbox::store::InboxStore>(
+    group: &str,
+    store: S,
+    topic: &str,
+    partitions: u32,
+) -> Result<(), common::Failure> {
+    #[cfg(feature = "nats")]
+    if let Ok(url) = std::env::var("NATS_URL") {
+        let nats = inoutbox::nats::NatsConfig::new(url, [topic]).partitions(partitions);
+        inoutbox::Consumer::builder(group, store, nats)
+            .build()?
+            .run_until_signal()
+            .await?;
+        return Ok(());
+    }
+    let _ = partitions;
+    let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
+    let kafka = inoutbox::KafkaConfig::new(brokers, [topic]).quick_join();
     inoutbox::Consumer::builder(group, store, kafka)
         .build()?
         .run_until_signal()

@@ -261,8 +261,8 @@ pub mod ops {
 pub mod nats {
     #[doc(inline)]
     pub use inoutbox_runtime::nats::{
-        partition_for, stream_name, subject, NatsConfig, NatsPublisher, NatsTransportError,
-        HEADER_KEY,
+        consumer_lag, partition_for, stream_name, subject, ConsumerLag, NatsConfig, NatsPublisher,
+        NatsTransportError, HEADER_KEY,
     };
 }
 

@@ -161,6 +161,7 @@ fn from_env(env: &[(&str, &str)]) -> (String, String) {
         ])
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BROKERS")
+        .env_remove("NATS_URL")
         .env("INOUTBOX_APP_FROM_ENV", "1");
     for (key, value) in env {
         command.env(key, value);
@@ -234,6 +235,61 @@ fn the_embedded_parts_are_chosen_only_when_neither_variable_is_set_and_say_so() 
         !stderr.contains("embedded") && !stderr.contains("in-process"),
         "{stderr}"
     );
+}
+
+#[test]
+fn nats_url_stands_for_kafka_brokers_never_beside_it_and_never_shows_its_password() {
+    let dir = std::env::temp_dir().join(format!("inoutbox-app-nats-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let database = format!("sqlite:{}?mode=rwc", dir.join("app.db").display());
+    // Nothing listens there: the app connects to NATS only when it runs.
+    let nats = format!("nats://app:hunter2-nats@127.0.0.1:{}", closed_port());
+    let brokers = format!("127.0.0.1:{}", closed_port());
+    let (stdout, stderr) = from_env(&[("DATABASE_URL", &database), ("NATS_URL", &nats)]);
+    #[cfg(feature = "nats")]
+    assert!(
+        stdout.contains("started: SQLite (")
+            && stdout.contains("+ NATS JetStream at nats://app:***@127.0.0.1:"),
+        "{stdout}\n{stderr}"
+    );
+    #[cfg(not(feature = "nats"))]
+    assert!(
+        stdout.contains("refused NATS_URL: NATS_URL is set, but this build has no NATS")
+            && stdout.contains("feature `nats`"),
+        "{stdout}\n{stderr}"
+    );
+    let mut outputs = format!("{stdout}{stderr}");
+    for (env, refused) in [
+        (
+            vec![
+                ("DATABASE_URL", database.as_str()),
+                ("KAFKA_BROKERS", brokers.as_str()),
+                ("NATS_URL", nats.as_str()),
+            ],
+            "NATS_URL",
+        ),
+        (vec![("NATS_URL", nats.as_str())], "DATABASE_URL"),
+        (
+            vec![("DATABASE_URL", database.as_str()), ("NATS_URL", " ")],
+            "NATS_URL",
+        ),
+        (vec![("NATS_URL", "")], "NATS_URL"),
+    ] {
+        let (stdout, stderr) = from_env(&env);
+        assert!(
+            stdout.contains(&format!("refused {refused}: {refused} ")),
+            "{env:?}: expected a refusal naming {refused}, got:\n{stdout}\n{stderr}"
+        );
+        outputs.push_str(&stdout);
+        outputs.push_str(&stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    // Two brokers: the refusal names both.
+    assert!(
+        outputs.contains("NATS_URL is set, and so is KAFKA_BROKERS"),
+        "{outputs}"
+    );
+    assert!(!outputs.contains("hunter2"), "{outputs}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,7 +466,8 @@ async fn the_ops_endpoint_serves_metrics_and_probes_and_the_log_summarises_each_
         tx.commit().await.expect("commit");
     }
 
-    let processed = r#"inoutbox_inbox_processed_total{group="app-ops",event_type="AppPing"} 3"#;
+    // Every metric of an app's endpoint says its transport.
+    let processed = r#"inoutbox_inbox_processed_total{transport="kafka",group="app-ops",event_type="AppPing"} 3"#;
     let (status, scrape) = get_until(addr, "/metrics", |_, b| b.contains(processed)).await;
     assert_eq!(status, 200);
     assert!(scrape.contains(processed), "{scrape}");

@@ -98,7 +98,7 @@ fn assert_the_payments(stdout: &str) {
     assert_eq!(figure("fraud reviews at once, at most"), "8");
     assert!(
         stdout.contains(
-            "inoutbox_inbox_deferred_total{group=\"payments\",event_type=\"OrderCancelled\"} 2"
+            "inoutbox_inbox_deferred_total{transport=\"kafka\",group=\"payments\",event_type=\"OrderCancelled\"} 2"
         ),
         "the scrape of the ops endpoint counts the two deferrals"
     );

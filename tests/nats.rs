@@ -809,3 +809,331 @@ async fn two_live_members_share_the_partitions() {
     assert_eq!(distinct_invoices(&db).await, 40);
     assert_eq!(db.invoices().await, 40);
 }
+
+// ---------------------------------------------------------------------------------------------
+// `App` on NATS (`DATABASE_URL` + `NATS_URL`): the relay and the registered handlers run on
+// JetStream; a republish of the same `Nats-Msg-Id` after the duplicate window is applied once.
+
+static APP_RUNS: AtomicU32 = AtomicU32::new(0);
+
+#[inbox_handler(event = "OrderCreated", group = "nats-app")]
+async fn app_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    APP_RUNS.fetch_add(1, Ordering::SeqCst);
+    insert_invoice(&event, tx).await
+}
+
+/// The next report of `reports` within `within`.
+async fn next_report(
+    reports: &mut tokio::sync::mpsc::UnboundedReceiver<inoutbox::inbox::Report>,
+    within: Duration,
+) -> inoutbox::inbox::Report {
+    tokio::time::timeout(within, reports.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no report within {within:?}"))
+        .expect("the consumer's reports ended")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    // The topic's stream made beforehand with a short duplicate window, so that the test can
+    // republish the same `Nats-Msg-Id` after it (JetStream then stores it again).
+    js.get_or_create_stream(async_nats::jetstream::stream::Config {
+        name: "orders".to_owned(),
+        subjects: vec!["orders.*".to_owned()],
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await
+    .expect("stream");
+    let db = TestDb::new("nats_app").await;
+    // A password the server does not ask for: it must never be shown.
+    let url = server
+        .url
+        .replacen("nats://", "nats://app:hunter2-nats@", 1);
+    let app = inoutbox::App::connect_nats(Some(&db.url()), &url)
+        .await
+        .expect("app on NATS");
+    assert_eq!(app.transport(), "nats");
+    let describe = app.describe().to_owned();
+    assert!(
+        describe.starts_with("PostgreSQL (")
+            && describe.contains("NATS JetStream at nats://app:***@"),
+        "{describe}"
+    );
+    assert!(!describe.contains("hunter2"), "{describe}");
+    app.create_topic("orders", 2).await.expect("topic");
+    let (reports, mut reported) = tokio::sync::mpsc::unbounded_channel();
+    let spec = inoutbox::app::ConsumerSpec::new("nats-app", ["orders"])
+        .reports(reports)
+        .sample_interval(Duration::from_millis(200));
+    let ops = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let mut app = app.consumer_with(spec).relay().ops_endpoint(ops);
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+
+    let order = Uuid::new_v4();
+    let mut tx = db.pool.begin().await.expect("begin");
+    let id = outbox::enqueue(
+        &mut tx,
+        &OrderCreated {
+            order_id: order,
+            total_cents: 12,
+        },
+    )
+    .await
+    .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let first = next_report(&mut reported, Duration::from_secs(60)).await;
+    assert!(
+        matches!(first.outcome, Outcome::Processed { .. }),
+        "{first:?}"
+    );
+    let first_id = first.delivery.header_str("ce_id").map(str::to_owned);
+    assert_eq!(first_id, Some(id.to_string()), "{first:?}");
+
+    // The relayed message, on the partition of its key (of the app's 2), republished with its
+    // headers and the same `Nats-Msg-Id` after the duplicate window.
+    let messages = nats_support::read_stream(&js, "orders", Duration::from_secs(2)).await;
+    assert_eq!(messages.len(), 1, "one message relayed");
+    let relayed = &messages[0];
+    let key = order.to_string();
+    assert_eq!(
+        relayed.subject.as_str(),
+        subject("orders", partition_for(key.as_bytes(), 2))
+    );
+    let headers = relayed.headers.clone().expect("headers");
+    let msg_id = headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
+    assert_eq!(msg_id.as_deref(), Some(id.to_string().as_str()));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let again = js
+        .publish_with_headers(relayed.subject.clone(), headers, relayed.payload.clone())
+        .await
+        .expect("republish")
+        .await
+        .expect("ack");
+    assert!(!again.duplicate, "stored again after the duplicate window");
+    let second = next_report(&mut reported, Duration::from_secs(60)).await;
+    assert_eq!(second.outcome, Outcome::Duplicate, "{second:?}");
+    // The app's metrics say their transport.
+    let duplicates = r#"inoutbox_inbox_duplicates_total{transport="nats",group="nats-app",event_type="OrderCreated"} 1"#;
+    let (status, scrape) = support::http_get(ops, "/metrics").await.expect("/metrics");
+    assert_eq!(status, 200);
+    assert!(scrape.contains(duplicates), "{scrape}");
+    // Its lag gauge, sampled by the member for the partition it owns: all handled.
+    let partition = partition_for(key.as_bytes(), 2);
+    let lag = format!(
+        "inoutbox_consumer_lag{{transport=\"nats\",group=\"nats-app\",topic=\"orders\",partition=\"{partition}\"}} 0"
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, scrape) = support::http_get(ops, "/metrics").await.expect("/metrics");
+        if scrape.contains(&lag) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no `{lag}` in:\n{scrape}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    stop.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the app stopped")
+        .expect("the app's task");
+    assert!(result.is_ok(), "{result:?}");
+    assert_eq!(APP_RUNS.load(Ordering::SeqCst), 1, "the handler ran once");
+    assert_eq!(db.invoices().await, 1);
+    assert_eq!(
+        db.count("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
+            .await,
+        0,
+        "the outbox row was marked published"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lag: per group and partition, the current consumer's pending and unacknowledged messages.
+
+#[inbox_handler(event = "OrderCreated", group = "nats-lag")]
+async fn lag_invoice(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    insert_invoice(&event, tx).await
+}
+
+static LAG_RELEASE: AtomicBool = AtomicBool::new(false);
+
+#[inbox_handler(event = "OrderCreated", group = "nats-lag-slow")]
+async fn lag_slow(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
+    while !LAG_RELEASE.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    insert_invoice(&event, tx).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_lag_counts_what_the_group_has_not_acknowledged_per_partition() {
+    let server = NatsServer::start();
+    let Setup {
+        js,
+        db,
+        store,
+        topic,
+    } = Setup::new(&server, "nats_lag", "lag").await;
+    let groups = ["nats-lag".to_owned(), "nats-lag-none".to_owned()];
+    let lag = || inoutbox::nats::consumer_lag(&server.url, &groups, Duration::from_secs(10));
+    assert!(lag().await.expect("lag").is_empty(), "no consumer yet");
+    for n in 0..2 {
+        publish_order_to(&js, &subject(&topic, 1), n).await;
+    }
+    let mut consumer = Running::start(Consumer::builder(
+        "nats-lag",
+        store,
+        config(&server, &topic, 2),
+    ));
+    consumer.take(2).await;
+    // Acknowledged (`commit` hands the acknowledgement to a task: wait for it).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ack_floor(&js, &topic, "nats-lag", 1).await < 2 {
+        assert!(Instant::now() < deadline, "not acknowledged");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    consumer.stop().await;
+    assert_eq!(db.invoices().await, 2);
+    // The member held both partitions: a consumer each (kept after a graceful stop: the
+    // next owner starts from it), nothing behind; nothing for the group that never ran.
+    let row = |l: &inoutbox::nats::ConsumerLag| {
+        (
+            l.group.clone(),
+            l.topic.clone(),
+            l.partition,
+            l.pending,
+            l.ack_pending,
+            l.lag,
+        )
+    };
+    let rows = |lags: Vec<inoutbox::nats::ConsumerLag>| {
+        let mut rows: Vec<_> = lags.iter().map(row).collect();
+        rows.sort();
+        rows
+    };
+    let expected =
+        |p: u32, pending: u64| ("nats-lag".to_owned(), topic.clone(), p, pending, 0, pending);
+    assert_eq!(
+        rows(lag().await.expect("lag")),
+        vec![expected(0, 0), expected(1, 0)]
+    );
+    // Three more on partition 1, one on partition 0: behind by as many.
+    for n in 0..3 {
+        publish_order_to(&js, &subject(&topic, 1), n).await;
+    }
+    publish_order_to(&js, &subject(&topic, 0), 9).await;
+    assert_eq!(
+        rows(lag().await.expect("lag")),
+        vec![expected(0, 1), expected(1, 3)]
+    );
+
+    // Another group whose handler holds the first message of each partition: what its
+    // partitions' readers took is delivered, not acknowledged, and still its lag.
+    let slow_group = ["nats-lag-slow".to_owned()];
+    let slow = || inoutbox::nats::consumer_lag(&server.url, &slow_group, Duration::from_secs(10));
+    let mut held = Running::start(Consumer::builder(
+        "nats-lag-slow",
+        db.store(),
+        config(&server, &topic, 2),
+    ));
+    let delivered = |p: u32, n: u64| ("nats-lag-slow".to_owned(), topic.clone(), p, 0, n, n);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let now = rows(slow().await.expect("lag"));
+        if now == vec![delivered(0, 1), delivered(1, 5)] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{now:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    LAG_RELEASE.store(true, Ordering::SeqCst);
+    held.take(6).await;
+    held.stop().await;
+}
+
+/// Publishes an `OrderCreated` of a fresh event id and order to `subject` (a partition's).
+async fn publish_order_to(js: &async_nats::jetstream::Context, subject: &str, total_cents: i64) {
+    let id = Uuid::new_v4().to_string();
+    let headers = [
+        ("ce_id", id.as_str()),
+        ("ce_type", "OrderCreated"),
+        ("ce_source", "tests"),
+        ("ce_specversion", "1.0"),
+        ("content-type", "application/json"),
+    ];
+    let payload = serde_json::json!({"order_id": Uuid::new_v4(), "total_cents": total_cents});
+    let payload = serde_json::to_vec(&payload).expect("json");
+    publish(js, subject, &headers, payload).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Credentials in a NATS URL: sent to the server (async-nats takes them from its options only)
+// and never shown, in errors or in any log line (async-nats logs its server address at debug).
+
+/// Log lines written into a shared buffer.
+#[derive(Clone, Default)]
+struct LogBuffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogBuffer {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_url_with_credentials_authenticates_and_never_shows_them() {
+    let logs = LogBuffer::default();
+    let writer = logs.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_writer(move || writer.clone())
+            .finish(),
+    )
+    .expect("the only subscriber of this test binary");
+    let server = NatsServer::start_with(&["--user", "app", "--pass", "hunter2-auth"]);
+    let db = TestDb::new("nats_auth").await;
+    let url = |password: &str| {
+        server
+            .url
+            .replacen("nats://", &format!("nats://app:{password}@"), 1)
+    };
+    let app = inoutbox::App::connect_nats(Some(&db.url()), &url("hunter2-auth"))
+        .await
+        .expect("app");
+    app.create_topic("auth-orders", 1)
+        .await
+        .expect("authenticated: the stream is created");
+    let refused = inoutbox::App::connect_nats(Some(&db.url()), &url("hunter2-wrong"))
+        .await
+        .expect("app")
+        .create_topic("auth-orders", 1)
+        .await
+        .expect_err("a wrong password is refused");
+    assert!(refused.to_string().contains("nats://app:***@"), "{refused}");
+    assert!(
+        !format!("{refused} {refused:?}").contains("hunter2"),
+        "{refused:?}"
+    );
+    let logged = String::from_utf8_lossy(&logs.0.lock().expect("logs")).into_owned();
+    assert!(
+        logged.contains("async_nats"),
+        "async-nats's debug lines were captured:\n{logged}"
+    );
+    assert!(
+        !logged.contains("hunter2"),
+        "a password in the log:\n{logged}"
+    );
+}

@@ -189,7 +189,7 @@ fn starts_param(text: &str) -> bool {
 }
 
 /// `text` with `%XX` escapes decoded (invalid ones and invalid UTF-8 left as they are).
-fn percent_decode(text: &str) -> String {
+pub(crate) fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

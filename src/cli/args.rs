@@ -35,6 +35,11 @@ pub(super) enum Command {
         /// Also show each group's Kafka lag per partition, asking these brokers.
         #[arg(long)]
         brokers: Option<String>,
+        /// (Feature `nats`.) Also show each group's lag per partition on NATS JetStream,
+        /// asking this server (`nats://host:4222`).
+        #[cfg(feature = "nats")]
+        #[arg(long)]
+        nats_url: Option<String>,
         /// An inbox row unprocessed for longer than this counts as stuck.
         #[arg(long, default_value = "5m", value_parser = parse_duration)]
         stuck_after: Duration,

@@ -34,7 +34,13 @@ pub(super) async fn run(
         Command::Status {
             brokers,
             stuck_after,
-        } => status(admin, brokers.as_deref(), stuck_after).await,
+            #[cfg(feature = "nats")]
+            nats_url,
+        } => {
+            #[cfg(not(feature = "nats"))]
+            let nats_url: Option<String> = None;
+            status(admin, brokers.as_deref(), nats_url.as_deref(), stuck_after).await
+        }
         Command::DeadLetters(DeadLetters::List(filter)) => list(admin, &filter).await,
         Command::DeadLetters(DeadLetters::Show { id, raw }) => show(admin, id, raw).await,
         Command::DeadLetters(DeadLetters::Replay { ids }) => replay(admin, &ids, config).await,
@@ -72,6 +78,7 @@ pub(super) async fn run(
 async fn status(
     admin: &Admin,
     brokers: Option<&str>,
+    nats_url: Option<&str>,
     stuck_after: Duration,
 ) -> Result<Reply, Failure> {
     let status = admin.status(stuck_after).await?;
@@ -94,7 +101,55 @@ async fn status(
             })
             .collect();
     }
+    #[cfg(not(feature = "nats"))]
+    let _ = nats_url;
+    #[cfg(feature = "nats")]
+    if let Some(url) = nats_url {
+        let groups: Vec<String> = status.groups.iter().map(|g| g.group.clone()).collect();
+        nats_lag(url, &groups, &mut text, &mut json).await?;
+    }
     Ok(Reply::ok(text, json))
+}
+
+/// The NATS lag table and its JSON (`nats_lag`): per group and partition, its consumer's
+/// pending and unacknowledged messages.
+#[cfg(feature = "nats")]
+async fn nats_lag(
+    url: &str,
+    groups: &[String],
+    text: &mut String,
+    json: &mut Value,
+) -> Result<(), Failure> {
+    let lags = crate::nats::consumer_lag(url, groups, KAFKA_TIMEOUT)
+        .await
+        .map_err(|e| Failure::new(super::exit::ERROR, e.to_string()))?;
+    let rows: Vec<Vec<String>> = lags
+        .iter()
+        .map(|l| {
+            vec![
+                cell(&l.group, 40),
+                cell(&l.topic, 40),
+                l.partition.to_string(),
+                l.pending.to_string(),
+                l.ack_pending.to_string(),
+                l.lag.to_string(),
+            ]
+        })
+        .collect();
+    text.push_str("\nNATS LAG\n");
+    text.push_str(&table(
+        &["GROUP", "TOPIC", "PARTITION", "PENDING", "UNACKED", "LAG"],
+        &rows,
+    ));
+    json["nats_lag"] = lags
+        .iter()
+        .map(|l| {
+            json!({ "group": l.group, "topic": l.topic, "partition": l.partition,
+                    "consumer": l.consumer, "pending": l.pending,
+                    "ack_pending": l.ack_pending, "lag": l.lag })
+        })
+        .collect();
+    Ok(())
 }
 
 /// The lag table; a row whose committed offset is past the end shows `!` for its lag, and its

@@ -14,6 +14,8 @@ use inoutbox::nats::{partition_for, stream_name, subject, NatsConfig};
 /// A `nats-server -js` of its own.
 pub struct NatsServer {
     child: Option<Child>,
+    /// Further arguments of the server (`--user`, `--pass`).
+    args: Vec<String>,
     pub port: u16,
     pub url: String,
     store: PathBuf,
@@ -29,6 +31,11 @@ fn free_port() -> u16 {
 
 impl NatsServer {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server started with further arguments (e.g. `--user app --pass s3cret`).
+    pub fn start_with(args: &[&str]) -> Self {
         let port = free_port();
         let store = std::env::temp_dir().join(format!(
             "inoutbox-nats-{}",
@@ -36,6 +43,7 @@ impl NatsServer {
         ));
         let mut server = Self {
             child: None,
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
             port,
             url: format!("nats://127.0.0.1:{port}"),
             store,
@@ -56,6 +64,7 @@ impl NatsServer {
                 "-sd",
             ])
             .arg(&self.store)
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -1,27 +1,39 @@
-//! The environment an [`App`](super::App) reads: `DATABASE_URL` and `KAFKA_BROKERS`, both or
-//! neither (a half-configured service refuses to start), and which store a database URL names.
+//! The environment an [`App`](super::App) reads: `DATABASE_URL` and one broker,
+//! `KAFKA_BROKERS` or `NATS_URL`, both or neither (a half-configured service refuses to start,
+//! as one with two brokers does), and which store a database URL names.
 
 use super::AppError;
 use crate::store::redact_url;
 
 /// The variable naming the database.
 pub(super) const DATABASE_URL: &str = "DATABASE_URL";
-/// The variable naming the brokers.
+/// The variable naming the Kafka brokers.
 pub(super) const KAFKA_BROKERS: &str = "KAFKA_BROKERS";
+/// The variable naming the NATS server (JetStream; feature `nats`).
+pub(super) const NATS_URL: &str = "NATS_URL";
+
+/// The broker the environment names.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum BrokerUrl {
+    /// `KAFKA_BROKERS`, trimmed.
+    Kafka(String),
+    /// `NATS_URL`, trimmed.
+    Nats(String),
+}
 
 /// What the environment chose: both parts outside, or both embedded.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Choice {
-    /// `DATABASE_URL` and `KAFKA_BROKERS`, trimmed.
+    /// `DATABASE_URL` and a broker, trimmed.
     External {
         database_url: String,
-        brokers: String,
+        broker: BrokerUrl,
     },
     /// Neither is set: the zero-setup SQLite file and the in-process Kafka.
     Embedded,
 }
 
-/// Reads `DATABASE_URL` and `KAFKA_BROKERS` and chooses (see [`choose`]).
+/// Reads `DATABASE_URL`, `KAFKA_BROKERS` and `NATS_URL` and chooses (see [`choose`]).
 pub(super) fn read() -> Result<Choice, AppError> {
     let var = |name| match std::env::var(name) {
         Ok(value) => Ok(Some(value)),
@@ -31,35 +43,65 @@ pub(super) fn read() -> Result<Choice, AppError> {
             reason: "is not valid UTF-8".to_owned(),
         }),
     };
-    choose(var(DATABASE_URL)?, var(KAFKA_BROKERS)?)
+    choose(var(DATABASE_URL)?, var(KAFKA_BROKERS)?, var(NATS_URL)?)
 }
 
-/// Both set and not blank: the external parts; neither set: the embedded ones. One set without
-/// the other, or either set to nothing but whitespace, is an error naming the variable (a
-/// typo in a deployment manifest must not send real rows to a broker inside this process).
+/// `DATABASE_URL` and one broker (`KAFKA_BROKERS` or `NATS_URL`) set and not blank: the
+/// external parts; none set: the embedded ones. A database without a broker or a broker
+/// without a database, both brokers, or any variable set to nothing but whitespace, is an
+/// error naming the variable (a typo in a deployment manifest must not send real rows to a
+/// broker inside this process, nor to the other broker).
 pub(super) fn choose(
     database_url: Option<String>,
     brokers: Option<String>,
+    nats_url: Option<String>,
 ) -> Result<Choice, AppError> {
-    for (variable, value) in [(DATABASE_URL, &database_url), (KAFKA_BROKERS, &brokers)] {
+    for (variable, value) in [
+        (DATABASE_URL, &database_url),
+        (KAFKA_BROKERS, &brokers),
+        (NATS_URL, &nats_url),
+    ] {
         if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
             return Err(AppError::Env {
                 variable,
                 reason: format!(
-                    "is set but empty: give it a value, or unset both {DATABASE_URL} and \
-                     {KAFKA_BROKERS} for the embedded SQLite file and in-process Kafka"
+                    "is set but empty: give it a value, or unset {DATABASE_URL}, \
+                     {KAFKA_BROKERS} and {NATS_URL} for the embedded SQLite file and in-process \
+                     Kafka"
                 ),
             });
         }
     }
-    match (database_url, brokers) {
-        (Some(url), Some(brokers)) => Ok(Choice::External {
+    let broker = match (brokers, nats_url) {
+        (Some(_), Some(_)) => {
+            return Err(AppError::Env {
+                variable: NATS_URL,
+                reason: format!(
+                    "is set, and so is {KAFKA_BROKERS}: a service runs on one broker; unset one \
+                     of them"
+                ),
+            })
+        }
+        (Some(brokers), None) => Some(BrokerUrl::Kafka(brokers.trim().to_owned())),
+        (None, Some(url)) => Some(BrokerUrl::Nats(url.trim().to_owned())),
+        (None, None) => None,
+    };
+    match (database_url, broker) {
+        (Some(url), Some(broker)) => Ok(Choice::External {
             database_url: url.trim().to_owned(),
-            brokers: brokers.trim().to_owned(),
+            broker,
         }),
         (None, None) => Ok(Choice::Embedded),
-        (Some(_), None) => Err(missing(KAFKA_BROKERS, DATABASE_URL)),
-        (None, Some(_)) => Err(missing(DATABASE_URL, KAFKA_BROKERS)),
+        (Some(_), None) => Err(missing(
+            KAFKA_BROKERS,
+            &format!(" (nor {NATS_URL}), but {DATABASE_URL} is"),
+        )),
+        (None, Some(BrokerUrl::Kafka(_))) => {
+            Err(missing(DATABASE_URL, &format!(", but {KAFKA_BROKERS} is")))
+        }
+        (None, Some(BrokerUrl::Nats(_))) => {
+            Err(missing(DATABASE_URL, &format!(", but {NATS_URL} is")))
+        }
     }
 }
 
@@ -67,8 +109,8 @@ fn missing(variable: &'static str, set: &str) -> AppError {
     AppError::Env {
         variable,
         reason: format!(
-            "is not set, but {set} is: a service needs both (or neither, for the embedded SQLite \
-             file and in-process Kafka, which keep nothing beyond the process)"
+            "is not set{set}: a service needs a database and a broker (or neither, for the \
+             embedded SQLite file and in-process Kafka, which keep nothing beyond the process)"
         ),
     }
 }
@@ -141,7 +183,7 @@ pub(super) fn postgres_target(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{choose, Choice, DATABASE_URL, KAFKA_BROKERS};
+    use super::{choose, BrokerUrl, Choice, DATABASE_URL, KAFKA_BROKERS, NATS_URL};
     use crate::app::AppError;
 
     fn named(result: Result<Choice, AppError>) -> &'static str {
@@ -151,27 +193,77 @@ mod tests {
         }
     }
 
+    fn some(s: &str) -> Option<String> {
+        Some(s.to_owned())
+    }
+
     #[test]
     fn both_or_neither_and_never_blank() {
-        let some = |s: &str| Some(s.to_owned());
-        assert_eq!(choose(None, None).expect("neither"), Choice::Embedded);
+        assert_eq!(choose(None, None, None).expect("neither"), Choice::Embedded);
         assert_eq!(
-            choose(some(" postgres://h/db "), some("k:9092")).expect("both"),
+            choose(some(" postgres://h/db "), some("k:9092"), None).expect("both"),
             Choice::External {
                 database_url: "postgres://h/db".to_owned(),
-                brokers: "k:9092".to_owned()
+                broker: BrokerUrl::Kafka("k:9092".to_owned())
             }
         );
-        assert_eq!(named(choose(some("postgres://h/db"), None)), KAFKA_BROKERS);
-        assert_eq!(named(choose(None, some("k:9092"))), DATABASE_URL);
+        assert_eq!(
+            named(choose(some("postgres://h/db"), None, None)),
+            KAFKA_BROKERS
+        );
+        assert_eq!(named(choose(None, some("k:9092"), None)), DATABASE_URL);
         for blank in ["", " ", "\t\n"] {
             assert_eq!(
-                named(choose(some("postgres://h/db"), some(blank))),
+                named(choose(some("postgres://h/db"), some(blank), None)),
                 KAFKA_BROKERS
             );
-            assert_eq!(named(choose(some(blank), some("k:9092"))), DATABASE_URL);
-            assert_eq!(named(choose(None, some(blank))), KAFKA_BROKERS);
-            assert_eq!(named(choose(some(blank), None)), DATABASE_URL);
+            assert_eq!(
+                named(choose(some(blank), some("k:9092"), None)),
+                DATABASE_URL
+            );
+            assert_eq!(named(choose(None, some(blank), None)), KAFKA_BROKERS);
+            assert_eq!(named(choose(some(blank), None, None)), DATABASE_URL);
+        }
+    }
+
+    #[test]
+    fn nats_url_stands_for_kafka_brokers_and_never_beside_it() {
+        let nats = "nats://app:hunter2@n:4222";
+        assert_eq!(
+            choose(some("postgres://h/db"), None, some(&format!(" {nats} "))).expect("nats"),
+            Choice::External {
+                database_url: "postgres://h/db".to_owned(),
+                broker: BrokerUrl::Nats(nats.to_owned())
+            }
+        );
+        // Two brokers: refused, naming both.
+        let both =
+            choose(some("postgres://h/db"), some("k:9092"), some(nats)).expect_err("two brokers");
+        assert!(
+            matches!(&both, AppError::Env { variable, .. } if *variable == NATS_URL),
+            "{both:?}"
+        );
+        let shown = both.to_string();
+        assert!(
+            shown.contains(NATS_URL) && shown.contains(KAFKA_BROKERS),
+            "{shown}"
+        );
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert_eq!(named(choose(None, some("k:9092"), some(nats))), NATS_URL);
+        // A broker without a database, or a database without a broker, names what is missing.
+        let alone = choose(None, None, some(nats)).expect_err("no database");
+        assert!(alone.to_string().contains(NATS_URL), "{alone}");
+        assert!(!alone.to_string().contains("hunter2"), "{alone}");
+        assert_eq!(named(Err(alone)), DATABASE_URL);
+        let no_broker = choose(some("postgres://h/db"), None, None).expect_err("no broker");
+        assert!(no_broker.to_string().contains(NATS_URL), "{no_broker}");
+        for blank in ["", " ", "\t\n"] {
+            assert_eq!(
+                named(choose(some("postgres://h/db"), None, some(blank))),
+                NATS_URL
+            );
+            assert_eq!(named(choose(None, None, some(blank))), NATS_URL);
+            assert_eq!(named(choose(some(blank), None, some(nats))), DATABASE_URL);
         }
     }
 }

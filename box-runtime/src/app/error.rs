@@ -15,8 +15,9 @@ pub enum AppError {
     /// The configuration is unusable (e.g. `DATABASE_URL` of an unknown scheme).
     #[error("{0}")]
     Config(String),
-    /// `DATABASE_URL` or `KAFKA_BROKERS` is missing while the other is set, or is set but
-    /// empty: a half-configured service does not start on an embedded part.
+    /// `DATABASE_URL` or a broker (`KAFKA_BROKERS`, `NATS_URL`) is missing while the other is
+    /// set, or is set but empty, or both brokers are set, or `NATS_URL` without the feature
+    /// `nats`: a half-configured service does not start on an embedded part.
     #[error("{variable} {reason}")]
     Env {
         /// The variable missing or empty.
@@ -30,6 +31,11 @@ pub enum AppError {
     /// The in-process Kafka could not start, or a topic could not be created.
     #[error("kafka: {0}")]
     Kafka(#[from] KafkaError),
+    /// (Feature `nats`.) The NATS server could not be reached, or a stream could not be
+    /// created.
+    #[cfg(feature = "nats")]
+    #[error("nats: {0}")]
+    Nats(Box<crate::nats::NatsTransportError>),
     /// A temporary directory for the zero-setup database could not be made.
     #[error("cannot create the zero-setup database directory {path}: {source}")]
     TempDir {
@@ -53,6 +59,15 @@ pub enum AppError {
         group: String,
         /// The cause.
         source: Box<KafkaTransportError>,
+    },
+    /// (Feature `nats`.) A consumer group member on NATS failed.
+    #[cfg(feature = "nats")]
+    #[error("consumer group `{group}`: {source}")]
+    NatsConsumer {
+        /// The group.
+        group: String,
+        /// The cause.
+        source: Box<crate::nats::NatsTransportError>,
     },
     /// A relay failed.
     #[error("relay: {0}")]
@@ -80,5 +95,12 @@ impl From<StoreError> for AppError {
 impl From<RelayError> for AppError {
     fn from(error: RelayError) -> Self {
         AppError::Relay(Box::new(error))
+    }
+}
+
+#[cfg(feature = "nats")]
+impl From<crate::nats::NatsTransportError> for AppError {
+    fn from(error: crate::nats::NatsTransportError) -> Self {
+        AppError::Nats(Box::new(error))
     }
 }

@@ -4,8 +4,9 @@
 use std::net::SocketAddr;
 
 use super::{App, AppError};
-use crate::ops::{install_prometheus, OpsEndpoint, OpsError};
+use crate::ops::{install_labelled, OpsEndpoint, OpsError};
 use crate::shutdown::CancellationToken;
+use crate::telemetry::metric::LABEL_TRANSPORT;
 
 impl App {
     /// Serves the operations endpoint on `addr` while the app runs: `GET /metrics` (every
@@ -15,8 +16,10 @@ impl App {
     ///
     /// [`run`](Self::run) installs the process-wide Prometheus recorder
     /// ([`ops::install_prometheus`](crate::ops::install_prometheus)) before it builds the
-    /// parts, and fails with [`AppError::Ops`] if another `metrics` recorder is installed or
-    /// `addr` cannot be bound. The endpoint answers until every part has stopped.
+    /// parts, with the label `transport` (`kafka` or `nats`: [`App::transport`]) on every
+    /// metric (unless that function installed it before: its labels stay), and fails with
+    /// [`AppError::Ops`] if another `metrics` recorder is installed or `addr` cannot be bound.
+    /// The endpoint answers until every part has stopped.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), inoutbox::AppError> {
@@ -40,7 +43,7 @@ impl App {
         let Some(addr) = self.ops else {
             return Ok(None);
         };
-        let prometheus = install_prometheus()?;
+        let prometheus = install_labelled(&[(LABEL_TRANSPORT, self.transport())])?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| OpsError::Bind { addr, source })?;

@@ -6,24 +6,20 @@ use std::pin::Pin;
 
 use tokio::task::{JoinError, JoinSet};
 
-use super::env::{self, Choice};
+use super::broker::Broker;
+use super::env::{self, BrokerUrl, Choice};
 use super::store::{open_store, TempDir};
 use super::{AppError, ConsumerSpec, RelaySpec, Store};
-use crate::kafka::{create_topic, InProcessKafka};
+use crate::kafka::InProcessKafka;
 use crate::shutdown::CancellationToken;
 use crate::telemetry::Health;
-
-/// Where the app's events go: a broker outside, or librdkafka's mock cluster in this process.
-enum Broker {
-    External(String),
-    InProcess(InProcessKafka),
-}
 
 /// A service: a store, a broker, and the consumer groups and relays that run on them until
 /// SIGINT, SIGTERM or [`App::shutdown_token`] is cancelled.
 ///
 /// [`App::from_env`] takes `DATABASE_URL` (`postgres://...` or `sqlite:...`) and
-/// `KAFKA_BROKERS` together, or, when neither is set, the embedded parts: a SQLite file in a
+/// `KAFKA_BROKERS` (or, feature `nats`, `NATS_URL`: NATS JetStream) together, or, when neither
+/// is set, the embedded parts: a SQLite file in a
 /// temporary directory (removed when the app is dropped) and an in-process Kafka
 /// (librdkafka's mock cluster, whose consumers get the settings it needs,
 /// `kafka::CONSUMER_SETTINGS`). One without the other refuses to start. [`App::run`] returns
@@ -51,7 +47,7 @@ enum Broker {
 #[must_use = "an app does nothing until `run` is awaited"]
 pub struct App {
     pub(super) store: Store,
-    broker: Broker,
+    pub(super) broker: Broker,
     describe: String,
     consumers: Vec<ConsumerSpec>,
     relays: Vec<RelaySpec>,
@@ -66,20 +62,37 @@ pub struct App {
 }
 
 impl App {
-    /// The store and broker the environment names: `DATABASE_URL` and `KAFKA_BROKERS` both
-    /// set, or neither (the zero-setup SQLite file and the in-process Kafka, said at start-up
-    /// in a log line); inoutbox's tables are migrated.
+    /// The store and broker the environment names: `DATABASE_URL` and a broker
+    /// (`KAFKA_BROKERS`, or `NATS_URL` with the feature `nats`) both set, or none (the
+    /// zero-setup SQLite file and the in-process Kafka, said at start-up in a log line);
+    /// inoutbox's tables are migrated.
     ///
-    /// One without the other, or either set to nothing but whitespace, is an
-    /// [`AppError::Env`] naming the variable: a service with a real database never publishes
-    /// into a broker inside its own process, nor commits a real group's offsets over a
-    /// temporary database.
+    /// A database without a broker or a broker without a database, `KAFKA_BROKERS` and
+    /// `NATS_URL` both, any of them set to nothing but whitespace, or `NATS_URL` in a build
+    /// without the feature `nats`, is an [`AppError::Env`] naming the variable: a service with a
+    /// real database never publishes into a broker inside its own process, nor commits a real
+    /// group's offsets over a temporary database.
     pub async fn from_env() -> Result<Self, AppError> {
         match env::read()? {
             Choice::External {
                 database_url,
-                brokers,
+                broker: BrokerUrl::Kafka(brokers),
             } => Self::connect(Some(&database_url), Some(&brokers)).await,
+            #[cfg(feature = "nats")]
+            Choice::External {
+                database_url,
+                broker: BrokerUrl::Nats(url),
+            } => Self::connect_nats(Some(&database_url), &url).await,
+            #[cfg(not(feature = "nats"))]
+            Choice::External {
+                broker: BrokerUrl::Nats(_),
+                ..
+            } => Err(AppError::Env {
+                variable: env::NATS_URL,
+                reason: "is set, but this build has no NATS: enable inoutbox's feature `nats` \
+                         (or set KAFKA_BROKERS instead)"
+                    .to_owned(),
+            }),
             Choice::Embedded => Self::connect(None, None).await,
         }
     }
@@ -96,11 +109,32 @@ impl App {
         let brokers = env::given(env::KAFKA_BROKERS, brokers)?;
         let (store, temp, db_name) = open_store(database_url).await?;
         store.migrate().await?;
-        let mut app = Self::new(store, brokers)?;
-        app.describe = format!("{db_name} + {}", app.broker_name());
-        app._temp = temp;
-        app.say_embedded(database_url.is_none());
-        Ok(app)
+        let app = Self::new(store, brokers)?;
+        Ok(app.opened(database_url.is_none(), temp, &db_name))
+    }
+
+    /// (Feature `nats`.) As [`App::connect`], on the NATS JetStream server at `nats_url`
+    /// (`nats://host:4222`, credentials in it are never shown): the consumer groups read and
+    /// the relays publish there, [`create_topic`](Self::create_topic) creates streams.
+    #[cfg(feature = "nats")]
+    pub async fn connect_nats(
+        database_url: Option<&str>,
+        nats_url: &str,
+    ) -> Result<Self, AppError> {
+        let database_url = env::given(env::DATABASE_URL, database_url)?;
+        let (store, temp, db_name) = open_store(database_url).await?;
+        store.migrate().await?;
+        let app = Self::new_nats(store, nats_url)?;
+        Ok(app.opened(database_url.is_none(), temp, &db_name))
+    }
+
+    /// The app on the store it opened: its description, its temporary directory, its start-up
+    /// line.
+    fn opened(mut self, temp_database: bool, temp: Option<TempDir>, db_name: &str) -> Self {
+        self.describe = format!("{db_name} + {}", self.broker.name());
+        self._temp = temp;
+        self.say_embedded(temp_database);
+        self
     }
 
     /// The start-up line that names the embedded parts in use, if any: information when both
@@ -112,7 +146,7 @@ impl App {
             (false, false) => {}
             (true, true) => tracing::info!(target: "inoutbox::app", parts = describe,
                 "running on the embedded parts: a SQLite file removed at exit and the in-process \
-                 Kafka; nothing outlives the process (set DATABASE_URL and KAFKA_BROKERS for a service)"),
+                 Kafka; nothing outlives the process (set DATABASE_URL and KAFKA_BROKERS or NATS_URL for a service)"),
             (false, true) => tracing::warn!(target: "inoutbox::app", parts = describe,
                 "running on the in-process Kafka: events published here never leave this process"),
             (true, false) => tracing::warn!(target: "inoutbox::app", parts = describe,
@@ -128,8 +162,21 @@ impl App {
             Some(brokers) => Broker::External(brokers.to_owned()),
             None => Broker::InProcess(InProcessKafka::start()?),
         };
-        let mut app = Self {
-            describe: String::new(),
+        Ok(Self::on(store, broker))
+    }
+
+    /// (Feature `nats`.) An app on a store of your own (migrated by you) and the NATS
+    /// JetStream server at `nats_url`.
+    #[cfg(feature = "nats")]
+    pub fn new_nats(store: Store, nats_url: &str) -> Result<Self, AppError> {
+        let url = env::given(env::NATS_URL, Some(nats_url))?.unwrap_or_default();
+        Ok(Self::on(store, Broker::Nats(super::broker::Nats::new(url))))
+    }
+
+    fn on(store: Store, broker: Broker) -> Self {
+        let describe = format!("{} + {}", store.name(), broker.name());
+        Self {
+            describe,
             store,
             broker,
             consumers: Vec::new(),
@@ -139,15 +186,6 @@ impl App {
             ops: None,
             token: CancellationToken::new(),
             _temp: None,
-        };
-        app.describe = format!("{} + {}", app.store.name(), app.broker_name());
-        Ok(app)
-    }
-
-    fn broker_name(&self) -> String {
-        match &self.broker {
-            Broker::External(brokers) => format!("Kafka at {brokers}"),
-            Broker::InProcess(_) => "in-process Kafka (librdkafka mock cluster)".to_owned(),
         }
     }
 
@@ -156,12 +194,19 @@ impl App {
         &self.store
     }
 
-    /// The bootstrap servers.
+    /// The bootstrap servers (on NATS, the server's URL as given).
     pub fn brokers(&self) -> &str {
         match &self.broker {
             Broker::External(brokers) => brokers,
             Broker::InProcess(kafka) => kafka.brokers(),
+            #[cfg(feature = "nats")]
+            Broker::Nats(nats) => &nats.url,
         }
+    }
+
+    /// The transport the app's parts run on: `"kafka"` or `"nats"`.
+    pub fn transport(&self) -> &'static str {
+        self.broker.transport()
     }
 
     /// Whether the broker is the in-process one.
@@ -170,18 +215,18 @@ impl App {
     }
 
     /// What the app runs on, for a first log line: e.g. `SQLite (/tmp/../app.db) + in-process
-    /// Kafka (librdkafka mock cluster)`.
+    /// Kafka (librdkafka mock cluster)`, `PostgreSQL (db:5432/app) + NATS JetStream at
+    /// nats://app:***@nats:4222` (passwords hidden).
     pub fn describe(&self) -> &str {
         &self.describe
     }
 
     /// Creates `topic` with `partitions` partitions unless it exists (the relay does not create
-    /// topics).
+    /// Kafka topics). On NATS it creates the topic's stream and sets the partitions per topic
+    /// of the app's consumers and relays (3 otherwise): every topic of an app on NATS has the
+    /// same number, and a topic created with another is refused.
     pub async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), AppError> {
-        match &self.broker {
-            Broker::InProcess(kafka) => Ok(kafka.create_topic(topic, partitions)?),
-            Broker::External(brokers) => Ok(create_topic(brokers, topic, partitions).await?),
-        }
+        self.broker.create_topic(topic, partitions).await
     }
 
     /// Runs the handlers of `group` on `topics` with the default settings.

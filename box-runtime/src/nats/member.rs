@@ -12,10 +12,12 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::dead_letter::DeadLetterSubject;
+use super::lag::{LagSampler, Sampled};
 use super::lease::{Lease, NatsPartition};
 use super::reader::{self, Ended, Reader};
 use super::{token, NatsConfig, NatsTransportError};
 use crate::shutdown::{finish_within, CancellationToken};
+use crate::telemetry::MIN_SAMPLE_INTERVAL;
 use crate::transport::{Partitions, Transport};
 
 /// (topic, partition).
@@ -26,6 +28,8 @@ struct Owned {
     lease: Arc<Lease>,
     /// The lease's last revision in the bucket.
     revision: u64,
+    /// The name of the partition's consumer (for the lag gauge).
+    consumer: String,
     stop: CancellationToken,
     run: JoinHandle<()>,
     reader: JoinHandle<Ended>,
@@ -164,6 +168,8 @@ impl<P: Partitions> Member<P> {
     ) -> Result<(), NatsTransportError> {
         let group = self.partitions.group().to_owned();
         tracing::info!(target: "inoutbox::nats", group, member = %self.id, "joined");
+        let every = self.partitions.sample_interval().max(MIN_SAMPLE_INTERVAL);
+        let mut lag = LagSampler::new(&group, every);
         loop {
             self.renew_all().await;
             self.follow_readers().await;
@@ -171,6 +177,7 @@ impl<P: Partitions> Member<P> {
             let fair = self.fair_share().await;
             self.shed(fair);
             self.acquire(fair).await;
+            lag.tick(self.sampled());
             self.partitions.health().set_joined(true);
             tokio::select! {
                 () = self.shutdown.cancelled() => break,
@@ -178,6 +185,17 @@ impl<P: Partitions> Member<P> {
             }
         }
         self.leave(pump, client).await
+    }
+
+    /// The partitions owned now, with their consumers, for the lag gauge.
+    fn sampled(&self) -> Vec<Sampled> {
+        self.owned
+            .iter()
+            .filter_map(|(key, owned)| {
+                let stream = self.streams.get(&key.0)?.clone();
+                Some((key.0.clone(), key.1, stream, owned.consumer.clone()))
+            })
+            .collect()
     }
 
     /// Renews every held lease; a lease that cannot be renewed is lost.
@@ -409,6 +427,7 @@ impl<P: Partitions> Member<P> {
             }
         };
         let partition = i32::try_from(key.1).unwrap_or(i32::MAX);
+        let consumer_name = consumer.cached_info().name.clone();
         let (sender, deliveries) = mpsc::channel(self.config.partition_buffer.max(1));
         let stop = self.shutdown.child_token();
         let link = NatsPartition {
@@ -436,6 +455,7 @@ impl<P: Partitions> Member<P> {
             Owned {
                 lease,
                 revision,
+                consumer: consumer_name,
                 stop,
                 run,
                 reader,
@@ -462,6 +482,7 @@ impl<P: Partitions> Member<P> {
                 stop,
                 run,
                 reader,
+                ..
             } = owned;
             stop.cancel();
             reader.abort();

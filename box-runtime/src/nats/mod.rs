@@ -13,19 +13,23 @@
 //! - `reader`: one partition's durable pull consumer, per lease, started at the acknowledgement
 //!   floor of the previous one;
 //! - `publisher`: [`NatsPublisher`], the relay's side (`Nats-Msg-Id` = the event id);
-//! - `dead_letter`: the optional dead-letter subject.
+//! - `dead_letter`: the optional dead-letter subject;
+//! - `lag`: each partition's lag (its consumer's pending and unacknowledged messages): the
+//!   lag gauge of a member's partitions, and [`consumer_lag`] for `inoutbox status`.
 //!
 //! async-nats is named in this room only.
 
 mod config;
 mod dead_letter;
 mod headers;
+mod lag;
 mod lease;
 mod member;
 mod publisher;
 mod reader;
 
 pub use config::NatsConfig;
+pub use lag::{consumer_lag, ConsumerLag};
 pub use publisher::NatsPublisher;
 
 use async_nats::jetstream;
@@ -151,19 +155,81 @@ pub(crate) async fn connect(
         timeout,
         message: crate::redact::hide_secrets(&message, &crate::redact::url_secrets(url)),
     };
+    let (address, credentials) = split_credentials(url);
     let options = async_nats::ConnectOptions::new()
         .connection_timeout(timeout)
         .max_reconnects(None);
-    match tokio::time::timeout(timeout, options.connect(url)).await {
+    let options = match credentials {
+        Some(Credentials::User(user, password)) => options.user_and_password(user, password),
+        Some(Credentials::Token(token)) => options.token(token),
+        None => options,
+    };
+    match tokio::time::timeout(timeout, options.connect(address.as_str())).await {
         Ok(Ok(client)) => Ok(client),
         Ok(Err(e)) => Err(unreachable(e.to_string())),
         Err(_) => Err(unreachable("timed out".to_owned())),
     }
 }
 
+/// The credentials of a server URL.
+#[derive(Debug, PartialEq, Eq)]
+enum Credentials {
+    /// `nats://user:password@host`.
+    User(String, String),
+    /// `nats://token@host`.
+    Token(String),
+}
+
+/// `url` without its user information, and the credentials it held (percent-decoded).
+/// async-nats 0.51 neither sends the credentials of a URL (only those of its options) nor keeps
+/// them out of its debug log (which shows its server address whole): they go as options. The
+/// user information ends at the last `@`, as [`redact_url`](crate::redact::redact_url) reads it.
+fn split_credentials(url: &str) -> (String, Option<Credentials>) {
+    // async-nats takes an address without a scheme as `nats://`.
+    let (scheme, rest) = url.split_once("://").unwrap_or(("nats", url));
+    let Some((userinfo, host)) = rest.rsplit_once('@') else {
+        return (url.to_owned(), None);
+    };
+    let decode = crate::redact::percent_decode;
+    let credentials = match userinfo.split_once(':') {
+        Some((user, password)) => Credentials::User(decode(user), decode(password)),
+        None => Credentials::Token(decode(userinfo)),
+    };
+    (format!("{scheme}://{host}"), Some(credentials))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{murmur2, partition_for, stream_name};
+    use super::{murmur2, partition_for, split_credentials, stream_name, Credentials};
+
+    #[test]
+    fn a_urls_credentials_are_taken_out_of_it() {
+        let user = |u: &str, p: &str| Some(Credentials::User(u.to_owned(), p.to_owned()));
+        assert_eq!(
+            split_credentials("nats://app:s3cret@n:4222"),
+            ("nats://n:4222".to_owned(), user("app", "s3cret"))
+        );
+        assert_eq!(
+            split_credentials("nats://app:a%40b:c@d@n:4222"),
+            ("nats://n:4222".to_owned(), user("app", "a@b:c@d"))
+        );
+        assert_eq!(
+            split_credentials("tls://t0ken@n"),
+            (
+                "tls://n".to_owned(),
+                Some(Credentials::Token("t0ken".to_owned()))
+            )
+        );
+        assert_eq!(
+            split_credentials("nats://n:4222"),
+            ("nats://n:4222".to_owned(), None)
+        );
+        assert_eq!(split_credentials("n:4222"), ("n:4222".to_owned(), None));
+        assert_eq!(
+            split_credentials("app:pw@n:4222"),
+            ("nats://n:4222".to_owned(), user("app", "pw"))
+        );
+    }
 
     /// Kafka's own test vectors (`UtilsTest.testMurmur2`).
     #[test]

@@ -29,6 +29,7 @@
 mod prometheus;
 mod serve;
 
+pub(crate) use prometheus::install_labelled;
 pub use prometheus::{install_prometheus, Prometheus};
 pub use serve::OpsEndpoint;
 

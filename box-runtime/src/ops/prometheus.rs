@@ -42,18 +42,29 @@ static INSTALLED: Mutex<Option<Prometheus>> = Mutex::new(None);
 /// and relays (they take their metric handles when built). Fails when another `metrics`
 /// recorder is already installed.
 pub fn install_prometheus() -> Result<Prometheus, OpsError> {
+    install_labelled(&[])
+}
+
+/// As [`install_prometheus`], with `labels` on every metric it records (an app's
+/// `transport`); the labels of the call that installed it stay.
+pub(crate) fn install_labelled(labels: &[(&str, &str)]) -> Result<Prometheus, OpsError> {
     let mut installed = INSTALLED.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(prometheus) = &*installed {
         return Ok(prometheus.clone());
     }
-    let prometheus = install()?;
+    let prometheus = install(labels)?;
     *installed = Some(prometheus.clone());
     Ok(prometheus)
 }
 
-fn install() -> Result<Prometheus, OpsError> {
+fn install(labels: &[(&str, &str)]) -> Result<Prometheus, OpsError> {
     let recorder = |e: metrics_exporter_prometheus::BuildError| OpsError::Recorder(e.to_string());
-    let handle = PrometheusBuilder::new()
+    let builder = labels
+        .iter()
+        .fold(PrometheusBuilder::new(), |b, (name, value)| {
+            b.add_global_label(*name, *value)
+        });
+    let handle = builder
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS)
         .map_err(recorder)?
         .set_buckets_for_metric(Matcher::Full(metric::INBOX_BATCH_SIZE.into()), SIZES)

@@ -14,6 +14,11 @@ pub const LABEL_EVENT_TYPE: &str = "event_type";
 pub const LABEL_TOPIC: &str = "topic";
 /// Label: the partition.
 pub const LABEL_PARTITION: &str = "partition";
+/// Label: the transport, `kafka` or `nats`. Not on a metric's own labels: an
+/// [`App`](crate::App) with an operations endpoint puts it on every metric of its recorder
+/// (a process runs one transport per app); with a recorder of your own, add it as a global
+/// label (`PrometheusBuilder::add_global_label`).
+pub const LABEL_TRANSPORT: &str = "transport";
 /// The `event_type` label of messages whose type the group does not handle (or that have none):
 /// a producer cannot create label values.
 pub const UNKNOWN_EVENT_TYPE: &str = "unknown";
