@@ -17,9 +17,12 @@ use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Stmt};
 use crate::store::{StoreError, Tables};
 
+mod deferred;
+mod effects;
 mod inbox;
 pub(crate) mod outbox;
 pub(crate) mod relay;
+mod two_phase;
 mod tx;
 
 pub use outbox::MySqlOutbox;
@@ -39,6 +42,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "outbox table (scheduled publishing)",
         sql: include_str!("migrations/outbox_v1.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 2,
+        description: "two-phase handlers (received rows claimed with leases, counted claims) \
+                      and effects after commit",
+        sql: include_str!("migrations/inbox_v2.sql"),
     },
 ];
 
@@ -76,6 +86,15 @@ fn my(sql: String) -> Stmt {
     stmt(adapt(&sql))
 }
 
+/// A random number marking the rows one statement inserts (MySQL has no `RETURNING`).
+pub(crate) fn claim_token() -> i64 {
+    i64::from_ne_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .expect("8 bytes"),
+    )
+}
+
 /// `(?, ?), (?, ?), ...`: `n` pairs, for row constructors.
 pub(crate) fn pairs(n: usize) -> String {
     vec!["(?, ?)"; n.max(1)].join(", ")
@@ -99,6 +118,16 @@ impl Migrator for MySql8 {
         if let Some(schema) = tables.schema() {
             statements.push(format!("CREATE DATABASE IF NOT EXISTS {schema}"));
         }
+        // Inbox migration 2 alters the inbox only where `information_schema` shows the change
+        // missing (MySQL 8.0 has no `ADD COLUMN IF NOT EXISTS`): the names it looks for. Both
+        // are validated identifiers (letters, digits, `_`): safe in a literal.
+        let schema = match tables.inbox.schema() {
+            Some(schema) => format!("'{}'", schema.as_str()),
+            None => "DATABASE()".to_owned(),
+        };
+        statements.push(format!("SET @inoutbox_schema = {schema}"));
+        let inbox = tables.inbox.name().as_str();
+        statements.push(format!("SET @inoutbox_inbox = '{inbox}'"));
         statements.push("BEGIN".to_owned());
         statements
     }
@@ -139,6 +168,8 @@ struct Statements {
     load_dead_letter: Stmt,
     inbox: String,
     attempts: String,
+    leases: two_phase::LeaseSql,
+    deferred: deferred::DeferredSql,
 }
 
 impl Statements {
@@ -152,9 +183,14 @@ impl Statements {
             delete_processed: my(format!(
                 "DELETE FROM {inbox} WHERE processed_at < {AGO} ORDER BY processed_at LIMIT $2"
             )),
+            // Received and not processed for longer than the window, and not held by a live
+            // claim, or claimed more than once (claims that keep failing or dying).
             count_stuck: my(format!(
-                "SELECT count(*) FROM {inbox} WHERE processed_at IS NULL AND received_at < {AGO} \
-                 AND (due_at IS NULL OR due_at < {AGO})"
+                "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL AND i.received_at < {AGO} \
+                   AND (i.due_at IS NULL OR i.due_at < {AGO}) \
+                   AND (i.lease_until IS NULL OR i.lease_until < {NOW} OR i.claims > 1 \
+                     OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
+                       AND a.source = i.source AND a.event_id = i.event_id))"
             )),
             count_dead_letters: my(format!(
                 "SELECT count(*) FROM {dead} WHERE consumer_group = $1 AND replayed_at IS NULL"
@@ -195,6 +231,8 @@ impl Statements {
             )),
             inbox: quoted(inbox),
             attempts: quoted(attempts),
+            leases: two_phase::LeaseSql::new(t),
+            deferred: deferred::DeferredSql::new(t),
         }
     }
 }
