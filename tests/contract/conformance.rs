@@ -1,8 +1,8 @@
 //! The public conformance suite (`inoutbox::testing::conformance` and `relay_conformance`): the
 //! built-in stores pass it whole (`postgres::`, `sqlite::` and `mysql::`: no rule skipped), and
 //! so does a store written here, outside the crate, with the facade's public API only
-//! (`Outside`: it wraps the SQLite store and its relay store). The same store with one rule broken on purpose fails the suite with
-//! that rule's name: each check can fail.
+//! (`Outside`: it wraps the SQLite store and its relay store). The same store with one rule
+//! broken on purpose fails the suite with that rule's name: each check can fail.
 
 use std::time::Duration;
 
