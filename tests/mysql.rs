@@ -52,7 +52,10 @@ async fn a_two_phase_group_on_mysql_receives_its_messages_and_its_workers_run_th
     let inbox = Inbox::new(kit.store(), "my-two-phase", InboxConfig::default())
         .expect("a two-phase group on MySQL starts");
     let shutdown = inoutbox::shutdown::CancellationToken::new();
-    assert_eq!(inbox.process(&later("e-1"), &shutdown).await, Outcome::Received);
+    assert_eq!(
+        inbox.process(&later("e-1"), &shutdown).await,
+        Outcome::Received
+    );
     assert_eq!(
         inbox.process(&later("e-1"), &shutdown).await,
         Outcome::Duplicate,

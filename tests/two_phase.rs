@@ -1806,14 +1806,24 @@ async fn mysql_ordered_keeps_one_row_of_a_key_in_flight_while_it_is_locked() {
     )
     .await;
     let a = store.claim_received(&ordered("A")).await.unwrap();
-    assert_eq!(a.map(|r| r.key), Some(early.clone()), "the earlier row first");
+    assert_eq!(
+        a.map(|r| r.key),
+        Some(early.clone()),
+        "the earlier row first"
+    );
     let mut tx = store.begin().await.unwrap();
-    assert_eq!(store.check_lease(&mut tx, &early, "A").await.unwrap(), Some(0));
+    assert_eq!(
+        store.check_lease(&mut tx, &early, "A").await.unwrap(),
+        Some(0)
+    );
     assert!(
         other.claim_received(&ordered("B")).await.unwrap().is_none(),
         "the later row of a key was claimed while the earlier one is in a worker's transaction"
     );
-    assert!(store.finish_leased(&mut tx, &early, "A", false).await.unwrap());
+    assert!(store
+        .finish_leased(&mut tx, &early, "A", false)
+        .await
+        .unwrap());
     store.commit(tx).await.unwrap();
     let b = other.claim_received(&ordered("B")).await.unwrap();
     assert_eq!(b.map(|r| r.key), Some(late), "then the later one");
@@ -1862,7 +1872,9 @@ async fn my_review(
     // Every third event fails its first run after scheduling its effect: the rollback must
     // take the effect with it.
     if meta.attempt == 1 && event.id.ends_with(['0', '3', '6', '9']) {
-        return Err(inoutbox::HandlerError::transient("the review service is busy"));
+        return Err(inoutbox::HandlerError::transient(
+            "the review service is busy",
+        ));
     }
     Ok(())
 }
@@ -1873,7 +1885,7 @@ async fn my_review(
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mysql_two_workers_never_run_the_same_row_at_once_and_effects_run_once_after_commit() {
-    use support::memory::{Message, MemoryBroker, MemoryTransport, RunningConsumer};
+    use support::memory::{MemoryBroker, MemoryTransport, Message, RunningConsumer};
     let (kit, store, other) = mysql_stores("tp_my_parallel").await;
     let broker = MemoryBroker::new();
     broker.create_topic("tp-my-reviews", 2);
@@ -1941,7 +1953,11 @@ async fn mysql_two_workers_never_run_the_same_row_at_once_and_effects_run_once_a
     let notified = notified.lock().unwrap().clone();
     let ids: HashSet<&String> = notified.iter().map(|(id, _)| id).collect();
     let keys: HashSet<&String> = notified.iter().map(|(_, k)| k).collect();
-    assert_eq!(notified.len() as i64, n, "each effect ran once: {notified:?}");
+    assert_eq!(
+        notified.len() as i64,
+        n,
+        "each effect ran once: {notified:?}"
+    );
     assert_eq!((ids.len() as i64, keys.len() as i64), (n, n));
     assert_eq!(
         mysql_count(&kit, "SELECT count(*) FROM inoutbox_effects").await,

@@ -55,7 +55,8 @@ enum Which {
 }
 
 fn rendered(which: Which, effects: &str) -> Stmt {
-    rendered_once("postgres", which, effects, || match which {
+    rendered_once("postgres", which, effects, || {
+        match which {
         Which::Schedule => format!(
             "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
              VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
@@ -75,6 +76,7 @@ fn rendered(which: Which, effects: &str) -> Stmt {
                CAST(extract(epoch FROM now() - min(created_at)) AS float8) \
              FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
         ),
+    }
     })
 }
 

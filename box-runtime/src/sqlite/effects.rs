@@ -58,7 +58,8 @@ const OLDEST_AGE: &str = "(julianday('now') - julianday(min(created_at))) * 8640
 
 fn rendered(which: Which, effects: &str) -> Stmt {
     let failed = "coalesce(sum(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), 0)";
-    rendered_once("sqlite", which, effects, || match which {
+    rendered_once("sqlite", which, effects, || {
+        match which {
         // The same effect scheduled twice (a handler may call `after_commit` twice) is one.
         Which::Schedule => format!(
             "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
@@ -96,6 +97,7 @@ fn rendered(which: Which, effects: &str) -> Stmt {
             "SELECT consumer_group, count(*), {failed}, {OLDEST_AGE} \
              FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
         ),
+    }
     })
 }
 

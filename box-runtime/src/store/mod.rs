@@ -22,9 +22,9 @@ pub(crate) use connect::{bounded, check_scheme};
 use error::unsupported;
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
+pub(crate) use two_phase::OWNED;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 pub(crate) use two_phase::{optional_modes, received_row};
-pub(crate) use two_phase::OWNED;
 pub use two_phase::{EffectCounts, LeaseRequest, ReceivedRow, StoredEffect};
 
 /// The identity of a message in a consumer group's inbox.

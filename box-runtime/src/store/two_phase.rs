@@ -138,7 +138,10 @@ macro_rules! optional_modes {
             self.settle_effect_row(id, owner, error, retry_in).await
         }
 
-        async fn count_effects<'a>(&'a self, group: &'a str) -> Result<$crate::store::EffectCounts, $crate::store::StoreError> {
+        async fn count_effects<'a>(
+            &'a self,
+            group: &'a str,
+        ) -> Result<$crate::store::EffectCounts, $crate::store::StoreError> {
             self.count_effect_rows(group).await
         }
 
@@ -198,7 +201,10 @@ macro_rules! optional_modes {
             self.claim_deferred_row(group, owner, lease).await
         }
 
-        async fn count_deferred<'a>(&'a self, group: &'a str) -> Result<i64, $crate::store::StoreError> {
+        async fn count_deferred<'a>(
+            &'a self,
+            group: &'a str,
+        ) -> Result<i64, $crate::store::StoreError> {
             self.count_deferred_rows(group).await
         }
 
