@@ -8,53 +8,12 @@ use std::time::Duration;
 
 use sqlx::{MySql, Row};
 
-use super::two_phase::RECEIVED_COLUMNS;
-use super::{micros, my, MySqlStore, LATER};
+use super::{micros, MySqlStore};
 use crate::message::Delivery;
-use crate::store::sql::Stmt;
 use crate::store::text::encode_headers;
-use crate::store::{received_row, InboxKey, ReceivedRow, StoreError, Tables};
+use crate::store::{received_row, InboxKey, ReceivedRow, StoreError};
 
 type Tx = sqlx::Transaction<'static, MySql>;
-
-/// The statements of deferred messages, rendered once per store.
-#[derive(Debug)]
-pub(super) struct DeferredSql {
-    defer: Stmt,
-    deferrals: Stmt,
-    claim: Stmt,
-    count: Stmt,
-}
-
-impl DeferredSql {
-    pub(super) fn new(t: &Tables) -> Self {
-        let inbox = &t.inbox;
-        Self {
-            // The row is held by the caller's transaction (its claim inserted it, or its lease
-            // check locked it).
-            defer: my(format!(
-                "UPDATE {inbox} SET processed_at = NULL, due_at = {LATER}, deferrals = deferrals + 1, \
-                   lease_owner = NULL, lease_until = NULL, message_key = $2, headers = $3, payload = $4 \
-                 WHERE consumer_group = $5 AND source = $6 AND event_id = $7"
-            )),
-            deferrals: my(format!(
-                "SELECT deferrals FROM {inbox} WHERE consumer_group = $1 AND source = $2 AND event_id = $3"
-            )),
-            // The group's earliest due row whose lease is free or expired; rows other workers
-            // are claiming, or whose handler's transaction holds them, are skipped.
-            claim: my(format!(
-                "SELECT {RECEIVED_COLUMNS}, CONVERT(c.business_key USING utf8mb4) AS business_key \
-                 FROM {inbox} c WHERE c.consumer_group = $1 AND c.processed_at IS NULL \
-                   AND c.due_at <= NOW(6) AND (c.lease_until IS NULL OR c.lease_until < NOW(6)) \
-                 ORDER BY c.due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
-            )),
-            count: my(format!(
-                "SELECT count(*) FROM {inbox} \
-                 WHERE consumer_group = $1 AND processed_at IS NULL AND due_at IS NOT NULL"
-            )),
-        }
-    }
-}
 
 impl MySqlStore {
     pub(super) async fn defer_row(

@@ -24,92 +24,13 @@ use std::time::Duration;
 use sqlx::mysql::MySqlArguments;
 use sqlx::{MySql, Row};
 
-use super::{adapt, marks, micros, my, pairs, MySqlStore, LATER};
+use super::{micros, pairs, MySqlStore};
 use crate::store::sql::{stmt, Stmt};
 use crate::store::{
-    received_row, text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, Tables,
-    OWNED,
+    received_row, text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError,
 };
 
 type Tx = sqlx::Transaction<'static, MySql>;
-
-/// The columns of a claimed row that [`received_row`] reads (keys as text: they are
-/// `varbinary`, written from Rust strings).
-pub(super) const RECEIVED_COLUMNS: &str = "CONVERT(c.source USING utf8mb4) AS source, \
-     CONVERT(c.event_id USING utf8mb4) AS event_id, c.topic, c.\"partition\", c.\"offset\", \
-     c.message_key, c.headers, c.payload";
-
-/// The statements of leased rows (two-phase and deferred), rendered once per store.
-#[derive(Debug)]
-pub(super) struct LeaseSql {
-    /// The claim of received rows up to its event types (the lists vary per worker pool).
-    claim_head: String,
-    /// The per-key order condition of the claim, up to its list of ordered event types.
-    ordered_head: String,
-    lease: Stmt,
-    renew_free: Stmt,
-    renew: Stmt,
-    held: Stmt,
-    check: Stmt,
-    finish: Stmt,
-    release: Stmt,
-    drop_row: Stmt,
-}
-
-impl LeaseSql {
-    pub(super) fn new(t: &Tables) -> Self {
-        let inbox = &t.inbox;
-        Self {
-            // The group's received rows (no due time: deferred rows are the deferred worker's)
-            // whose lease is free or expired, oldest first, by `{inbox}_received_idx`.
-            claim_head: adapt(&format!(
-                "SELECT {RECEIVED_COLUMNS} FROM {inbox} c \
-                 WHERE c.consumer_group = ? AND c.processed_at IS NULL AND c.due_at IS NULL \
-                   AND (c.lease_until IS NULL OR c.lease_until < NOW(6)) AND c.event_type IN "
-            )),
-            ordered_head: adapt(&format!(
-                " AND NOT (c.event_type IN ({{ordered}}) AND EXISTS (SELECT 1 FROM {inbox} o \
-                   WHERE o.consumer_group = c.consumer_group AND o.processed_at IS NULL \
-                     AND o.due_at IS NULL AND o.topic = c.topic AND o.\"partition\" = c.\"partition\" \
-                     AND o.message_key = c.message_key AND o.\"offset\" < c.\"offset\"))"
-            )),
-            lease: my(format!(
-                "UPDATE {inbox} SET lease_owner = $1, lease_until = {LATER}, claims = claims + 1 \
-                 WHERE consumer_group = $3 AND source = $4 AND event_id = $5"
-            )),
-            renew_free: my(format!(
-                "SELECT 1 FROM {inbox} WHERE {OWNED} FOR UPDATE SKIP LOCKED"
-            )),
-            renew: my(format!(
-                "UPDATE {inbox} SET lease_until = {LATER} WHERE {OWNED}"
-            )),
-            held: my(format!("SELECT count(*) FROM {inbox} WHERE {OWNED}")),
-            // The row stays locked by the handler's transaction until it ends.
-            check: my(format!("SELECT 1 FROM {inbox} WHERE {OWNED} FOR UPDATE")),
-            finish: my(format!(
-                "UPDATE {inbox} SET processed_at = NOW(6), lease_owner = NULL, lease_until = NULL \
-                 WHERE {OWNED}"
-            )),
-            release: my(format!(
-                "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
-            )),
-            drop_row: my(format!("DELETE FROM {inbox} WHERE {OWNED}")),
-        }
-    }
-
-    /// The claim of a received row of `types`, `ordered` among them keeping per-key order.
-    fn claim(&self, types: usize, ordered: usize) -> Stmt {
-        let ordered = match ordered {
-            0 => String::new(),
-            n => self.ordered_head.replace("{ordered}", &marks(n)),
-        };
-        stmt(format!(
-            "{}({}){ordered} ORDER BY c.received_at LIMIT 1 FOR UPDATE SKIP LOCKED",
-            self.claim_head,
-            marks(types)
-        ))
-    }
-}
 
 /// `sql` bound with `key` and `owner` ([`OWNED`]'s four values).
 fn bind_owned<'q>(
@@ -125,7 +46,7 @@ fn bind_owned<'q>(
 }
 
 impl MySqlStore {
-    fn leases(&self) -> &LeaseSql {
+    fn leases(&self) -> &super::LeaseSql {
         &self.sql.leases
     }
 
