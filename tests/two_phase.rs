@@ -1,6 +1,8 @@
 //! The two-phase inbox and effects after commit, with real processes: the `two_phase_mailer`
 //! example (a two-phase handler that takes seconds) runs as child consumers over Tansu and
-//! PostgreSQL; tests SIGKILL them mid-handler and run two of them at once.
+//! PostgreSQL; tests SIGKILL them mid-handler and run two of them at once. The same guarantees
+//! on SQLite and MariaDB are checked through the store's calls and in-process consumers (their
+//! parts below), and the effects tests run on every store.
 
 mod support;
 
@@ -653,10 +655,19 @@ async fn effects_group_handler_sqlite(
     Ok(())
 }
 
-/// The effects tests run on both stores: `name` on PostgreSQL, `name_sqlite` on SQLite, one
-/// generic body `body::<K>()`.
-macro_rules! on_both_stores {
-    ($($name:ident, $sqlite:ident => $body:ident;)*) => {
+#[cfg(feature = "mysql")]
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-effects")]
+async fn effects_group_handler_mysql(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::MySqlTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+/// The effects tests run on every store: `name` on PostgreSQL, `name_sqlite` on SQLite and
+/// `name_mysql` on MariaDB, one generic body `body::<K>()`.
+macro_rules! on_every_store {
+    ($($name:ident, $sqlite:ident, $mysql:ident => $body:ident;)*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
@@ -667,22 +678,33 @@ macro_rules! on_both_stores {
             async fn $sqlite() {
                 $body::<SqliteKit>().await
             }
+
+            #[cfg(feature = "mysql")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $mysql() {
+                $body::<support::kit::MySqlKit>().await
+            }
         )*
     };
 }
 
-on_both_stores! {
+on_every_store! {
     a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure,
-    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_sqlite
+    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_sqlite,
+    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_mysql
         => group_scope_and_panics;
     eight_slow_effects_run_at_once_each_exactly_once,
-    eight_slow_effects_run_at_once_each_exactly_once_sqlite => eight_slow_effects;
+    eight_slow_effects_run_at_once_each_exactly_once_sqlite,
+    eight_slow_effects_run_at_once_each_exactly_once_mysql => eight_slow_effects;
     effect_concurrency_bounds_the_effects_in_flight,
-    effect_concurrency_bounds_the_effects_in_flight_sqlite => concurrency_bound;
+    effect_concurrency_bounds_the_effects_in_flight_sqlite,
+    effect_concurrency_bounds_the_effects_in_flight_mysql => concurrency_bound;
     the_consumer_purges_old_done_effects_and_counts_those_not_done,
-    the_consumer_purges_old_done_effects_and_counts_those_not_done_sqlite => purge_and_counts;
+    the_consumer_purges_old_done_effects_and_counts_those_not_done_sqlite,
+    the_consumer_purges_old_done_effects_and_counts_those_not_done_mysql => purge_and_counts;
     the_stop_starts_no_effect_and_is_bounded_by_the_grace_period,
-    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_sqlite => stop_within_grace;
+    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_sqlite,
+    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_mysql => stop_within_grace;
 }
 
 /// Polls `sql` (a count) on `kit` until it reaches `target`; panics with `what` after `within`.
@@ -811,6 +833,15 @@ async fn reviews_group_handler(
 async fn reviews_group_handler_sqlite(
     _event: OrderCreated,
     _tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+#[cfg(feature = "mysql")]
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-reviews")]
+async fn reviews_group_handler_mysql(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::MySqlTx<'_>,
 ) -> Result<(), inoutbox::HandlerError> {
     Ok(())
 }
