@@ -1,5 +1,5 @@
-//! Deferred messages (`HandlerError::defer`), on PostgreSQL and SQLite, through consumers on
-//! the in-memory broker: the payments service's cancel that arrives before its order defers
+//! Deferred messages (`HandlerError::defer`), on PostgreSQL, SQLite and MariaDB, through
+//! consumers on the in-memory broker: the payments service's cancel that arrives before its order defers
 //! until the order exists, the partition goes on past it (the order, later on the same key, is
 //! handled first), and the cancel runs once when due; a redelivery of the deferred message is a
 //! duplicate, also while its deferred run races it; two consumers of one group never both run a
@@ -47,11 +47,11 @@ const REFUND_TAKES: Duration = Duration::from_millis(30);
 macro_rules! payments {
     ($conn:ty, $place:ident, $cancel:ident) => {
         async fn $place(event: OrderPlaced, tx: &mut $conn) -> Result<(), HandlerError> {
-            sqlx::query("INSERT INTO orders (id, status) VALUES ($1, 'placed')")
-                .bind(&event.order_id)
+            inoutbox::sql("INSERT INTO orders (id, status) VALUES ($1, 'placed')")
+                .bind(event.order_id.as_str())
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("INSERT INTO history (what) VALUES ($1)")
+            inoutbox::sql("INSERT INTO history (what) VALUES ($1)")
                 .bind(format!("placed {}", event.order_id))
                 .execute(&mut *tx)
                 .await?;
@@ -59,25 +59,24 @@ macro_rules! payments {
         }
 
         async fn $cancel(event: OrderCancelled, tx: &mut $conn) -> Result<(), HandlerError> {
-            let status: Option<String> =
-                sqlx::query_scalar("SELECT status FROM orders WHERE id = $1")
-                    .bind(&event.order_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
+            let status = inoutbox::sql("SELECT status FROM orders WHERE id = $1")
+                .bind(event.order_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
             if status.is_none() {
                 let reason = format!("order {} is not placed yet", event.order_id);
                 return Err(HandlerError::defer_because(AGAIN_IN, reason));
             }
-            sqlx::query("UPDATE orders SET status = 'cancelled' WHERE id = $1")
-                .bind(&event.order_id)
+            inoutbox::sql("UPDATE orders SET status = 'cancelled' WHERE id = $1")
+                .bind(event.order_id.as_str())
                 .execute(&mut *tx)
                 .await?;
             tokio::time::sleep(REFUND_TAKES).await;
-            sqlx::query("INSERT INTO refunds (order_id) VALUES ($1)")
-                .bind(&event.order_id)
+            inoutbox::sql("INSERT INTO refunds (order_id) VALUES ($1)")
+                .bind(event.order_id.as_str())
                 .execute(&mut *tx)
                 .await?;
-            sqlx::query("INSERT INTO history (what) VALUES ($1)")
+            inoutbox::sql("INSERT INTO history (what) VALUES ($1)")
                 .bind(format!("cancelled {}", event.order_id))
                 .execute(&mut *tx)
                 .await?;
@@ -88,6 +87,8 @@ macro_rules! payments {
 
 payments!(sqlx::PgConnection, place_on_pg, cancel_on_pg);
 payments!(sqlx::SqliteConnection, place_on_sqlite, cancel_on_sqlite);
+#[cfg(feature = "mysql")]
+payments!(sqlx::MySqlConnection, place_on_mysql, cancel_on_mysql);
 
 #[inbox_handler(event = "PayOrderPlaced", group = "payments")]
 async fn place_pg(event: OrderPlaced, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
@@ -113,6 +114,18 @@ async fn cancel_sqlite(
     tx: &mut inoutbox::SqliteTx<'_>,
 ) -> Result<(), HandlerError> {
     cancel_on_sqlite(event, tx).await
+}
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "PayOrderPlaced", group = "payments")]
+async fn place_mysql(event: OrderPlaced, tx: &mut MySqlTx<'_>) -> Result<(), HandlerError> {
+    place_on_mysql(event, tx).await
+}
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "PayOrderCancelled", group = "payments")]
+async fn cancel_mysql(event: OrderCancelled, tx: &mut MySqlTx<'_>) -> Result<(), HandlerError> {
+    cancel_on_mysql(event, tx).await
 }
 
 const GROUP: &str = "payments";
@@ -227,6 +240,53 @@ impl Payments for Lite {
     async fn text(&self, sql: &str) -> String {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(self.store.pool())
+            .await
+            .expect(sql)
+    }
+}
+
+/// MariaDB: a database of its own (the contract kit's), with the payments tables.
+#[cfg(feature = "mysql")]
+struct My(support::kit::MySqlKit);
+
+#[cfg(feature = "mysql")]
+impl Payments for My {
+    type Store = inoutbox::MySqlStore;
+
+    async fn open(name: &str) -> Self {
+        use support::kit::Kit;
+        let kit = support::kit::MySqlKit::new(name).await;
+        kit.exec(
+            "CREATE TABLE orders (id varchar(64) PRIMARY KEY, status text NOT NULL); \
+             CREATE TABLE refunds (id bigint AUTO_INCREMENT PRIMARY KEY, order_id varchar(64) NOT NULL); \
+             CREATE TABLE history (seq bigint AUTO_INCREMENT PRIMARY KEY, what text NOT NULL)",
+        )
+        .await;
+        My(kit)
+    }
+
+    fn store(&self) -> Self::Store {
+        support::kit::Kit::store(&self.0)
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        support::kit::Kit::count(&self.0, sql).await
+    }
+
+    async fn exec(&self, sql: &str) {
+        support::kit::Kit::exec(&self.0, sql).await
+    }
+
+    async fn history(&self) -> Vec<String> {
+        sqlx::query_scalar("SELECT what FROM history ORDER BY seq")
+            .fetch_all(self.store().pool())
+            .await
+            .expect("history")
+    }
+
+    async fn text(&self, sql: &str) -> String {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(self.store().pool())
             .await
             .expect(sql)
     }
@@ -370,6 +430,12 @@ async fn sqlite_a_cancel_before_its_order_is_deferred_and_runs_once_after_the_or
     cancel_before_capture(&Lite::open("defer-case").await).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_cancel_before_its_order_is_deferred_and_runs_once_after_the_order() {
+    cancel_before_capture(&My::open("defer_case").await).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A redelivery of the deferred message racing its deferred run.
 
@@ -424,6 +490,12 @@ async fn postgres_a_redelivery_racing_the_deferred_run_is_a_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_a_redelivery_racing_the_deferred_run_is_a_duplicate() {
     redelivery_races_the_deferred_run(&Lite::open("defer-race").await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_redelivery_racing_the_deferred_run_is_a_duplicate() {
+    redelivery_races_the_deferred_run(&My::open("defer_race").await).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -488,6 +560,12 @@ async fn postgres_two_consumers_of_a_group_never_both_run_a_due_message() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite_two_consumers_of_a_group_never_both_run_a_due_message() {
     two_consumers_run_each_due_message_once(&Lite::open("defer-two").await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_two_consumers_of_a_group_never_both_run_a_due_message() {
+    two_consumers_run_each_due_message_once(&My::open("defer_two").await).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -559,8 +637,14 @@ async fn sqlite_a_message_deferred_more_than_max_deferrals_is_dead_lettered() {
     deferred_past_the_limit_is_dead_lettered(&Lite::open("defer-limit").await).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_message_deferred_more_than_max_deferrals_is_dead_lettered() {
+    deferred_past_the_limit_is_dead_lettered(&My::open("defer_limit").await).await;
+}
+
 // ---------------------------------------------------------------------------------------------
-// A two-phase handler defers (PostgreSQL: two-phase handlers need it).
+// A two-phase handler defers (PostgreSQL and MariaDB: two-phase handlers run there in parallel).
 
 #[inbox_handler(
     event = "PayOrderCancelled",
@@ -575,9 +659,32 @@ async fn cancel_two_phase(event: OrderCancelled, tx: &mut PgTx<'_>) -> Result<()
 /// The cancel is received, acknowledged and run by a two-phase worker, which defers it; the
 /// two-phase workers leave the deferred row alone (and a later row of its key is not held
 /// behind it), and the deferred worker runs it once its order exists.
+#[cfg(feature = "mysql")]
+#[inbox_handler(
+    event = "PayOrderCancelled",
+    group = "payments-two-phase",
+    mode = "two_phase",
+    ordered = true
+)]
+async fn cancel_two_phase_mysql(
+    event: OrderCancelled,
+    tx: &mut MySqlTx<'_>,
+) -> Result<(), HandlerError> {
+    cancel_on_mysql(event, tx).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_two_phase_handler_defers_and_its_message_runs_once_when_due() {
-    let db = Pg::open("defer_two_phase").await;
+    two_phase_defers(&Pg::open("defer_two_phase").await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_a_two_phase_handler_defers_and_its_message_runs_once_when_due() {
+    two_phase_defers(&My::open("defer_two_phase").await).await;
+}
+
+async fn two_phase_defers<P: Payments>(db: &P) {
     let group = "payments-two-phase";
     let broker = MemoryBroker::new();
     broker.create_topic(TOPIC, 1);
@@ -590,7 +697,7 @@ async fn postgres_a_two_phase_handler_defers_and_its_message_runs_once_when_due(
             .max_deferrals(u32::MAX);
     let running = RunningConsumer::start(builder);
     wait_count(
-        &db,
+        db,
         "SELECT count(*) FROM inoutbox_inbox WHERE event_id = 'cancelled-t-1' \
            AND processed_at IS NULL AND deferrals >= 1",
         1,
@@ -611,7 +718,7 @@ async fn postgres_a_two_phase_handler_defers_and_its_message_runs_once_when_due(
         ),
     );
     wait_count(
-        &db,
+        db,
         &refunds_of("t-1-later"),
         1,
         "the later message of the key ran while t-1 was deferred",
@@ -620,9 +727,9 @@ async fn postgres_a_two_phase_handler_defers_and_its_message_runs_once_when_due(
     assert_eq!(db.count(&refunds_of("t-1")).await, 0, "t-1 still deferred");
     db.exec("INSERT INTO orders (id, status) VALUES ('t-1', 'placed')")
         .await;
-    wait_count(&db, &refunds_of("t-1"), 1, "the deferred cancel ran").await;
+    wait_count(db, &refunds_of("t-1"), 1, "the deferred cancel ran").await;
     wait_count(
-        &db,
+        db,
         "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NULL",
         0,
         "no row left unprocessed",

@@ -1,6 +1,8 @@
 //! The two-phase inbox and effects after commit, with real processes: the `two_phase_mailer`
 //! example (a two-phase handler that takes seconds) runs as child consumers over Tansu and
-//! PostgreSQL; tests SIGKILL them mid-handler and run two of them at once.
+//! PostgreSQL; tests SIGKILL them mid-handler and run two of them at once. The same guarantees
+//! on SQLite and MariaDB are checked through the store's calls and in-process consumers (their
+//! parts below), and the effects tests run on every store.
 
 mod support;
 
@@ -653,10 +655,19 @@ async fn effects_group_handler_sqlite(
     Ok(())
 }
 
-/// The effects tests run on both stores: `name` on PostgreSQL, `name_sqlite` on SQLite, one
-/// generic body `body::<K>()`.
-macro_rules! on_both_stores {
-    ($($name:ident, $sqlite:ident => $body:ident;)*) => {
+#[cfg(feature = "mysql")]
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-effects")]
+async fn effects_group_handler_mysql(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::MySqlTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+/// The effects tests run on every store: `name` on PostgreSQL, `name_sqlite` on SQLite and
+/// `name_mysql` on MariaDB, one generic body `body::<K>()`.
+macro_rules! on_every_store {
+    ($($name:ident, $sqlite:ident, $mysql:ident => $body:ident;)*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $name() {
@@ -667,22 +678,33 @@ macro_rules! on_both_stores {
             async fn $sqlite() {
                 $body::<SqliteKit>().await
             }
+
+            #[cfg(feature = "mysql")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $mysql() {
+                $body::<support::kit::MySqlKit>().await
+            }
         )*
     };
 }
 
-on_both_stores! {
+on_every_store! {
     a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure,
-    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_sqlite
+    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_sqlite,
+    a_group_drains_only_its_own_effects_and_an_executor_panic_is_a_counted_retried_failure_mysql
         => group_scope_and_panics;
     eight_slow_effects_run_at_once_each_exactly_once,
-    eight_slow_effects_run_at_once_each_exactly_once_sqlite => eight_slow_effects;
+    eight_slow_effects_run_at_once_each_exactly_once_sqlite,
+    eight_slow_effects_run_at_once_each_exactly_once_mysql => eight_slow_effects;
     effect_concurrency_bounds_the_effects_in_flight,
-    effect_concurrency_bounds_the_effects_in_flight_sqlite => concurrency_bound;
+    effect_concurrency_bounds_the_effects_in_flight_sqlite,
+    effect_concurrency_bounds_the_effects_in_flight_mysql => concurrency_bound;
     the_consumer_purges_old_done_effects_and_counts_those_not_done,
-    the_consumer_purges_old_done_effects_and_counts_those_not_done_sqlite => purge_and_counts;
+    the_consumer_purges_old_done_effects_and_counts_those_not_done_sqlite,
+    the_consumer_purges_old_done_effects_and_counts_those_not_done_mysql => purge_and_counts;
     the_stop_starts_no_effect_and_is_bounded_by_the_grace_period,
-    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_sqlite => stop_within_grace;
+    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_sqlite,
+    the_stop_starts_no_effect_and_is_bounded_by_the_grace_period_mysql => stop_within_grace;
 }
 
 /// Polls `sql` (a count) on `kit` until it reaches `target`; panics with `what` after `within`.
@@ -811,6 +833,15 @@ async fn reviews_group_handler(
 async fn reviews_group_handler_sqlite(
     _event: OrderCreated,
     _tx: &mut inoutbox::SqliteTx<'_>,
+) -> Result<(), inoutbox::HandlerError> {
+    Ok(())
+}
+
+#[cfg(feature = "mysql")]
+#[inoutbox::inbox_handler(event = "OrderCreated", group = "tp-reviews")]
+async fn reviews_group_handler_mysql(
+    _event: OrderCreated,
+    _tx: &mut inoutbox::MySqlTx<'_>,
 ) -> Result<(), inoutbox::HandlerError> {
     Ok(())
 }
@@ -1170,8 +1201,11 @@ async fn sqlite_store_at(dir: &support::kit::TempDir, busy: Duration) -> inoutbo
 }
 
 /// One received row of group `group` (event type `Slow`), committed; returns its key.
-async fn received_row(store: &inoutbox::SqliteStore, group: &str) -> inoutbox::store::InboxKey {
-    use inoutbox::store::{ClaimRequest, InboxKey, InboxStore};
+async fn received_row<S: inoutbox::store::InboxStore>(
+    store: &S,
+    group: &str,
+) -> inoutbox::store::InboxKey {
+    use inoutbox::store::{ClaimRequest, InboxKey};
     let key = InboxKey {
         group: group.into(),
         source: String::new(),
@@ -1224,12 +1258,14 @@ fn sqlite_lease<'a>(
 /// What a worker's run does in its transaction, as `Inbox::run` does it: check the lease,
 /// run the handler (a receipt), mark the row processed if the lease still holds, commit; or
 /// roll back. Returns whether it committed.
-async fn sqlite_run(
-    store: &inoutbox::SqliteStore,
+async fn leased_run<S: inoutbox::store::InboxStore>(
+    store: &S,
     key: &inoutbox::store::InboxKey,
     owner: &str,
-) -> bool {
-    use inoutbox::store::InboxStore;
+) -> bool
+where
+    S::Tx: inoutbox::db::Executes,
+{
     let mut tx = store.begin().await.unwrap();
     if store
         .check_lease(&mut tx, key, owner)
@@ -1240,10 +1276,10 @@ async fn sqlite_run(
         store.rollback(tx).await.unwrap();
         return false;
     }
-    sqlx::query("INSERT INTO receipts (order_id, worker) VALUES ($1, $2)")
-        .bind(&key.event_id)
+    inoutbox::sql("INSERT INTO receipts (order_id, worker) VALUES ($1, $2)")
+        .bind(key.event_id.as_str())
         .bind(owner)
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await
         .unwrap();
     if !store
@@ -1311,10 +1347,10 @@ async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied
     );
     // A thaws and runs: its transaction must roll back; B's commits.
     assert!(
-        !sqlite_run(&store, &key, "A").await,
+        !leased_run(&store, &key, "A").await,
         "A's run committed without its lease"
     );
-    assert!(sqlite_run(&store, &key, "B").await, "B's run committed");
+    assert!(leased_run(&store, &key, "B").await, "B's run committed");
     assert_eq!(
         sqlite_count(&store, "SELECT count(*) FROM receipts").await,
         1,
@@ -1421,7 +1457,7 @@ async fn sqlite_a_worker_that_dies_mid_handler_leaves_nothing_and_its_row_is_run
         store.claim_received(&lease).await.unwrap().is_some(),
         "the row is claimed again once the dead worker's lease expired"
     );
-    assert!(sqlite_run(&store, &key, "B").await);
+    assert!(leased_run(&store, &key, "B").await);
     assert_eq!(
         sqlite_count(&store, "SELECT count(*) FROM receipts").await,
         1
@@ -1547,5 +1583,425 @@ async fn the_zero_setup_mode_runs_a_two_phase_handler_and_its_effect_after_commi
         .await,
         5,
         "each event received, claimed once, and processed"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two-phase handlers on MariaDB (inbox migration 2): claims are short transactions of `SELECT
+// .. FOR UPDATE SKIP LOCKED` and the lease's `UPDATE`; the handler's transaction locks its row
+// (`FOR UPDATE`) from its lease check to its end, and handlers run in parallel.
+
+/// A migrated MariaDB database of its own with a `receipts` table, and a second store on it
+/// with a pool of its own (another process's view of it).
+#[cfg(feature = "mysql")]
+async fn mysql_stores(
+    name: &str,
+) -> (
+    support::kit::MySqlKit,
+    inoutbox::MySqlStore,
+    inoutbox::MySqlStore,
+) {
+    use support::kit::Kit;
+    let kit = support::kit::MySqlKit::new(name).await;
+    kit.exec(
+        "CREATE TABLE receipts (id bigint AUTO_INCREMENT PRIMARY KEY, order_id varchar(255) NOT NULL, \
+         worker varchar(255) NOT NULL)",
+    )
+    .await;
+    let store = kit.store();
+    let options = (*store.pool().connect_options()).clone();
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(10)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .execute(conn)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .connect_with(options)
+        .await
+        .expect("a second pool on MariaDB");
+    (kit, store, inoutbox::MySqlStore::new(pool))
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_count(kit: &support::kit::MySqlKit, sql: &str) -> i64 {
+    support::kit::Kit::count(kit, sql).await
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
+    use inoutbox::store::InboxStore;
+    let (kit, store, other) = mysql_stores("tp_my_lost").await;
+    let key = received_row(&store, "tp-lost").await;
+    let a = store
+        .claim_received(&sqlite_lease("tp-lost", "A", Duration::from_millis(200)))
+        .await
+        .unwrap()
+        .expect("A claims the received row");
+    assert_eq!(a.key, key);
+    assert_eq!(a.delivery.offset, 7);
+    assert_eq!(a.delivery.key.as_deref(), Some(&b"account-1"[..]));
+    assert_eq!(
+        a.delivery.headers,
+        [
+            ("ce_type".to_owned(), Some(b"Slow".to_vec())),
+            ("none".to_owned(), None)
+        ],
+        "the message is kept exactly"
+    );
+    assert!(
+        other
+            .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .is_none(),
+        "a live lease is not taken"
+    );
+    // A stalls (a pause, a stop) before its transaction: its lease expires and B takes over.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = other
+        .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(b.is_some(), "B claims the row once A's lease expired");
+    assert!(
+        !store
+            .renew_lease(&key, "A", Duration::from_secs(30))
+            .await
+            .unwrap(),
+        "A no longer holds the lease: its renewal says so"
+    );
+    // A thaws and runs: its transaction must roll back; B's commits.
+    assert!(
+        !leased_run(&store, &key, "A").await,
+        "A's run committed without its lease"
+    );
+    assert!(leased_run(&other, &key, "B").await, "B's run committed");
+    assert_eq!(
+        mysql_count(&kit, "SELECT count(*) FROM receipts").await,
+        1,
+        "the event applied once"
+    );
+    assert_eq!(
+        mysql_count(&kit, "SELECT count(*) FROM receipts WHERE worker = 'B'").await,
+        1
+    );
+    assert_eq!(
+        mysql_count(
+            &kit,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 2 \
+               AND lease_owner IS NULL"
+        )
+        .await,
+        1,
+        "the row is processed, claimed twice"
+    );
+}
+
+/// Worker A holds a received row in its handler's transaction when its lease expires: B's
+/// claim (another pool: another process) skips the row instead of running it beside A, A's
+/// renewal neither waits for A's own transaction nor says the lease is lost, and A's processed
+/// mark commits.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_row_in_a_workers_transaction_is_not_claimed_by_another_after_its_lease_expires() {
+    use inoutbox::store::InboxStore;
+    let (kit, store, other) = mysql_stores("tp_my_lock").await;
+    let key = received_row(&store, "tp-lock").await;
+    let lease = Duration::from_millis(200);
+    assert!(store
+        .claim_received(&sqlite_lease("tp-lock", "A", lease))
+        .await
+        .unwrap()
+        .is_some());
+    // A's handler transaction begins: it checks its lease, and its handler runs past it.
+    let mut a = store.begin().await.unwrap();
+    assert_eq!(store.check_lease(&mut a, &key, "A").await.unwrap(), Some(0));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = other
+        .claim_received(&sqlite_lease("tp-lock", "B", Duration::from_secs(30)))
+        .await
+        .unwrap();
+    assert!(
+        b.is_none(),
+        "B claimed the row while A's handler runs on it: two runs at once"
+    );
+    let renewing = Instant::now();
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.renew_lease(&key, "A", Duration::from_secs(30)),
+    )
+    .await
+    .expect("the renewal waited for the handler's transaction")
+    .unwrap();
+    assert!(renewed, "A still holds its row: the renewal says so");
+    assert!(renewing.elapsed() < Duration::from_secs(5));
+    assert!(store.finish_leased(&mut a, &key, "A", false).await.unwrap());
+    store.commit(a).await.unwrap();
+    assert!(
+        other
+            .claim_received(&sqlite_lease("tp-lock", "B", Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .is_none(),
+        "a processed row is never claimed"
+    );
+    assert_eq!(
+        mysql_count(
+            &kit,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 1"
+        )
+        .await,
+        1
+    );
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_worker_that_dies_mid_handler_leaves_nothing_and_its_row_is_run_again_once() {
+    use inoutbox::store::InboxStore;
+    let (kit, store, dying) = mysql_stores("tp_my_crash").await;
+    let key = received_row(&store, "tp-crash").await;
+    let lease = Duration::from_secs(1);
+    // The worker's process: it claims, its handler writes, and it dies before the commit (its
+    // connection is killed: the server rolls the transaction back).
+    assert!(dying
+        .claim_received(&sqlite_lease("tp-crash", "A", lease))
+        .await
+        .unwrap()
+        .is_some());
+    let mut tx = dying.begin().await.unwrap();
+    assert_eq!(
+        dying.check_lease(&mut tx, &key, "A").await.unwrap(),
+        Some(0)
+    );
+    sqlx::query("INSERT INTO receipts (order_id, worker) VALUES (?, 'A')")
+        .bind(&key.event_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let connection: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    support::kit::Kit::exec(&kit, &format!("KILL {connection}")).await;
+    drop(tx);
+    dying.pool().close().await;
+    assert_eq!(mysql_count(&kit, "SELECT count(*) FROM receipts").await, 0);
+    let b = sqlite_lease("tp-crash", "B", Duration::from_secs(30));
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
+    assert!(
+        store.claim_received(&b).await.unwrap().is_some(),
+        "the row is claimed again once the dead worker's lease expired"
+    );
+    assert!(leased_run(&store, &key, "B").await);
+    assert_eq!(mysql_count(&kit, "SELECT count(*) FROM receipts").await, 1);
+    assert_eq!(
+        mysql_count(
+            &kit,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 2"
+        )
+        .await,
+        1
+    );
+}
+
+/// Per-key order: while the earlier row of a key is in a worker's transaction (locked), a claim
+/// of the ordered type takes neither it nor the later row of its key; once it is processed, the
+/// later row is claimed.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_ordered_keeps_one_row_of_a_key_in_flight_while_it_is_locked() {
+    use inoutbox::store::InboxStore;
+    let (_kit, store, other) = mysql_stores("tp_my_ordered").await;
+    let early = received_row(&store, "tp-ordered").await;
+    let late = received_row(&store, "tp-ordered").await;
+    let ordered = |owner| inoutbox::store::LeaseRequest {
+        group: "tp-ordered",
+        owner,
+        lease: Duration::from_secs(30),
+        event_types: &["Slow"],
+        ordered: &["Slow"],
+    };
+    // Both rows have offset 7 in `received_row`: give the later one offset 8.
+    support::kit::Kit::exec(
+        &_kit,
+        &format!(
+            "UPDATE inoutbox_inbox SET \"offset\" = 8 WHERE event_id = '{}'",
+            late.event_id
+        ),
+    )
+    .await;
+    let a = store.claim_received(&ordered("A")).await.unwrap();
+    assert_eq!(
+        a.map(|r| r.key),
+        Some(early.clone()),
+        "the earlier row first"
+    );
+    let mut tx = store.begin().await.unwrap();
+    assert_eq!(
+        store.check_lease(&mut tx, &early, "A").await.unwrap(),
+        Some(0)
+    );
+    assert!(
+        other.claim_received(&ordered("B")).await.unwrap().is_none(),
+        "the later row of a key was claimed while the earlier one is in a worker's transaction"
+    );
+    assert!(store
+        .finish_leased(&mut tx, &early, "A", false)
+        .await
+        .unwrap());
+    store.commit(tx).await.unwrap();
+    let b = other.claim_received(&ordered("B")).await.unwrap();
+    assert_eq!(b.map(|r| r.key), Some(late), "then the later one");
+}
+
+/// A review that takes a while, by a two-phase handler on MariaDB (the parallel test's).
+#[cfg(feature = "mysql")]
+#[derive(Debug, serde::Serialize, serde::Deserialize, inoutbox::OutboxEvent)]
+#[outbox(event_type = "MyReviewAsked", topic = "tp-my-reviews", key = id)]
+struct MyReviewAsked {
+    id: String,
+}
+
+/// The event ids whose handler runs now, and the most runs at once.
+#[cfg(feature = "mysql")]
+static MY_RUNNING: Mutex<(Vec<String>, usize)> = Mutex::new((Vec::new(), 0));
+/// Event ids run twice at once (must stay empty).
+#[cfg(feature = "mysql")]
+static MY_OVERLAPS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+#[cfg(feature = "mysql")]
+#[inoutbox::inbox_handler(event = "MyReviewAsked", group = "tp-my-parallel", mode = "two_phase")]
+async fn my_review(
+    event: MyReviewAsked,
+    tx: &mut inoutbox::MySqlTx<'_>,
+    meta: &inoutbox::MessageMeta,
+) -> Result<(), inoutbox::HandlerError> {
+    {
+        let mut running = MY_RUNNING.lock().unwrap();
+        if running.0.contains(&event.id) {
+            MY_OVERLAPS.lock().unwrap().push(event.id.clone());
+        }
+        running.0.push(event.id.clone());
+        running.1 = running.1.max(running.0.len());
+    }
+    inoutbox::sql("INSERT INTO receipts (order_id, worker) VALUES ($1, 'any')")
+        .bind(event.id.as_str())
+        .execute(&mut **tx)
+        .await?;
+    inoutbox::effects::after_commit(tx, meta, "notify", &event.id).await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut running = MY_RUNNING.lock().unwrap();
+    if let Some(at) = running.0.iter().position(|k| *k == event.id) {
+        running.0.remove(at);
+    }
+    // Every third event fails its first run after scheduling its effect: the rollback must
+    // take the effect with it.
+    if meta.attempt == 1 && event.id.ends_with(['0', '3', '6', '9']) {
+        return Err(inoutbox::HandlerError::transient(
+            "the review service is busy",
+        ));
+    }
+    Ok(())
+}
+
+/// Two consumers (two pools: two processes) of a group with a two-phase handler of 300 ms on
+/// MariaDB: no row runs twice at once, several run at once, each event is applied once, and
+/// its effect after commit runs once (the failed first runs left none).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mysql_two_workers_never_run_the_same_row_at_once_and_effects_run_once_after_commit() {
+    use support::memory::{MemoryBroker, MemoryTransport, Message, RunningConsumer};
+    let (kit, store, other) = mysql_stores("tp_my_parallel").await;
+    let broker = MemoryBroker::new();
+    broker.create_topic("tp-my-reviews", 2);
+    let n = 24;
+    for i in 0..n {
+        let id = format!("review-{i}");
+        let payload = serde_json::json!({ "id": id }).to_string();
+        broker.produce(
+            "tp-my-reviews",
+            None,
+            Message::new(payload)
+                .key(id.as_str())
+                .header("ce_id", &id)
+                .header("ce_type", "MyReviewAsked"),
+        );
+    }
+    let notified = Arc::new(Mutex::new(Vec::new()));
+    let consumer = |store: inoutbox::MySqlStore| {
+        let record = notified.clone();
+        inoutbox::Consumer::builder(
+            "tp-my-parallel",
+            store,
+            MemoryTransport::new(&broker, ["tp-my-reviews"]),
+        )
+        .two_phase_workers(4)
+        .two_phase_poll(Duration::from_millis(50))
+        .effect("notify", move |effect: inoutbox::effects::Effect| {
+            let record = record.clone();
+            async move {
+                let id: String = effect.payload_as()?;
+                record.lock().unwrap().push((id, effect.idempotency_key));
+                Ok(())
+            }
+        })
+    };
+    let started = Instant::now();
+    let a = RunningConsumer::start(consumer(store.clone()));
+    let b = RunningConsumer::start(consumer(other.clone()));
+    wait_count_in(
+        &kit,
+        "SELECT count(*) FROM inoutbox_effects WHERE done_at IS NOT NULL",
+        n,
+        Duration::from_secs(120),
+        "every review handled and its effect run",
+    )
+    .await;
+    let took = started.elapsed();
+    a.stop().await;
+    b.stop().await;
+    eprintln!("MariaDB two-phase: {n} handlers of 300 ms on 2 x 4 workers in {took:?}");
+
+    let overlaps = MY_OVERLAPS.lock().unwrap().clone();
+    assert!(overlaps.is_empty(), "rows run twice at once: {overlaps:?}");
+    let most = MY_RUNNING.lock().unwrap().1;
+    assert!(most > 1, "the two-phase handlers never ran in parallel");
+    assert_eq!(
+        mysql_count(&kit, "SELECT count(*) FROM receipts").await,
+        n,
+        "each event applied once (no receipt of a failed run, none twice)"
+    );
+    assert_eq!(
+        mysql_count(&kit, "SELECT count(DISTINCT order_id) FROM receipts").await,
+        n
+    );
+    let notified = notified.lock().unwrap().clone();
+    let ids: HashSet<&String> = notified.iter().map(|(id, _)| id).collect();
+    let keys: HashSet<&String> = notified.iter().map(|(_, k)| k).collect();
+    assert_eq!(
+        notified.len() as i64,
+        n,
+        "each effect ran once: {notified:?}"
+    );
+    assert_eq!((ids.len() as i64, keys.len() as i64), (n, n));
+    assert_eq!(
+        mysql_count(&kit, "SELECT count(*) FROM inoutbox_effects").await,
+        n,
+        "one effect per event: the failed runs' rolled back"
+    );
+    assert_eq!(
+        mysql_count(
+            &kit,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND payload IS NOT NULL"
+        )
+        .await,
+        n,
+        "through the two-phase path: received rows, processed"
     );
 }

@@ -1,9 +1,8 @@
 //! The public conformance suite (`inoutbox::testing::conformance` and `relay_conformance`): the
-//! built-in stores pass it (`postgres::`, `sqlite::`, and `mysql::` with the modes it lacks
-//! skipped by name), and so does a store written here,
-//! outside the crate, with the facade's public API only (`Outside`: it wraps the SQLite store
-//! and its relay store). The same store with one rule broken on purpose fails the suite with
-//! that rule's name: each check can fail.
+//! built-in stores pass it whole (`postgres::`, `sqlite::` and `mysql::`: no rule skipped), and
+//! so does a store written here, outside the crate, with the facade's public API only
+//! (`Outside`: it wraps the SQLite store and its relay store). The same store with one rule
+//! broken on purpose fails the suite with that rule's name: each check can fail.
 
 use std::time::Duration;
 
@@ -27,16 +26,9 @@ async fn the_store_passes_the_conformance_suite<K: Kit>() {
     let kit = K::new("conformance").await;
     let store = kit.store();
     let passed = conformance(&store).await.unwrap_or_else(|e| panic!("{e}"));
-    // What a store does not offer is skipped, named, and nothing else: MySQL/MariaDB has no
-    // deferral, two-phase handlers or effects yet (docs/modes.md).
-    let skipped: Vec<&str> = passed.skipped.iter().map(|(rule, _)| *rule).collect();
-    let expected: &[&str] = match K::NAME {
-        "mysql" => &["deferral", "two_phase", "effects"],
-        _ => &[],
-    };
-    assert_eq!(skipped, expected, "{:?}", passed.skipped);
-    let least = if expected.is_empty() { 20 } else { 12 };
-    assert!(passed.passed.len() >= least, "{:?}", passed.passed);
+    // Every built-in store keeps every optional mode: nothing is skipped.
+    assert!(passed.skipped.is_empty(), "{:?}", passed.skipped);
+    assert!(passed.passed.len() >= 20, "{:?}", passed.passed);
     let relay = relay_conformance(&store, &kit.relay_store())
         .await
         .unwrap_or_else(|e| panic!("{e}"));

@@ -13,9 +13,9 @@ use crate::store::{text, Tables};
 /// the same kind twice in one run is one effect: give each a distinct kind (`"email:welcome"`,
 /// `"email:receipt"`) to have several.
 ///
-/// `tx` is the transaction the handler takes (`tx: &mut PgTx<'_>` or `&mut SqliteTx<'_>`, or
-/// `&mut Tx<'_, D>` in a handler generic over `D: Db + EffectsDb`): the effect is kept in that
-/// store's effects table (see [`EffectsDb`]).
+/// `tx` is the transaction the handler takes (`tx: &mut PgTx<'_>`, `&mut SqliteTx<'_>` or
+/// `&mut MySqlTx<'_>`, or `&mut Tx<'_, D>` in a handler generic over `D: Db + EffectsDb`): the
+/// effect is kept in that store's effects table (see [`EffectsDb`]).
 pub async fn after_commit<T: Serialize + ?Sized>(
     tx: &mut sqlx::Transaction<'_, impl EffectsDb>,
     meta: &MessageMeta,
@@ -57,8 +57,8 @@ pub fn idempotency_key(group: &str, source: &str, event_id: &str, kind: &str) ->
     format!("inoutbox-{}", text::sha256_hex(&material))
 }
 
-/// A database whose transactions [`after_commit`] can schedule effects in: PostgreSQL and
-/// SQLite, whose migrations create the effects table.
+/// A database whose transactions [`after_commit`] can schedule effects in: PostgreSQL, SQLite
+/// and MySQL/MariaDB, whose migrations create the effects table.
 ///
 /// This trait is sealed: the backends of inoutbox implement it.
 pub trait EffectsDb: ScheduleEffect {}

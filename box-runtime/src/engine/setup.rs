@@ -29,7 +29,7 @@ pub(super) fn check_two_phase<S: InboxStore>(
     if !S::TWO_PHASE {
         return Err(SetupError::Config(format!(
             "handler {} is two-phase (`mode = \"two_phase\"`), which the {} store does not \
-             support; use PostgreSQL or SQLite, or remove `mode = \"two_phase\"`",
+             support; use PostgreSQL, MySQL/MariaDB or SQLite, or remove `mode = \"two_phase\"`",
             first.location(),
             S::NAME
         )));

@@ -19,7 +19,7 @@ use crate::store::{
 type Tx = sqlx::Transaction<'static, MySql>;
 
 impl MySqlStore {
-    async fn clear_attempts(
+    pub(super) async fn clear_attempts(
         &self,
         conn: &mut sqlx::MySqlConnection,
         key: &InboxKey,
@@ -146,6 +146,15 @@ impl InboxStore for MySqlStore {
     async fn rollback(&self, tx: Self::Tx) -> Result<(), StoreError> {
         Ok(tx.rollback().await?)
     }
+
+    // Two-phase handlers, effects after commit and deferred messages (`two_phase.rs`,
+    // `effects.rs`, `deferred.rs`).
+
+    const TWO_PHASE: bool = true;
+    const EFFECTS: bool = true;
+    const DEFERRAL: bool = true;
+
+    crate::store::optional_modes!();
 
     async fn claim<'a>(
         &'a self,

@@ -15,11 +15,14 @@ use sqlx::MySql;
 use crate::ident::TableName;
 use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Stmt};
-use crate::store::{StoreError, Tables};
+use crate::store::{StoreError, Tables, OWNED};
 
+mod deferred;
+mod effects;
 mod inbox;
 pub(crate) mod outbox;
 pub(crate) mod relay;
+mod two_phase;
 mod tx;
 
 pub use outbox::MySqlOutbox;
@@ -39,6 +42,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         version: 1,
         description: "outbox table (scheduled publishing)",
         sql: include_str!("migrations/outbox_v1.sql"),
+    },
+    Migration {
+        component: "inbox",
+        version: 2,
+        description: "two-phase handlers (received rows claimed with leases, counted claims) \
+                      and effects after commit",
+        sql: include_str!("migrations/inbox_v2.sql"),
     },
 ];
 
@@ -76,6 +86,15 @@ fn my(sql: String) -> Stmt {
     stmt(adapt(&sql))
 }
 
+/// A random number marking the rows one statement inserts (MySQL has no `RETURNING`).
+pub(crate) fn claim_token() -> i64 {
+    i64::from_ne_bytes(
+        uuid::Uuid::new_v4().as_bytes()[..8]
+            .try_into()
+            .expect("8 bytes"),
+    )
+}
+
 /// `(?, ?), (?, ?), ...`: `n` pairs, for row constructors.
 pub(crate) fn pairs(n: usize) -> String {
     vec!["(?, ?)"; n.max(1)].join(", ")
@@ -99,6 +118,16 @@ impl Migrator for MySql8 {
         if let Some(schema) = tables.schema() {
             statements.push(format!("CREATE DATABASE IF NOT EXISTS {schema}"));
         }
+        // Inbox migration 2 alters the inbox only where `information_schema` shows the change
+        // missing (MySQL 8.0 has no `ADD COLUMN IF NOT EXISTS`): the names it looks for. Both
+        // are validated identifiers (letters, digits, `_`): safe in a literal.
+        let schema = match tables.inbox.schema() {
+            Some(schema) => format!("'{}'", schema.as_str()),
+            None => "DATABASE()".to_owned(),
+        };
+        statements.push(format!("SET @inoutbox_schema = {schema}"));
+        let inbox = tables.inbox.name().as_str();
+        statements.push(format!("SET @inoutbox_inbox = '{inbox}'"));
         statements.push("BEGIN".to_owned());
         statements
     }
@@ -139,6 +168,8 @@ struct Statements {
     load_dead_letter: Stmt,
     inbox: String,
     attempts: String,
+    leases: LeaseSql,
+    deferred: DeferredSql,
 }
 
 impl Statements {
@@ -152,9 +183,14 @@ impl Statements {
             delete_processed: my(format!(
                 "DELETE FROM {inbox} WHERE processed_at < {AGO} ORDER BY processed_at LIMIT $2"
             )),
+            // Received and not processed for longer than the window, and not held by a live
+            // claim, or claimed more than once (claims that keep failing or dying).
             count_stuck: my(format!(
-                "SELECT count(*) FROM {inbox} WHERE processed_at IS NULL AND received_at < {AGO} \
-                 AND (due_at IS NULL OR due_at < {AGO})"
+                "SELECT count(*) FROM {inbox} i WHERE i.processed_at IS NULL AND i.received_at < {AGO} \
+                   AND (i.due_at IS NULL OR i.due_at < {AGO}) \
+                   AND (i.lease_until IS NULL OR i.lease_until < {NOW} OR i.claims > 1 \
+                     OR EXISTS (SELECT 1 FROM {attempts} a WHERE a.consumer_group = i.consumer_group \
+                       AND a.source = i.source AND a.event_id = i.event_id))"
             )),
             count_dead_letters: my(format!(
                 "SELECT count(*) FROM {dead} WHERE consumer_group = $1 AND replayed_at IS NULL"
@@ -195,6 +231,125 @@ impl Statements {
             )),
             inbox: quoted(inbox),
             attempts: quoted(attempts),
+            leases: LeaseSql::new(t),
+            deferred: DeferredSql::new(t),
+        }
+    }
+}
+
+/// The columns of a claimed row that `store::received_row` reads (keys as text: they are
+/// `varbinary`, written from Rust strings).
+const RECEIVED_COLUMNS: &str = "CONVERT(c.source USING utf8mb4) AS source, \
+     CONVERT(c.event_id USING utf8mb4) AS event_id, c.topic, c.\"partition\", c.\"offset\", \
+     c.message_key, c.headers, c.payload";
+
+/// The statements of leased rows (two-phase and deferred), rendered once per store.
+#[derive(Debug)]
+struct LeaseSql {
+    /// The claim of received rows up to its event types (the lists vary per worker pool).
+    claim_head: String,
+    /// The per-key order condition of the claim, up to its list of ordered event types.
+    ordered_head: String,
+    lease: Stmt,
+    renew_free: Stmt,
+    renew: Stmt,
+    held: Stmt,
+    check: Stmt,
+    finish: Stmt,
+    release: Stmt,
+    drop_row: Stmt,
+}
+
+impl LeaseSql {
+    fn new(t: &Tables) -> Self {
+        let inbox = &t.inbox;
+        Self {
+            // The group's received rows (no due time: deferred rows are the deferred worker's)
+            // whose lease is free or expired, oldest first, by `{inbox}_received_idx`.
+            claim_head: adapt(&format!(
+                "SELECT {RECEIVED_COLUMNS} FROM {inbox} c \
+                 WHERE c.consumer_group = ? AND c.processed_at IS NULL AND c.due_at IS NULL \
+                   AND (c.lease_until IS NULL OR c.lease_until < NOW(6)) AND c.event_type IN "
+            )),
+            ordered_head: adapt(&format!(
+                " AND NOT (c.event_type IN ({{ordered}}) AND EXISTS (SELECT 1 FROM {inbox} o \
+                   WHERE o.consumer_group = c.consumer_group AND o.processed_at IS NULL \
+                     AND o.due_at IS NULL AND o.topic = c.topic AND o.\"partition\" = c.\"partition\" \
+                     AND o.message_key = c.message_key AND o.\"offset\" < c.\"offset\"))"
+            )),
+            lease: my(format!(
+                "UPDATE {inbox} SET lease_owner = $1, lease_until = {LATER}, claims = claims + 1 \
+                 WHERE consumer_group = $3 AND source = $4 AND event_id = $5"
+            )),
+            renew_free: my(format!(
+                "SELECT 1 FROM {inbox} WHERE {OWNED} FOR UPDATE SKIP LOCKED"
+            )),
+            renew: my(format!(
+                "UPDATE {inbox} SET lease_until = {LATER} WHERE {OWNED}"
+            )),
+            held: my(format!("SELECT count(*) FROM {inbox} WHERE {OWNED}")),
+            // The row stays locked by the handler's transaction until it ends.
+            check: my(format!("SELECT 1 FROM {inbox} WHERE {OWNED} FOR UPDATE")),
+            finish: my(format!(
+                "UPDATE {inbox} SET processed_at = NOW(6), lease_owner = NULL, lease_until = NULL \
+                 WHERE {OWNED}"
+            )),
+            release: my(format!(
+                "UPDATE {inbox} SET lease_owner = NULL, lease_until = NULL WHERE {OWNED}"
+            )),
+            drop_row: my(format!("DELETE FROM {inbox} WHERE {OWNED}")),
+        }
+    }
+
+    /// The claim of a received row of `types`, `ordered` among them keeping per-key order.
+    pub(super) fn claim(&self, types: usize, ordered: usize) -> Stmt {
+        let ordered = match ordered {
+            0 => String::new(),
+            n => self.ordered_head.replace("{ordered}", &marks(n)),
+        };
+        stmt(format!(
+            "{}({}){ordered} ORDER BY c.received_at LIMIT 1 FOR UPDATE SKIP LOCKED",
+            self.claim_head,
+            marks(types)
+        ))
+    }
+}
+
+/// The statements of deferred messages, rendered once per store.
+#[derive(Debug)]
+struct DeferredSql {
+    defer: Stmt,
+    deferrals: Stmt,
+    claim: Stmt,
+    count: Stmt,
+}
+
+impl DeferredSql {
+    fn new(t: &Tables) -> Self {
+        let inbox = &t.inbox;
+        Self {
+            // The row is held by the caller's transaction (its claim inserted it, or its lease
+            // check locked it).
+            defer: my(format!(
+                "UPDATE {inbox} SET processed_at = NULL, due_at = {LATER}, deferrals = deferrals + 1, \
+                   lease_owner = NULL, lease_until = NULL, message_key = $2, headers = $3, payload = $4 \
+                 WHERE consumer_group = $5 AND source = $6 AND event_id = $7"
+            )),
+            deferrals: my(format!(
+                "SELECT deferrals FROM {inbox} WHERE consumer_group = $1 AND source = $2 AND event_id = $3"
+            )),
+            // The group's earliest due row whose lease is free or expired; rows other workers
+            // are claiming, or whose handler's transaction holds them, are skipped.
+            claim: my(format!(
+                "SELECT {RECEIVED_COLUMNS}, CONVERT(c.business_key USING utf8mb4) AS business_key \
+                 FROM {inbox} c WHERE c.consumer_group = $1 AND c.processed_at IS NULL \
+                   AND c.due_at <= NOW(6) AND (c.lease_until IS NULL OR c.lease_until < NOW(6)) \
+                 ORDER BY c.due_at LIMIT 1 FOR UPDATE SKIP LOCKED"
+            )),
+            count: my(format!(
+                "SELECT count(*) FROM {inbox} \
+                 WHERE consumer_group = $1 AND processed_at IS NULL AND due_at IS NOT NULL"
+            )),
         }
     }
 }

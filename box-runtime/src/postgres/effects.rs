@@ -5,16 +5,14 @@
 //!
 //! [`after_commit`]: crate::effects::after_commit
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::Postgres;
 
 use super::PgStore;
 use crate::effects::{ScheduleEffect, ScheduledEffect};
-use crate::store::sql::{stmt, Stmt};
+use crate::store::sql::{rendered_once, Stmt};
 use crate::store::{EffectCounts, StoreError};
 
 impl ScheduleEffect for Postgres {
@@ -48,7 +46,7 @@ fn schedule_sql(effects: &str) -> Stmt {
 
 /// The statements on the effects table, each rendered once per effects table (a process has
 /// one per store).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug)]
 enum Which {
     Schedule,
     Count,
@@ -57,13 +55,8 @@ enum Which {
 }
 
 fn rendered(which: Which, effects: &str) -> Stmt {
-    static RENDERED: LazyLock<Mutex<HashMap<(Which, String), Stmt>>> =
-        LazyLock::new(Default::default);
-    let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(sql) = rendered.get(&(which, effects.to_owned())) {
-        return sql.clone();
-    }
-    let sql = stmt(match which {
+    rendered_once("postgres", which, effects, || {
+        match which {
         Which::Schedule => format!(
             "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
              VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (idempotency_key) DO NOTHING"
@@ -83,9 +76,8 @@ fn rendered(which: Which, effects: &str) -> Stmt {
                CAST(extract(epoch FROM now() - min(created_at)) AS float8) \
              FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
         ),
-    });
-    rendered.insert((which, effects.to_owned()), sql.clone());
-    sql
+    }
+    })
 }
 
 /// One line of `inoutbox status`'s effects: group, pending, failed, age of the oldest pending.

@@ -7,7 +7,7 @@ use sqlx::postgres::PgPool;
 
 use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
-use crate::store::{StoreError, Tables};
+use crate::store::{StoreError, Tables, OWNED};
 
 mod deferred;
 mod effects;
@@ -265,10 +265,6 @@ struct TwoPhaseSql {
     effect_done: Stmt,
     effect_failed: Stmt,
 }
-
-/// `consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4`.
-const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4 \
-                     AND processed_at IS NULL";
 
 impl TwoPhaseSql {
     pub(super) fn new(t: &Tables) -> Self {

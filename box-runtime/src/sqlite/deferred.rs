@@ -6,14 +6,13 @@
 
 use std::time::Duration;
 
-use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, Sqlite};
 
 use super::SqliteStore;
 use crate::message::Delivery;
 use crate::store::sql::Stmt;
-use crate::store::text::{decode_headers, encode_headers};
-use crate::store::{InboxKey, ReceivedRow, StoreError};
+use crate::store::text::encode_headers;
+use crate::store::{received_row, InboxKey, ReceivedRow, StoreError};
 
 type Tx = sqlx::Transaction<'static, Sqlite>;
 
@@ -134,32 +133,4 @@ impl SqliteStore {
             .await?;
         Ok(())
     }
-}
-
-/// A claimed row of `group` (a deferred or a two-phase received row) with its stored message.
-pub(super) fn received_row(
-    row: &SqliteRow,
-    group: &str,
-    business_key: Option<String>,
-) -> Result<ReceivedRow, StoreError> {
-    let headers: Option<String> = row.try_get("headers")?;
-    Ok(ReceivedRow {
-        key: InboxKey {
-            group: group.to_owned(),
-            source: row.try_get("source")?,
-            event_id: row.try_get("event_id")?,
-            business_key,
-        },
-        delivery: Delivery {
-            topic: row
-                .try_get::<Option<String>, _>("topic")?
-                .unwrap_or_default()
-                .into(),
-            partition: row.try_get::<Option<i64>, _>("partition")?.unwrap_or(0) as i32,
-            offset: row.try_get::<Option<i64>, _>("offset")?.unwrap_or(0),
-            key: row.try_get("message_key")?,
-            payload: row.try_get("payload")?,
-            headers: headers.as_deref().map(decode_headers).unwrap_or_default(),
-        },
-    })
 }

@@ -8,16 +8,14 @@
 //!
 //! [`after_commit`]: crate::effects::after_commit
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use sqlx::{Row, Sqlite};
 
 use super::{later, SqliteStore, NOW};
 use crate::effects::{ScheduleEffect, ScheduledEffect};
-use crate::store::sql::{stmt, Stmt};
+use crate::store::sql::{rendered_once, Stmt};
 use crate::store::{text, EffectCounts, StoreError, StoredEffect};
 
 impl ScheduleEffect for Sqlite {
@@ -44,7 +42,7 @@ impl ScheduleEffect for Sqlite {
 
 /// The statements on the effects table, each rendered once per effects table (a process has
 /// one per store).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug)]
 enum Which {
     Schedule,
     Claim,
@@ -59,14 +57,9 @@ enum Which {
 const OLDEST_AGE: &str = "(julianday('now') - julianday(min(created_at))) * 86400.0";
 
 fn rendered(which: Which, effects: &str) -> Stmt {
-    static RENDERED: LazyLock<Mutex<HashMap<(Which, String), Stmt>>> =
-        LazyLock::new(Default::default);
-    let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(sql) = rendered.get(&(which, effects.to_owned())) {
-        return sql.clone();
-    }
     let failed = "coalesce(sum(CASE WHEN attempts > 0 THEN 1 ELSE 0 END), 0)";
-    let sql = stmt(match which {
+    rendered_once("sqlite", which, effects, || {
+        match which {
         // The same effect scheduled twice (a handler may call `after_commit` twice) is one.
         Which::Schedule => format!(
             "INSERT INTO {effects} (consumer_group, source, event_id, kind, idempotency_key, payload) \
@@ -104,9 +97,8 @@ fn rendered(which: Which, effects: &str) -> Stmt {
             "SELECT consumer_group, count(*), {failed}, {OLDEST_AGE} \
              FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
         ),
-    });
-    rendered.insert((which, effects.to_owned()), sql.clone());
-    sql
+    }
+    })
 }
 
 /// One line of `inoutbox status`'s effects: group, pending, failed, age of the oldest pending.

@@ -6,8 +6,7 @@ use super::SqliteStore;
 use crate::message::Delivery;
 use crate::store::text::{decode_headers, encode_headers};
 use crate::store::{
-    Claim, ClaimRequest, DeadLetter, EffectCounts, InboxKey, InboxStore, LeaseRequest, ReceivedRow,
-    StoreError, StoredDeadLetter, StoredEffect, Tables,
+    Claim, ClaimRequest, DeadLetter, InboxKey, InboxStore, StoreError, StoredDeadLetter, Tables,
 };
 
 impl InboxStore for SqliteStore {
@@ -153,132 +152,14 @@ impl InboxStore for SqliteStore {
         self.shared().count_stuck(older_than).await
     }
 
-    // Effects after commit (`effects.rs`).
+    // Effects after commit (`effects.rs`), two-phase handlers (`two_phase.rs`) and deferred
+    // messages (`deferred.rs`).
 
     const EFFECTS: bool = true;
-
-    async fn claim_effects<'a>(
-        &'a self,
-        group: &'a str,
-        owner: &'a str,
-        lease: std::time::Duration,
-        limit: u32,
-    ) -> Result<Vec<StoredEffect>, StoreError> {
-        self.claim_effect_rows(group, owner, lease, limit).await
-    }
-
-    async fn settle_effect<'a>(
-        &'a self,
-        id: i64,
-        owner: &'a str,
-        error: Option<&'a str>,
-        retry_in: std::time::Duration,
-    ) -> Result<(), StoreError> {
-        self.settle_effect_row(id, owner, error, retry_in).await
-    }
-
-    async fn count_effects<'a>(&'a self, group: &'a str) -> Result<EffectCounts, StoreError> {
-        self.count_effect_rows(group).await
-    }
-
-    async fn delete_done_effects(
-        &self,
-        older_than: std::time::Duration,
-        limit: u32,
-    ) -> Result<u64, StoreError> {
-        self.delete_done_effect_rows(older_than, limit).await
-    }
-
-    // Two-phase handlers (`two_phase.rs`): received rows claimed with leases.
-
     const TWO_PHASE: bool = true;
-
-    async fn receive<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        requests: &'a [ClaimRequest<'a>],
-    ) -> Result<Vec<bool>, StoreError> {
-        self.receive_rows(tx, requests).await
-    }
-
-    async fn claim_received<'a>(
-        &'a self,
-        request: &'a LeaseRequest<'a>,
-    ) -> Result<Option<ReceivedRow>, StoreError> {
-        self.claim_received_row(request).await
-    }
-
-    async fn renew_lease<'a>(
-        &'a self,
-        key: &'a InboxKey,
-        owner: &'a str,
-        lease: std::time::Duration,
-    ) -> Result<bool, StoreError> {
-        self.renew_row(key, owner, lease).await
-    }
-
-    // Deferred messages; the lease methods below serve their rows and the received rows of
-    // two-phase handlers alike.
-
     const DEFERRAL: bool = true;
 
-    async fn defer<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        key: &'a InboxKey,
-        delivery: &'a Delivery,
-        after: std::time::Duration,
-    ) -> Result<u32, StoreError> {
-        self.defer_row(tx, key, delivery, after).await
-    }
-
-    async fn claim_deferred<'a>(
-        &'a self,
-        group: &'a str,
-        owner: &'a str,
-        lease: std::time::Duration,
-    ) -> Result<Option<ReceivedRow>, StoreError> {
-        self.claim_deferred_row(group, owner, lease).await
-    }
-
-    async fn count_deferred<'a>(&'a self, group: &'a str) -> Result<i64, StoreError> {
-        self.count_deferred_rows(group).await
-    }
-
-    async fn check_lease<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        key: &'a InboxKey,
-        owner: &'a str,
-    ) -> Result<Option<u32>, StoreError> {
-        self.check_row(tx, key, owner).await
-    }
-
-    async fn finish_leased<'a>(
-        &'a self,
-        tx: &'a mut Self::Tx,
-        key: &'a InboxKey,
-        owner: &'a str,
-        had_failures: bool,
-    ) -> Result<bool, StoreError> {
-        self.finish_row(tx, key, owner, had_failures).await
-    }
-
-    async fn release_lease<'a>(
-        &'a self,
-        key: &'a InboxKey,
-        owner: &'a str,
-    ) -> Result<(), StoreError> {
-        self.release_row(key, owner).await
-    }
-
-    async fn drop_received<'a>(
-        &'a self,
-        key: &'a InboxKey,
-        owner: &'a str,
-    ) -> Result<(), StoreError> {
-        self.drop_row(key, owner).await
-    }
+    crate::store::optional_modes!();
 
     async fn count_dead_letters(&self, group: &str) -> Result<i64, StoreError> {
         self.shared().count_dead_letters(group).await

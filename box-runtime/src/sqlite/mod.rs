@@ -13,7 +13,7 @@ use sqlx::Sqlite;
 
 use crate::store::migrate::{self, Migration, Migrator};
 use crate::store::sql::{stmt, Dialect, InboxSql, Shared, Stmt};
-use crate::store::{StoreError, Tables};
+use crate::store::{StoreError, Tables, OWNED};
 
 mod deferred;
 mod effects;
@@ -211,10 +211,6 @@ impl Statements {
 pub(super) fn later(secs: &str) -> String {
     format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('+%f seconds', {secs}))")
 }
-
-/// The row of `key` (`$1`..`$3`) while `$4` holds its lease and it is not processed.
-const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 AND lease_owner = $4 \
-                     AND processed_at IS NULL";
 
 /// The statements of deferred messages, rendered once from the table names.
 #[derive(Debug)]

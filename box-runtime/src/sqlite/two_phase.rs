@@ -17,10 +17,11 @@ use std::time::Duration;
 
 use sqlx::Sqlite;
 
-use super::deferred::received_row;
 use super::{later, SqliteStore, NOW, OWNED};
 use crate::store::sql::{stmt, Stmt};
-use crate::store::{text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, Tables};
+use crate::store::{
+    received_row, text, ClaimRequest, InboxKey, LeaseRequest, ReceivedRow, StoreError, Tables,
+};
 
 type Tx = sqlx::Transaction<'static, Sqlite>;
 

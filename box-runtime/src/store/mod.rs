@@ -22,6 +22,9 @@ pub(crate) use connect::{bounded, check_scheme};
 use error::unsupported;
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
+pub(crate) use two_phase::OWNED;
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use two_phase::{optional_modes, received_row};
 pub use two_phase::{EffectCounts, LeaseRequest, ReceivedRow, StoredEffect};
 
 /// The identity of a message in a consumer group's inbox.
@@ -119,7 +122,7 @@ impl DeadLetter<'_> {
 /// What a store that keeps no deferred messages answers when asked to.
 fn no_deferral(store: &str) -> StoreError {
     StoreError::Config(format!(
-        "the {store} store does not keep deferred messages (PostgreSQL and SQLite do)"
+        "the {store} store does not keep deferred messages (PostgreSQL, MySQL/MariaDB and SQLite do)"
     ))
 }
 

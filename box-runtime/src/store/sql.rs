@@ -1,7 +1,8 @@
 //! SQL that both sqlx backends share: the statements that differ only in dialect, rendered
 //! once from the table names, and the functions that run them on any sqlx database.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use sqlx::{AssertSqlSafe, Database, Executor, IntoArguments, Pool, SqlSafeStr, SqlStr};
 
@@ -18,6 +19,25 @@ pub(crate) type Stmt = SqlStr;
 /// Marks `sql`, rendered from validated identifiers and fixed text, as a [`Stmt`].
 pub(crate) fn stmt(sql: String) -> Stmt {
     AssertSqlSafe(Arc::<str>::from(sql)).into_sql_str()
+}
+
+/// The statement `render` writes, rendered once per backend, statement and table for the life
+/// of the process: for the statements a backend runs with only a table name in hand (the
+/// insert of `after_commit`, the effects table's counts; a process has one effects table per
+/// store).
+pub(crate) fn rendered_once(
+    backend: &'static str,
+    statement: impl std::fmt::Debug,
+    table: &str,
+    render: impl FnOnce() -> String,
+) -> Stmt {
+    static RENDERED: LazyLock<Mutex<HashMap<String, Stmt>>> = LazyLock::new(Default::default);
+    let key = format!("{backend} {statement:?} {table}");
+    let mut rendered = RENDERED.lock().unwrap_or_else(PoisonError::into_inner);
+    rendered
+        .entry(key)
+        .or_insert_with(|| stmt(render()))
+        .clone()
 }
 
 /// How a backend writes the few things that differ between PostgreSQL and SQLite.

@@ -61,3 +61,188 @@ pub struct EffectCounts {
     /// Seconds since the oldest effect not done was scheduled, if any.
     pub oldest_pending_secs: Option<f64>,
 }
+
+/// The row of `key` (`$1`..`$3`) while `$4` holds its lease and it is not processed: the
+/// condition of every statement that renews, checks, finishes, releases or drops a leased row,
+/// on every store.
+pub(crate) const OWNED: &str = "consumer_group = $1 AND source = $2 AND event_id = $3 \
+                                AND lease_owner = $4 AND processed_at IS NULL";
+
+/// A claimed row of `group` (a deferred or a two-phase received row) with its stored message,
+/// from the columns `source`, `event_id`, `topic`, `partition`, `offset`, `message_key`,
+/// `headers` (the JSON text of [`encode_headers`](super::text::encode_headers)) and `payload`:
+/// the stores that keep a message's headers in one text column (SQLite, MySQL).
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) fn received_row<'r, R>(
+    row: &'r R,
+    group: &str,
+    business_key: Option<String>,
+) -> Result<ReceivedRow, super::StoreError>
+where
+    R: sqlx::Row,
+    for<'n> &'n str: sqlx::ColumnIndex<R>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let headers: Option<String> = row.try_get("headers")?;
+    Ok(ReceivedRow {
+        key: InboxKey {
+            group: group.to_owned(),
+            source: row.try_get("source")?,
+            event_id: row.try_get("event_id")?,
+            business_key,
+        },
+        delivery: Delivery {
+            topic: row
+                .try_get::<Option<String>, _>("topic")?
+                .unwrap_or_default()
+                .into(),
+            partition: row.try_get::<Option<i64>, _>("partition")?.unwrap_or(0) as i32,
+            offset: row.try_get::<Option<i64>, _>("offset")?.unwrap_or(0),
+            key: row.try_get("message_key")?,
+            payload: row.try_get("payload")?,
+            headers: headers
+                .as_deref()
+                .map(super::text::decode_headers)
+                .unwrap_or_default(),
+        },
+    })
+}
+
+/// The trait methods of the optional modes (two-phase handlers, effects after commit, deferred
+/// messages) of a store whose own methods carry the names below (`two_phase.rs`, `effects.rs`,
+/// `deferred.rs` of SQLite and MySQL), written once: expanded in its `impl InboxStore`.
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+macro_rules! optional_modes {
+    () => {
+        // Effects after commit (`effects.rs`).
+
+        async fn claim_effects<'a>(
+            &'a self,
+            group: &'a str,
+            owner: &'a str,
+            lease: std::time::Duration,
+            limit: u32,
+        ) -> Result<Vec<$crate::store::StoredEffect>, $crate::store::StoreError> {
+            self.claim_effect_rows(group, owner, lease, limit).await
+        }
+
+        async fn settle_effect<'a>(
+            &'a self,
+            id: i64,
+            owner: &'a str,
+            error: Option<&'a str>,
+            retry_in: std::time::Duration,
+        ) -> Result<(), $crate::store::StoreError> {
+            self.settle_effect_row(id, owner, error, retry_in).await
+        }
+
+        async fn count_effects<'a>(
+            &'a self,
+            group: &'a str,
+        ) -> Result<$crate::store::EffectCounts, $crate::store::StoreError> {
+            self.count_effect_rows(group).await
+        }
+
+        async fn delete_done_effects(
+            &self,
+            older_than: std::time::Duration,
+            limit: u32,
+        ) -> Result<u64, $crate::store::StoreError> {
+            self.delete_done_effect_rows(older_than, limit).await
+        }
+
+        // Two-phase handlers (`two_phase.rs`): received rows claimed with leases.
+
+        async fn receive<'a>(
+            &'a self,
+            tx: &'a mut Self::Tx,
+            requests: &'a [$crate::store::ClaimRequest<'a>],
+        ) -> Result<Vec<bool>, $crate::store::StoreError> {
+            self.receive_rows(tx, requests).await
+        }
+
+        async fn claim_received<'a>(
+            &'a self,
+            request: &'a $crate::store::LeaseRequest<'a>,
+        ) -> Result<Option<$crate::store::ReceivedRow>, $crate::store::StoreError> {
+            self.claim_received_row(request).await
+        }
+
+        async fn renew_lease<'a>(
+            &'a self,
+            key: &'a $crate::store::InboxKey,
+            owner: &'a str,
+            lease: std::time::Duration,
+        ) -> Result<bool, $crate::store::StoreError> {
+            self.renew_row(key, owner, lease).await
+        }
+
+        // Deferred messages; the lease methods below serve their rows and the received rows of
+        // two-phase handlers alike.
+
+        async fn defer<'a>(
+            &'a self,
+            tx: &'a mut Self::Tx,
+            key: &'a $crate::store::InboxKey,
+            delivery: &'a $crate::message::Delivery,
+            after: std::time::Duration,
+        ) -> Result<u32, $crate::store::StoreError> {
+            self.defer_row(tx, key, delivery, after).await
+        }
+
+        async fn claim_deferred<'a>(
+            &'a self,
+            group: &'a str,
+            owner: &'a str,
+            lease: std::time::Duration,
+        ) -> Result<Option<$crate::store::ReceivedRow>, $crate::store::StoreError> {
+            self.claim_deferred_row(group, owner, lease).await
+        }
+
+        async fn count_deferred<'a>(
+            &'a self,
+            group: &'a str,
+        ) -> Result<i64, $crate::store::StoreError> {
+            self.count_deferred_rows(group).await
+        }
+
+        async fn check_lease<'a>(
+            &'a self,
+            tx: &'a mut Self::Tx,
+            key: &'a $crate::store::InboxKey,
+            owner: &'a str,
+        ) -> Result<Option<u32>, $crate::store::StoreError> {
+            self.check_row(tx, key, owner).await
+        }
+
+        async fn finish_leased<'a>(
+            &'a self,
+            tx: &'a mut Self::Tx,
+            key: &'a $crate::store::InboxKey,
+            owner: &'a str,
+            had_failures: bool,
+        ) -> Result<bool, $crate::store::StoreError> {
+            self.finish_row(tx, key, owner, had_failures).await
+        }
+
+        async fn release_lease<'a>(
+            &'a self,
+            key: &'a $crate::store::InboxKey,
+            owner: &'a str,
+        ) -> Result<(), $crate::store::StoreError> {
+            self.release_row(key, owner).await
+        }
+
+        async fn drop_received<'a>(
+            &'a self,
+            key: &'a $crate::store::InboxKey,
+            owner: &'a str,
+        ) -> Result<(), $crate::store::StoreError> {
+            self.drop_row(key, owner).await
+        }
+    };
+}
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
+pub(crate) use optional_modes;

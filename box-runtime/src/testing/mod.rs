@@ -101,7 +101,8 @@ impl<S: InboxStore> TestInbox<S> {
     /// does: each is claimed, run, and marked done, or failed (an error, a panic, no executor
     /// for its kind) and left to run again after its backoff (1 s, then doubling), so a second
     /// call right away does not run it again. Returns the runs, oldest effect first. Effects
-    /// are kept on PostgreSQL and SQLite: on a store that keeps none this is its error.
+    /// are kept on PostgreSQL, SQLite and MySQL/MariaDB: on a store that keeps none this is its
+    /// error.
     pub async fn run_effects(&self) -> Result<Vec<EffectRun>, StoreError> {
         let owner = effects::owner_name("test-inbox");
         let mut runs = Vec::new();

@@ -31,6 +31,14 @@ async fn schedule<T: Any>(
                 .map_err(Into::into),
         );
     }
+    #[cfg(feature = "mysql")]
+    if let Some(tx) = tx.downcast_mut::<sqlx::Transaction<'static, sqlx::MySql>>() {
+        return Some(
+            sqlx::MySql::schedule_effect(tx, table, effect)
+                .await
+                .map_err(Into::into),
+        );
+    }
     None
 }
 

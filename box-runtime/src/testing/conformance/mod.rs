@@ -31,7 +31,7 @@ pub use suite::{Conformance, ConformanceError};
 /// passed, or the first one broken.
 ///
 /// Effects are scheduled in a handler's transaction by [`after_commit`](crate::effects::after_commit),
-/// which writes through a `sqlx` transaction of PostgreSQL or SQLite: for a store whose
+/// which writes through a `sqlx` transaction of PostgreSQL, SQLite or MySQL: for a store whose
 /// transaction is another type the effects rules are skipped.
 pub async fn conformance<S: InboxStore>(store: &S) -> Result<Conformance, ConformanceError> {
     let suite = Suite::new(store);
