@@ -1056,9 +1056,15 @@ fn status_on_mysql(t: &Target) {
         (Some(1), Some(1), Some(2), Some(2)),
         "{s}"
     );
-    assert_eq!((s["stuck"].as_i64(), s["effects"].as_array().map(Vec::len)), (Some(0), Some(0)));
     assert_eq!(
-        (s["outbox"]["unpublished"].as_i64(), s["outbox"]["parked"].as_i64()),
+        (s["stuck"].as_i64(), s["effects"].as_array().map(Vec::len)),
+        (Some(0), Some(0))
+    );
+    assert_eq!(
+        (
+            s["outbox"]["unpublished"].as_i64(),
+            s["outbox"]["parked"].as_i64()
+        ),
         (Some(1), Some(2))
     );
     let oldest = s["outbox"]["oldest_unpublished_secs"]
@@ -1072,11 +1078,19 @@ fn status_on_mysql(t: &Target) {
     );
     assert_eq!(key["last_error"], "Broker: Message size too large");
     let at = key["parked_at"].as_str().expect("parked at");
-    assert!(at.len() == 20 && at.ends_with('Z') && at.as_bytes()[10] == b'T', "{at}");
+    assert!(
+        at.len() == 20 && at.ends_with('Z') && at.as_bytes()[10] == b'T',
+        "{at}"
+    );
 }
 
 #[cfg(feature = "mysql")]
-async fn dead_letters_on_mysql(store: &inoutbox::MySqlStore, t: &Target, malformed: i64, closed: i64) {
+async fn dead_letters_on_mysql(
+    store: &inoutbox::MySqlStore,
+    t: &Target,
+    malformed: i64,
+    closed: i64,
+) {
     let list = t.inoutbox(&["dead-letters", "list", "--group", "cli-my", "--json"]);
     assert_eq!(list.code, 0, "{}", list.stderr);
     let letters = list.json();
@@ -1094,7 +1108,15 @@ async fn dead_letters_on_mysql(store: &inoutbox::MySqlStore, t: &Target, malform
         .json();
     assert_eq!(none, Value::Array(vec![]));
     let recent = t
-        .inoutbox(&["dead-letters", "list", "--since", "1h", "--limit", "1", "--json"])
+        .inoutbox(&[
+            "dead-letters",
+            "list",
+            "--since",
+            "1h",
+            "--limit",
+            "1",
+            "--json",
+        ])
         .json();
     assert_eq!(recent.as_array().unwrap().len(), 1);
     let table = t.inoutbox(&["dead-letters", "list"]);
@@ -1110,18 +1132,28 @@ async fn dead_letters_on_mysql(store: &inoutbox::MySqlStore, t: &Target, malform
         "ce_type: CliOrder",
         "\"order_id\": \"not-a-uuid\"",
     ] {
-        assert!(show.stdout.contains(text), "`{text}` missing:\n{}", show.stdout);
+        assert!(
+            show.stdout.contains(text),
+            "`{text}` missing:\n{}",
+            show.stdout
+        );
     }
     assert!(!show.stdout.contains("tok-secret"), "{}", show.stdout);
     let raw = t.inoutbox(&["dead-letters", "show", &malformed.to_string(), "--raw"]);
     assert_eq!(raw.stdout, MALFORMED, "the stored bytes, exactly");
     assert_eq!(t.inoutbox(&["dead-letters", "show", "999999"]).code, 3);
 
-    assert_eq!(t.inoutbox(&["dead-letters", "replay", &closed.to_string()]).code, 4);
+    assert_eq!(
+        t.inoutbox(&["dead-letters", "replay", &closed.to_string()])
+            .code,
+        4
+    );
     let replayed = t.app(&["dead-letters", "replay", &closed.to_string()]);
     assert_eq!(replayed.code, 0, "{}\n{}", replayed.stdout, replayed.stderr);
     assert!(
-        replayed.stdout.contains(&format!("dead letter {closed}: replayed")),
+        replayed
+            .stdout
+            .contains(&format!("dead letter {closed}: replayed")),
         "{}",
         replayed.stdout
     );
@@ -1130,14 +1162,28 @@ async fn dead_letters_on_mysql(store: &inoutbox::MySqlStore, t: &Target, malform
         2,
         "the replay ran the handler"
     );
-    assert_eq!(t.app(&["dead-letters", "replay", &closed.to_string()]).code, 3);
+    assert_eq!(
+        t.app(&["dead-letters", "replay", &closed.to_string()]).code,
+        3
+    );
     let again = t.app(&["dead-letters", "replay", &malformed.to_string()]);
     assert_eq!(again.code, 1, "fails again: {}", again.stdout);
     let s = t.inoutbox(&["status", "--json"]).json();
     assert_eq!(s["groups"][0]["dead_letters_pending"], 1);
 
-    assert_eq!(t.inoutbox(&["dead-letters", "discard", &malformed.to_string()]).code, 2);
-    let discarded = t.inoutbox(&["dead-letters", "discard", "--group", "cli-my", "--yes", "--json"]);
+    assert_eq!(
+        t.inoutbox(&["dead-letters", "discard", &malformed.to_string()])
+            .code,
+        2
+    );
+    let discarded = t.inoutbox(&[
+        "dead-letters",
+        "discard",
+        "--group",
+        "cli-my",
+        "--yes",
+        "--json",
+    ]);
     assert_eq!(discarded.code, 0, "{}", discarded.stderr);
     let mut gone: Vec<i64> = discarded.json()["discarded"]
         .as_array()
@@ -1147,7 +1193,11 @@ async fn dead_letters_on_mysql(store: &inoutbox::MySqlStore, t: &Target, malform
         .collect();
     gone.sort();
     assert_eq!(gone, [malformed.min(closed), malformed.max(closed)]);
-    assert_eq!(t.inoutbox(&["dead-letters", "discard", &closed.to_string(), "--yes"]).code, 3);
+    assert_eq!(
+        t.inoutbox(&["dead-letters", "discard", &closed.to_string(), "--yes"])
+            .code,
+        3
+    );
 }
 
 #[cfg(feature = "mysql")]
@@ -1166,7 +1216,11 @@ async fn outbox_and_purge_on_mysql(store: &inoutbox::MySqlStore, t: &Target) {
     )
     .await;
     assert_eq!(due, 2, "unparked rows are due again with fresh attempts");
-    assert_eq!(t.inoutbox(&["outbox", "unpark", "--all"]).code, 3, "nothing parked");
+    assert_eq!(
+        t.inoutbox(&["outbox", "unpark", "--all"]).code,
+        3,
+        "nothing parked"
+    );
     sqlx::raw_sql(
         "INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, processed_at) VALUES \
          ('cli-my', 'old', 'CliOrder', NOW(6) - INTERVAL 8 DAY), ('cli-my', 'unprocessed', 'CliOrder', NULL)",
@@ -1178,11 +1232,20 @@ async fn outbox_and_purge_on_mysql(store: &inoutbox::MySqlStore, t: &Target) {
     assert_eq!(purge.code, 0, "{}", purge.stderr);
     let purged = purge.json();
     assert_eq!(
-        (purged["inbox_deleted"].as_i64(), purged["outbox_deleted"].as_i64()),
+        (
+            purged["inbox_deleted"].as_i64(),
+            purged["outbox_deleted"].as_i64()
+        ),
         (Some(1), Some(1))
     );
-    assert_eq!(mysql_count(store, "SELECT count(*) FROM inoutbox_inbox").await, 3);
-    assert_eq!(mysql_count(store, "SELECT count(*) FROM inoutbox_outbox").await, 4);
+    assert_eq!(
+        mysql_count(store, "SELECT count(*) FROM inoutbox_inbox").await,
+        3
+    );
+    assert_eq!(
+        mysql_count(store, "SELECT count(*) FROM inoutbox_outbox").await,
+        4
+    );
 }
 
 /// A wrong MySQL password: a clear error, exit code 1, the password hidden (text and JSON).
@@ -1190,7 +1253,10 @@ async fn outbox_and_purge_on_mysql(store: &inoutbox::MySqlStore, t: &Target) {
 #[test]
 fn a_wrong_mysql_password_is_a_clear_error_without_the_password() {
     let url = support::kit::mysql_url().replacen("mysql://root@", "mysql://root:hunter2-pw@", 1);
-    assert!(url.contains("hunter2-pw"), "MYSQL_URL of root without a password: {url}");
+    assert!(
+        url.contains("hunter2-pw"),
+        "MYSQL_URL of root without a password: {url}"
+    );
     for json in [false, true] {
         let mut args = vec!["--database-url", url.as_str(), "status"];
         if json {

@@ -577,7 +577,12 @@ mod mysql_relays {
 
     /// `events` transactions, each the next step of a key drawn at random: the key's counter
     /// row, then the event. Returns the ids committed.
-    async fn write_steps(pool: MySqlPool, keys: Vec<String>, events: usize, seed: u64) -> Vec<Uuid> {
+    async fn write_steps(
+        pool: MySqlPool,
+        keys: Vec<String>,
+        events: usize,
+        seed: u64,
+    ) -> Vec<Uuid> {
         let mut rng = seed | 1;
         let mut ids = Vec::with_capacity(events);
         while ids.len() < events {
@@ -649,30 +654,45 @@ mod mysql_relays {
                 .await
                 .expect("a counter");
         }
-        let mut relays: Vec<ChildProcess> = (0..3).map(|_| start_relay(&url, &broker.brokers)).collect();
+        let mut relays: Vec<ChildProcess> =
+            (0..3).map(|_| start_relay(&url, &broker.brokers)).collect();
         for r in &relays {
             r.wait_for("relay started", Duration::from_secs(60));
         }
         let writers: Vec<_> = (0..WRITERS)
-            .map(|w| tokio::spawn(write_steps(pool.clone(), keys.clone(), EVENTS_PER_WRITER, w as u64 + 7)))
+            .map(|w| {
+                tokio::spawn(write_steps(
+                    pool.clone(),
+                    keys.clone(),
+                    EVENTS_PER_WRITER,
+                    w as u64 + 7,
+                ))
+            })
             .collect();
         let kills = churn(&mut relays, &writers, &url, &broker.brokers).await;
         let mut committed = HashSet::new();
         for w in writers {
             committed.extend(w.await.expect("writer"));
         }
-        assert!(kills >= 3, "only {kills} relays were killed while the writers ran");
+        assert!(
+            kills >= 3,
+            "only {kills} relays were killed while the writers ran"
+        );
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            let left: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL")
-                    .fetch_one(&pool)
-                    .await
-                    .expect("unpublished");
+            let left: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM inoutbox_outbox WHERE published_at IS NULL",
+            )
+            .fetch_one(&pool)
+            .await
+            .expect("unpublished");
             if left == 0 {
                 break;
             }
-            assert!(Instant::now() < deadline, "{left} rows still unpublished after 120 s");
+            assert!(
+                Instant::now() < deadline,
+                "{left} rows still unpublished after 120 s"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let messages = read_topic_until_quiet(
@@ -684,7 +704,11 @@ mod mysql_relays {
         )
         .await;
         for r in &mut relays {
-            assert!(r.is_running(), "a relay died by itself:\n{}", r.lines().join("\n"));
+            assert!(
+                r.is_running(),
+                "a relay died by itself:\n{}",
+                r.lines().join("\n")
+            );
         }
         let duplicates = check_steps(&messages, &committed);
         println!(
@@ -707,8 +731,14 @@ mod mysql_relays {
         let mut last: HashMap<String, i64> = HashMap::new();
         let mut duplicates = 0;
         for m in messages {
-            let id: Uuid = m.header("ce_id").and_then(|v| v.parse().ok()).expect("ce_id");
-            assert!(committed.contains(&id), "event {id} on the topic was never committed");
+            let id: Uuid = m
+                .header("ce_id")
+                .and_then(|v| v.parse().ok())
+                .expect("ce_id");
+            assert!(
+                committed.contains(&id),
+                "event {id} on the topic was never committed"
+            );
             if !seen.insert(id) {
                 duplicates += 1;
                 continue;

@@ -25,7 +25,11 @@ pub struct Payment {
 /// Written once, registered for every store (MySQL's with the `mysql` feature).
 #[cfg_attr(
     feature = "mysql",
-    inbox_handler(event = "Payment", group = "savepoint", stores(postgres, sqlite, mysql))
+    inbox_handler(
+        event = "Payment",
+        group = "savepoint",
+        stores(postgres, sqlite, mysql)
+    )
 )]
 #[cfg_attr(
     not(feature = "mysql"),

@@ -18,12 +18,12 @@ use std::time::Duration;
 use crate::db::{self, Db};
 use crate::engine::{Inbox, InboxConfig, ReplayError, SetupError};
 use crate::message::Outcome;
+#[cfg(feature = "mysql")]
+use crate::mysql::{MySqlRelayStore, MySqlStore};
 use crate::outbox::Retention;
 use crate::postgres::PgStore;
 #[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::relay::RelayStore;
-#[cfg(feature = "mysql")]
-use crate::mysql::{MySqlRelayStore, MySqlStore};
 #[cfg(feature = "sqlite")]
 use crate::sqlite::{SqliteRelayStore, SqliteStore};
 use crate::store::{self, InboxStore, StoreError, StoredDeadLetter, Tables};
@@ -359,7 +359,9 @@ impl Admin {
             fetch(s.pool(), db::sql(sql.outbox.clone())).await?,
             fetch(s.pool(), db::sql(sql.parked_keys.clone())).await?,
         ));
-        let outbox = outbox.first().ok_or(StoreError::from(sqlx::Error::RowNotFound))?;
+        let outbox = outbox
+            .first()
+            .ok_or(StoreError::from(sqlx::Error::RowNotFound))?;
         let effects = self.effects_status().await?;
         Ok(Status {
             effects,

@@ -72,12 +72,7 @@ pub(super) struct AdminSql {
 impl AdminSql {
     pub(super) fn new(t: &Tables, f: Flavor) -> Self {
         let q = |sql: String| stmt((f.names)(sql));
-        let letter_columns = format!(
-            "id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", attempts, \
-             error, {} AS dead_lettered_at, {} AS replayed_at",
-            (f.text)("dead_lettered_at"),
-            (f.text)("replayed_at"),
-        );
+        let letter_columns = letter_columns(f);
         let due = format!("(due_at IS NULL OR due_at <= {})", f.now);
         let int = f.int;
         Self {
@@ -153,4 +148,14 @@ impl AdminSql {
             )),
         }
     }
+}
+
+/// The columns of a listed dead letter, its times as text.
+fn letter_columns(f: Flavor) -> String {
+    format!(
+        "id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", attempts, \
+         error, {} AS dead_lettered_at, {} AS replayed_at",
+        (f.text)("dead_lettered_at"),
+        (f.text)("replayed_at"),
+    )
 }
