@@ -1011,6 +1011,37 @@ async fn every_subcommand_works_on_mysql() {
     status_on_mysql(&t);
     dead_letters_on_mysql(&store, &t, malformed, closed).await;
     outbox_and_purge_on_mysql(&store, &t).await;
+    // `--schema` names a database of its own, created by `migrate`.
+    let other = format!("{name}_ops");
+    let t = Target(vec![
+        "--database-url".into(),
+        url.clone(),
+        "--schema".into(),
+        other.clone(),
+    ]);
+    assert_eq!(t.inoutbox(&["migrate"]).code, 0);
+    let s = t.inoutbox(&["status", "--json"]).json();
+    assert_eq!(
+        (
+            s["groups"].as_array().map(Vec::len),
+            s["outbox"]["unpublished"].as_i64()
+        ),
+        (Some(0), Some(0)),
+        "the tables of database {other}, empty: {s}"
+    );
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? \
+         AND table_name = 'inoutbox_outbox'",
+    )
+    .bind(&other)
+    .fetch_one(store.pool())
+    .await
+    .expect("information_schema");
+    assert_eq!(tables, 1, "migrate created the outbox in database {other}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE `{other}`")))
+        .execute(store.pool())
+        .await
+        .expect("drop the other database");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
         .execute(store.pool())
         .await
