@@ -384,25 +384,19 @@ impl Admin {
 
     /// Every group's effects not done.
     async fn effects_status(&self) -> Result<Vec<EffectsStatus>, AdminError> {
-        let rows = match &self.backend {
-            Backend::Postgres(s) => s.effects_by_group().await?,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(s) => s.effects_by_group().await?,
-            // The MySQL store has no effects after commit (yet): none to show.
-            #[cfg(feature = "mysql")]
-            Backend::MySql(_) => Vec::new(),
-        };
-        Ok(rows
-            .into_iter()
-            .map(
-                |(group, pending, failed, oldest_pending_secs)| EffectsStatus {
-                    group,
-                    pending,
-                    failed,
-                    oldest_pending_secs,
-                },
-            )
-            .collect())
+        let query = db::sql(self.sql.effects.clone());
+        let rows = on_backend!(self, s => fetch(s.pool(), query).await?);
+        let effects = rows.iter().map(|row| {
+            Ok(EffectsStatus {
+                group: text_not_null(row, 0)?,
+                pending: get(row, 1)?,
+                failed: get(row, 2)?,
+                oldest_pending_secs: get::<Option<f64>>(row, 3)?.map(|s| s.max(0.0)),
+            })
+        });
+        effects
+            .collect::<Result<_, StoreError>>()
+            .map_err(AdminError::from)
     }
 
     /// Dead letters matching `filter`, newest first.

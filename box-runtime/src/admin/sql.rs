@@ -67,6 +67,7 @@ pub(super) struct AdminSql {
     pub(super) by_id: Stmt,
     pub(super) discard: Stmt,
     pub(super) unpark: Stmt,
+    pub(super) effects: Stmt,
 }
 
 impl AdminSql {
@@ -145,6 +146,13 @@ impl AdminSql {
                    AND ($1 IS NULL OR message_key = $1) AND ($2 IS NULL OR topic = $2)",
                 outbox = t.outbox,
                 now = f.now,
+            )),
+            // Every group's effects not done: pending, failed at least once, the oldest's age.
+            effects: q(format!(
+                "SELECT consumer_group, count(*), count(CASE WHEN attempts > 0 THEN 1 END), {oldest} \
+                 FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group",
+                oldest = (f.age)("min(created_at)"),
+                effects = t.effects,
             )),
         }
     }
