@@ -147,13 +147,7 @@ impl AdminSql {
                 outbox = t.outbox,
                 now = f.now,
             )),
-            // Every group's effects not done: pending, failed at least once, the oldest's age.
-            effects: q(format!(
-                "SELECT consumer_group, count(*), count(CASE WHEN attempts > 0 THEN 1 END), {oldest} \
-                 FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group",
-                oldest = (f.age)("min(created_at)"),
-                effects = t.effects,
-            )),
+            effects: effects(t, f),
         }
     }
 }
@@ -166,4 +160,14 @@ fn letter_columns(f: Flavor) -> String {
         (f.text)("dead_lettered_at"),
         (f.text)("replayed_at"),
     )
+}
+
+/// Every group's effects not done: pending, failed at least once, the oldest's age.
+fn effects(t: &Tables, f: Flavor) -> Stmt {
+    stmt((f.names)(format!(
+        "SELECT consumer_group, count(*), count(CASE WHEN attempts > 0 THEN 1 END), {oldest} \
+         FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group",
+        oldest = (f.age)("min(created_at)"),
+        effects = t.effects,
+    )))
 }
