@@ -51,6 +51,24 @@ async fn invoice_lite(event: CliOrder, tx: &mut SqliteTx<'_>) -> Result<(), Hand
     Ok(())
 }
 
+/// The handler of the MySQL/MariaDB test: fails while `books_closed` has a row.
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "CliOrder", group = "cli-my")]
+async fn invoice_my(event: CliOrder, tx: &mut inoutbox::MySqlTx<'_>) -> Result<(), HandlerError> {
+    let closed: i64 = sqlx::query_scalar("SELECT count(*) FROM books_closed")
+        .fetch_one(&mut **tx)
+        .await?;
+    if closed > 0 {
+        return Err(HandlerError::permanent("the books are closed"));
+    }
+    sqlx::query("INSERT INTO invoices (order_id, total_cents) VALUES (?, ?)")
+        .bind(event.order_id.to_string())
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
 /// Not a test: the entry of the application binary that replay runs through. The test binary
 /// is started again with `INOUTBOX_CLI_APP_ARGS` set; it then runs `inoutbox::cli::run_from` with
 /// this binary's handlers and exits with its code.
@@ -650,10 +668,10 @@ async fn every_subcommand_works_on_sqlite() {
 
 #[test]
 fn the_command_never_prints_a_password() {
-    let refused = inoutbox(&["--database-url", "mysql://app:hunter2-pw@db/x", "status"]);
+    let refused = inoutbox(&["--database-url", "oracle://app:hunter2-pw@db/x", "status"]);
     assert_eq!(refused.code, 1);
     assert!(
-        refused.stderr.contains("mysql://app:***@db/x"),
+        refused.stderr.contains("oracle://app:***@db/x"),
         "{}",
         refused.stderr
     );
@@ -914,4 +932,383 @@ fn commit(brokers: &str, group: &str, topic: &str, partition: i32, offset: i64) 
         support::committed(brokers, group, topic, partition),
         Some(offset)
     );
+}
+
+/// The MySQL/MariaDB store's rows of the test: two dead letters (one not JSON, one refused
+/// while the books are closed) and a processed event in group `cli-my`; the outbox rows
+/// `seed_outbox` writes on PostgreSQL.
+#[cfg(feature = "mysql")]
+async fn seed_mysql(store: &inoutbox::MySqlStore) -> (i64, i64) {
+    let pool = store.pool();
+    sqlx::raw_sql(
+        "CREATE TABLE books_closed (since datetime(6)); INSERT INTO books_closed VALUES (NOW(6)); \
+         CREATE TABLE invoices (order_id varchar(64) NOT NULL, total_cents bigint);",
+    )
+    .execute(pool)
+    .await
+    .expect("books_closed");
+    let inbox = Inbox::new(store.clone(), "cli-my", once()).expect("inbox");
+    let malformed = dead_letter_id(&inbox, delivery(1, "CliOrder", MALFORMED)).await;
+    let closed = dead_letter_id(&inbox, delivery(2, "CliOrder", &order(1200))).await;
+    sqlx::raw_sql("DELETE FROM books_closed")
+        .execute(pool)
+        .await
+        .unwrap();
+    let shutdown = inoutbox::shutdown::CancellationToken::new();
+    let ok = inbox
+        .process(&delivery(3, "CliOrder", &order(700)), &shutdown)
+        .await;
+    assert!(matches!(ok, Outcome::Processed { .. }), "{ok:?}");
+    for (key, parked, error, published) in [
+        ("k-wait", false, None, None),
+        ("k-bad", true, Some("first rejection"), None),
+        ("k-bad", true, Some("Broker: Message size too large"), None),
+        ("k-old", false, None, Some(10 * 86_400)),
+        ("k-new", false, None, Some(3600)),
+    ] {
+        sqlx::query(
+            "INSERT INTO inoutbox_outbox (id, type, topic, message_key, payload, headers, created_at, \
+               attempts, last_error, parked_at, next_attempt_at, published_at) \
+             VALUES (?, 'CliOrder', 'cli-orders', ?, '{}', '[]', NOW(6) - INTERVAL 90 SECOND, ?, ?, \
+               IF(?, NOW(6), NULL), NOW(6), NOW(6) - INTERVAL ? SECOND)",
+        )
+        .bind(Uuid::new_v4().to_string())
+        .bind(key)
+        .bind(if parked { 10 } else { 0 })
+        .bind(error)
+        .bind(parked)
+        .bind(published)
+        .execute(pool)
+        .await
+        .expect("insert outbox row");
+    }
+    // The effects `seed_effects` writes on PostgreSQL.
+    sqlx::raw_sql(
+        "INSERT INTO inoutbox_effects (consumer_group, source, event_id, kind, idempotency_key, \
+           payload, created_at, attempts, done_at) VALUES \
+         ('cli', '', 'e-1', 'mail', 'k-1', '{}', NOW(6) - INTERVAL 2 MINUTE, 3, NULL), \
+         ('cli', '', 'e-2', 'mail', 'k-2', '{}', NOW(6), 0, NULL), \
+         ('cli', '', 'e-3', 'mail', 'k-3', '{}', NOW(6) - INTERVAL 1 DAY, 1, NOW(6))",
+    )
+    .execute(pool)
+    .await
+    .expect("seed effects");
+    (malformed, closed)
+}
+
+#[cfg(feature = "mysql")]
+async fn mysql_count(store: &inoutbox::MySqlStore, sql: &'static str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(store.pool())
+        .await
+        .expect(sql)
+}
+
+/// Every subcommand on MySQL/MariaDB (a database of its own), with what PostgreSQL prints.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread")]
+async fn every_subcommand_works_on_mysql() {
+    let (name, url) = support::kit::mysql_database("cli").await;
+    let t = Target(vec!["--database-url".into(), url.clone()]);
+    let run = t.inoutbox(&["migrate"]);
+    assert_eq!(
+        (run.code, run.stdout.as_str()),
+        (0, "migrations applied\n"),
+        "{}",
+        run.stderr
+    );
+    let store = inoutbox::MySqlStore::connect(&url).await.expect("mysql");
+    let (malformed, closed) = seed_mysql(&store).await;
+    status_on_mysql(&t);
+    dead_letters_on_mysql(&store, &t, malformed, closed).await;
+    outbox_and_purge_on_mysql(&store, &t).await;
+    // `--schema` names a database of its own, created by `migrate`.
+    let other = format!("{name}_ops");
+    let t = Target(vec![
+        "--database-url".into(),
+        url.clone(),
+        "--schema".into(),
+        other.clone(),
+    ]);
+    assert_eq!(t.inoutbox(&["migrate"]).code, 0);
+    let s = t.inoutbox(&["status", "--json"]).json();
+    assert_eq!(
+        (
+            s["groups"].as_array().map(Vec::len),
+            s["outbox"]["unpublished"].as_i64()
+        ),
+        (Some(0), Some(0)),
+        "the tables of database {other}, empty: {s}"
+    );
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables WHERE table_schema = ? \
+         AND table_name = 'inoutbox_outbox'",
+    )
+    .bind(&other)
+    .fetch_one(store.pool())
+    .await
+    .expect("information_schema");
+    assert_eq!(tables, 1, "migrate created the outbox in database {other}");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE `{other}`")))
+        .execute(store.pool())
+        .await
+        .expect("drop the other database");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
+        .execute(store.pool())
+        .await
+        .expect("drop the database");
+}
+
+#[cfg(feature = "mysql")]
+fn status_on_mysql(t: &Target) {
+    effects_in_status(t);
+    let run = t.inoutbox(&["status"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    println!("{}", run.stdout);
+    for text in [
+        "INBOX\nGROUP ",
+        "cli-my ",
+        "stuck rows (unprocessed for over 5m 0s): 0\n",
+        "OUTBOX\nunpublished: 1, oldest 1m",
+        "parked: 2\n",
+        "held behind parked rows of their key (until unparked): 0\n",
+        "scheduled (not due yet): 0\n",
+        "Message size too large",
+    ] {
+        assert!(
+            run.stdout.contains(text),
+            "`{text}` missing:\n{}",
+            run.stdout
+        );
+    }
+    assert!(
+        !run.stdout.contains("first rejection"),
+        "the latest error per key:\n{}",
+        run.stdout
+    );
+    let s = t.inoutbox(&["status", "--json"]).json();
+    let group = &s["groups"][0];
+    assert_eq!(group["group"], "cli-my");
+    assert_eq!(
+        (
+            group["inbox_rows"].as_i64(),
+            group["processed_last_minute"].as_i64(),
+            group["dead_letters"].as_i64(),
+            group["dead_letters_pending"].as_i64()
+        ),
+        (Some(1), Some(1), Some(2), Some(2)),
+        "{s}"
+    );
+    assert_eq!(s["stuck"], 0);
+    assert_eq!(
+        (
+            s["outbox"]["unpublished"].as_i64(),
+            s["outbox"]["parked"].as_i64()
+        ),
+        (Some(1), Some(2))
+    );
+    let oldest = s["outbox"]["oldest_unpublished_secs"]
+        .as_f64()
+        .expect("an age");
+    assert!((85.0..600.0).contains(&oldest), "{oldest}");
+    let key = &s["outbox"]["parked_keys"][0];
+    assert_eq!(
+        (key["key"].as_str(), key["rows"].as_i64()),
+        (Some("k-bad"), Some(2))
+    );
+    assert_eq!(key["last_error"], "Broker: Message size too large");
+    let at = key["parked_at"].as_str().expect("parked at");
+    assert!(
+        at.len() == 20 && at.ends_with('Z') && at.as_bytes()[10] == b'T',
+        "{at}"
+    );
+}
+
+#[cfg(feature = "mysql")]
+async fn dead_letters_on_mysql(
+    store: &inoutbox::MySqlStore,
+    t: &Target,
+    malformed: i64,
+    closed: i64,
+) {
+    let list = t.inoutbox(&["dead-letters", "list", "--group", "cli-my", "--json"]);
+    assert_eq!(list.code, 0, "{}", list.stderr);
+    let letters = list.json();
+    let ids: Vec<i64> = letters
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, [closed, malformed], "newest first");
+    assert_eq!(letters[0]["group"], "cli-my");
+    assert_eq!(letters[0]["topic"], "cli-orders");
+    let none = t
+        .inoutbox(&["dead-letters", "list", "--event-type", "Other", "--json"])
+        .json();
+    assert_eq!(none, Value::Array(vec![]));
+    let recent = t
+        .inoutbox(&[
+            "dead-letters",
+            "list",
+            "--since",
+            "1h",
+            "--limit",
+            "1",
+            "--json",
+        ])
+        .json();
+    assert_eq!(recent.as_array().unwrap().len(), 1);
+    let table = t.inoutbox(&["dead-letters", "list"]);
+    assert!(
+        table.stdout.starts_with("ID ") && table.stdout.contains("the books are closed"),
+        "{}",
+        table.stdout
+    );
+    let show = t.inoutbox(&["dead-letters", "show", &malformed.to_string()]);
+    assert_eq!(show.code, 0, "{}", show.stderr);
+    for text in [
+        "event type:    CliOrder",
+        "ce_type: CliOrder",
+        "\"order_id\": \"not-a-uuid\"",
+    ] {
+        assert!(
+            show.stdout.contains(text),
+            "`{text}` missing:\n{}",
+            show.stdout
+        );
+    }
+    assert!(!show.stdout.contains("tok-secret"), "{}", show.stdout);
+    let raw = t.inoutbox(&["dead-letters", "show", &malformed.to_string(), "--raw"]);
+    assert_eq!(raw.stdout, MALFORMED, "the stored bytes, exactly");
+    assert_eq!(t.inoutbox(&["dead-letters", "show", "999999"]).code, 3);
+
+    assert_eq!(
+        t.inoutbox(&["dead-letters", "replay", &closed.to_string()])
+            .code,
+        4
+    );
+    let replayed = t.app(&["dead-letters", "replay", &closed.to_string()]);
+    assert_eq!(replayed.code, 0, "{}\n{}", replayed.stdout, replayed.stderr);
+    assert!(
+        replayed
+            .stdout
+            .contains(&format!("dead letter {closed}: replayed")),
+        "{}",
+        replayed.stdout
+    );
+    assert_eq!(
+        mysql_count(store, "SELECT count(*) FROM invoices").await,
+        2,
+        "the replay ran the handler"
+    );
+    assert_eq!(
+        t.app(&["dead-letters", "replay", &closed.to_string()]).code,
+        3
+    );
+    let again = t.app(&["dead-letters", "replay", &malformed.to_string()]);
+    assert_eq!(again.code, 1, "fails again: {}", again.stdout);
+    let s = t.inoutbox(&["status", "--json"]).json();
+    assert_eq!(s["groups"][0]["dead_letters_pending"], 1);
+
+    assert_eq!(
+        t.inoutbox(&["dead-letters", "discard", &malformed.to_string()])
+            .code,
+        2
+    );
+    let discarded = t.inoutbox(&[
+        "dead-letters",
+        "discard",
+        "--group",
+        "cli-my",
+        "--yes",
+        "--json",
+    ]);
+    assert_eq!(discarded.code, 0, "{}", discarded.stderr);
+    let mut gone: Vec<i64> = discarded.json()["discarded"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    gone.sort();
+    assert_eq!(gone, [malformed.min(closed), malformed.max(closed)]);
+    assert_eq!(
+        t.inoutbox(&["dead-letters", "discard", &closed.to_string(), "--yes"])
+            .code,
+        3
+    );
+}
+
+#[cfg(feature = "mysql")]
+async fn outbox_and_purge_on_mysql(store: &inoutbox::MySqlStore, t: &Target) {
+    let unpark = t.inoutbox(&["outbox", "unpark", "k-bad", "--topic", "cli-orders"]);
+    assert_eq!(
+        (unpark.code, unpark.stdout.as_str()),
+        (0, "unparked 2 row(s) of key `k-bad`\n"),
+        "{}",
+        unpark.stderr
+    );
+    let due = mysql_count(
+        store,
+        "SELECT count(*) FROM inoutbox_outbox WHERE message_key = 'k-bad' AND parked_at IS NULL \
+         AND attempts = 0 AND next_attempt_at <= NOW(6)",
+    )
+    .await;
+    assert_eq!(due, 2, "unparked rows are due again with fresh attempts");
+    assert_eq!(
+        t.inoutbox(&["outbox", "unpark", "--all"]).code,
+        3,
+        "nothing parked"
+    );
+    sqlx::raw_sql(
+        "INSERT INTO inoutbox_inbox (consumer_group, event_id, event_type, processed_at) VALUES \
+         ('cli-my', 'old', 'CliOrder', NOW(6) - INTERVAL 8 DAY), ('cli-my', 'unprocessed', 'CliOrder', NULL)",
+    )
+    .execute(store.pool())
+    .await
+    .expect("old inbox rows");
+    let purge = t.inoutbox(&["purge", "--older-than", "7d", "--batch-size", "1", "--json"]);
+    assert_eq!(purge.code, 0, "{}", purge.stderr);
+    let purged = purge.json();
+    assert_eq!(
+        (
+            purged["inbox_deleted"].as_i64(),
+            purged["outbox_deleted"].as_i64()
+        ),
+        (Some(1), Some(1))
+    );
+    assert_eq!(
+        mysql_count(store, "SELECT count(*) FROM inoutbox_inbox").await,
+        3
+    );
+    assert_eq!(
+        mysql_count(store, "SELECT count(*) FROM inoutbox_outbox").await,
+        4
+    );
+}
+
+/// A wrong MySQL password: a clear error, exit code 1, the password hidden (text and JSON).
+#[cfg(feature = "mysql")]
+#[test]
+fn a_wrong_mysql_password_is_a_clear_error_without_the_password() {
+    let url = support::kit::mysql_url().replacen("mysql://root@", "mysql://root:hunter2-pw@", 1);
+    assert!(
+        url.contains("hunter2-pw"),
+        "MYSQL_URL of root without a password: {url}"
+    );
+    for json in [false, true] {
+        let mut args = vec!["--database-url", url.as_str(), "status"];
+        if json {
+            args.push("--json");
+        }
+        let run = inoutbox(&args);
+        assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+        let all = format!("{}{}", run.stdout, run.stderr);
+        assert!(
+            all.contains("cannot connect to mysql://root:***@") && all.contains("Access denied"),
+            "{all}"
+        );
+        assert!(!all.contains("hunter2"), "a password is printed:\n{all}");
+    }
 }

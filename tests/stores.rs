@@ -1,5 +1,6 @@
-//! Handlers written once for both stores (`stores(postgres, sqlite)`, `inoutbox::sql`), and
-//! savepoints inside a handler, through the real inbox path on PostgreSQL and SQLite.
+//! Handlers written once for every store (`stores(postgres, sqlite, mysql)`, `inoutbox::sql`),
+//! and savepoints inside a handler, through the real inbox path on PostgreSQL, SQLite and
+//! (feature `mysql`) MariaDB.
 
 mod support;
 
@@ -8,6 +9,8 @@ use inoutbox::kafka::{HEADER_ID, HEADER_TYPE};
 use inoutbox::prelude::*;
 use inoutbox::{sql, Outcome};
 use serde::{Deserialize, Serialize};
+#[cfg(feature = "mysql")]
+use support::kit::MySqlKit;
 use support::kit::{Kit, PgKit, SqliteKit};
 use uuid::Uuid;
 
@@ -19,8 +22,19 @@ pub struct Payment {
 }
 
 /// Writes the invoice; writes a second row under a savepoint and rolls the savepoint back.
-/// Written once, registered for both stores.
-#[inbox_handler(event = "Payment", group = "savepoint", stores(postgres, sqlite))]
+/// Written once, registered for every store (MySQL's with the `mysql` feature).
+#[cfg_attr(
+    feature = "mysql",
+    inbox_handler(
+        event = "Payment",
+        group = "savepoint",
+        stores(postgres, sqlite, mysql)
+    )
+)]
+#[cfg_attr(
+    not(feature = "mysql"),
+    inbox_handler(event = "Payment", group = "savepoint", stores(postgres, sqlite))
+)]
 async fn invoice_with_savepoint<D: Db>(
     event: Payment,
     tx: &mut Tx<'_, D>,
@@ -71,6 +85,26 @@ async fn nested_pg(event: Payment, tx: &mut PgTx<'_>) -> Result<(), HandlerError
 #[inbox_handler(event = "Payment", group = "nested")]
 async fn nested_sqlite(event: Payment, tx: &mut SqliteTx<'_>) -> Result<(), HandlerError> {
     nested!(tx, event)
+}
+
+#[cfg(feature = "mysql")]
+#[inbox_handler(event = "Payment", group = "nested")]
+async fn nested_mysql(event: Payment, tx: &mut inoutbox::MySqlTx<'_>) -> Result<(), HandlerError> {
+    // MySQL's placeholders are `?`.
+    let insert = "INSERT INTO invoices (order_id, total_cents) VALUES (?, ?)";
+    sqlx::query(insert)
+        .bind(event.order_id)
+        .bind(event.total_cents)
+        .execute(&mut **tx)
+        .await?;
+    let mut inner = sqlx::Acquire::begin(&mut **tx).await?;
+    sqlx::query(insert)
+        .bind(event.order_id)
+        .bind(-1_i64)
+        .execute(&mut *inner)
+        .await?;
+    inner.rollback().await?;
+    Ok(())
 }
 
 fn delivery(offset: i64, id: &str, payment: &Payment) -> Delivery {
@@ -135,6 +169,21 @@ async fn postgres_sql_savepoint_in_a_generic_handler() {
 async fn sqlite_sql_savepoint_in_a_generic_handler() {
     savepoint_rolled_back_inside_a_handler_keeps_the_outer_write_once::<SqliteKit>("savepoint")
         .await;
+}
+
+/// The generic handler, registered by `stores(.., mysql)`, on a `MySqlTx`: `inoutbox::sql`'s
+/// `$1`, `$2` become MySQL's `?`.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sql_savepoint_in_a_generic_handler() {
+    savepoint_rolled_back_inside_a_handler_keeps_the_outer_write_once::<MySqlKit>("savepoint")
+        .await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_sqlx_nested_transaction_in_a_handler() {
+    savepoint_rolled_back_inside_a_handler_keeps_the_outer_write_once::<MySqlKit>("nested").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,10 +26,11 @@ mod sealed {
     impl Sealed for sqlx::MySql {}
 }
 
-/// A database inoutbox runs on: `sqlx::Postgres`, or `sqlx::Sqlite` with the `sqlite` feature.
+/// A database inoutbox runs on: `sqlx::Postgres`, `sqlx::Sqlite` with the `sqlite` feature, or
+/// `sqlx::MySql` with the `mysql` feature.
 ///
 /// A handler generic over it is written once and registered for each store listed in
-/// `#[inbox_handler(.., stores(postgres, sqlite))]`. Its body writes through [`sql`] and
+/// `#[inbox_handler(.., stores(postgres, sqlite, mysql))]`. Its body writes through [`sql`] and
 /// enqueues with [`inoutbox::outbox::enqueue`](crate::outbox::enqueue), which work on a
 /// `&mut Tx<'_, D>` for every `D: Db` without further bounds.
 #[diagnostic::on_unimplemented(
@@ -38,7 +39,7 @@ mod sealed {
             `stores(postgres, sqlite)` pick them"
 )]
 pub trait Db: sqlx::Database + sealed::Sealed {
-    /// The store's name in `stores(..)`: `"postgres"` or `"sqlite"`.
+    /// The store's name in `stores(..)`: `"postgres"`, `"sqlite"` or `"mysql"`.
     const STORE: &'static str;
 
     /// Runs a statement; returns the rows affected.

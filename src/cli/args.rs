@@ -12,10 +12,11 @@ use clap::{Args, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "inoutbox", version)]
 pub(super) struct CommandLine {
-    /// The database: `postgres://user:password@host/db` or `sqlite:path`.
+    /// The database: `postgres://user:password@host/db`, `sqlite:path`, or (built with the
+    /// `mysql` feature) `mysql://user:password@host/db`.
     #[arg(long, env = "DATABASE_URL", global = true, hide_env_values = true)]
     pub(super) database_url: Option<String>,
-    /// The PostgreSQL schema of inoutbox's tables (as `inoutbox::Tables::with_schema`).
+    /// The schema of inoutbox's tables (as `inoutbox::Tables::with_schema`; a database on MySQL).
     #[arg(long, global = true)]
     pub(super) schema: Option<String>,
     /// Print JSON for scripts instead of tables.

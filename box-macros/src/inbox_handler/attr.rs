@@ -24,8 +24,8 @@ pub(crate) const DEDUP_BY: &str = "dedup_by";
 /// with the handlers of the group that name the same scope; by default each event type has its
 /// own.
 pub(crate) const DEDUP_SCOPE: &str = "dedup_scope";
-/// `stores(postgres, sqlite)`: the handler is generic over its store (`D: inoutbox::Db`) and is
-/// registered once per store listed.
+/// `stores(postgres, sqlite, mysql)`: the handler is generic over its store (`D: inoutbox::Db`)
+/// and is registered once per store listed.
 pub(crate) const STORES: &str = "stores";
 /// `crate = "my_inoutbox"`: the path generated code names inoutbox by; optional, `::inoutbox` by default.
 pub(crate) const CRATE: &str = "crate";
@@ -56,7 +56,11 @@ pub(crate) const KEYS: &[&str] = &[
 ];
 
 /// The stores `stores(..)` may list, and the type of each (under `__private`).
-pub(crate) const STORE_NAMES: &[(&str, &str)] = &[("postgres", "Postgres"), ("sqlite", "Sqlite")];
+pub(crate) const STORE_NAMES: &[(&str, &str)] = &[
+    ("postgres", "Postgres"),
+    ("sqlite", "Sqlite"),
+    ("mysql", "MySql"),
+];
 
 /// The required keys.
 const REQUIRED: &[&str] = &[EVENT, GROUP];
@@ -314,13 +318,15 @@ impl HandlerAttr {
             });
             return;
         };
-        let known: Vec<&str> = STORE_NAMES.iter().map(|(name, _)| *name).collect();
+        let known: Vec<&'static str> = STORE_NAMES.iter().map(|(name, _)| *name).collect();
         let mut names: Vec<Ident> = Vec::new();
         for name in &list.items {
             if !known.iter().any(|k| name == k) {
+                let typo = crate::suggest::closest(&name.to_string(), &known, &[]);
+                let hint = typo.map_or_else(String::new, |t| format!("did you mean `{t}`? "));
                 cx.error_spanned_by(
                     name,
-                    format!("unknown store `{name}`; {}", kv::one_of(&known)),
+                    format!("unknown store `{name}`; {hint}{}", kv::one_of(&known)),
                 );
             } else if names.iter().any(|n| n == name) {
                 cx.error_spanned_by(name, format!("store `{name}` is listed twice; keep one"));

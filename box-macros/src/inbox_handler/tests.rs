@@ -821,10 +821,10 @@ fn generic_fn() -> TokenStream {
 
 #[test]
 fn a_handler_generic_over_its_store_is_registered_once_per_store() {
-    let args = stores_args(quote!((postgres, sqlite)));
+    let args = stores_args(quote!((postgres, sqlite, mysql)));
     assert_eq!(errors(args.clone(), generic_fn()), Vec::<String>::new());
     let expanded = super::expand(args, generic_fn()).to_string();
-    for store in ["postgres", "sqlite"] {
+    for store in ["postgres", "sqlite", "mysql"] {
         assert!(
             expanded.contains(&format!("__inoutbox_register_create_invoice_{store}")),
             "{expanded}"
@@ -832,15 +832,21 @@ fn a_handler_generic_over_its_store_is_registered_once_per_store() {
     }
     assert!(expanded.contains("create_invoice :: < :: inoutbox :: __private :: Postgres >"));
     assert!(expanded.contains("create_invoice :: < :: inoutbox :: __private :: Sqlite >"));
-    assert_eq!(expanded.matches("inventory :: submit !").count(), 2);
+    assert!(expanded.contains("create_invoice :: < :: inoutbox :: __private :: MySql >"));
+    assert_eq!(expanded.matches("inventory :: submit !").count(), 3);
 }
 
 #[test]
 fn misuse_of_stores_is_reported_with_what_to_write() {
-    let message = single_error(stores_args(quote!((postgres, mysql))), generic_fn());
-    assert!(
-        message.starts_with("unknown store `mysql`; expected one of: `postgres`, `sqlite`"),
-        "{message}"
+    let message = single_error(stores_args(quote!((postgres, oracle))), generic_fn());
+    assert_eq!(
+        message,
+        "unknown store `oracle`; expected one of: `postgres`, `sqlite`, `mysql`"
+    );
+    let message = single_error(stores_args(quote!((postgres, mysq))), generic_fn());
+    assert_eq!(
+        message,
+        "unknown store `mysq`; did you mean `mysql`? expected one of: `postgres`, `sqlite`, `mysql`"
     );
     let message = single_error(stores_args(quote!((sqlite, sqlite))), generic_fn());
     assert!(

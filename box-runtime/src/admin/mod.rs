@@ -1,6 +1,6 @@
 //! Operating a inoutbox database: what the `inoutbox` command shows and does. The state of every
 //! consumer group's inbox and of the outbox, dead letters (list, show, replay, discard), parked
-//! outbox rows, purges, and Kafka consumer lag; on PostgreSQL or SQLite.
+//! outbox rows, purges, and Kafka consumer lag; on PostgreSQL, SQLite or MySQL/MariaDB.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), inoutbox::admin::AdminError> {
@@ -15,13 +15,14 @@
 
 use std::time::Duration;
 
-use sqlx::Row;
-
+use crate::db::{self, Db};
 use crate::engine::{Inbox, InboxConfig, ReplayError, SetupError};
 use crate::message::Outcome;
+#[cfg(feature = "mysql")]
+use crate::mysql::{MySqlRelayStore, MySqlStore};
 use crate::outbox::Retention;
 use crate::postgres::PgStore;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "mysql"))]
 use crate::relay::RelayStore;
 #[cfg(feature = "sqlite")]
 use crate::sqlite::{SqliteRelayStore, SqliteStore};
@@ -241,6 +242,8 @@ enum Backend {
     Postgres(PgStore),
     #[cfg(feature = "sqlite")]
     Sqlite(SqliteStore),
+    #[cfg(feature = "mysql")]
+    MySql(MySqlStore),
 }
 
 /// The same code on each backend's store and pool (the queries type-check per backend).
@@ -250,11 +253,14 @@ macro_rules! on_backend {
             Backend::Postgres($store) => $body,
             #[cfg(feature = "sqlite")]
             Backend::Sqlite($store) => $body,
+            #[cfg(feature = "mysql")]
+            Backend::MySql($store) => $body,
         }
     };
 }
 
-/// Operations on a inoutbox database (PostgreSQL or SQLite), for the `inoutbox` command and tools.
+/// Operations on a inoutbox database (PostgreSQL, SQLite or MySQL/MariaDB), for the `inoutbox`
+/// command and tools.
 pub struct Admin {
     backend: Backend,
     sql: sql::AdminSql,
@@ -267,23 +273,14 @@ impl std::fmt::Debug for Admin {
     }
 }
 
-/// A row of the parked-keys query: topic, key, rows, last error, parked at, rows held.
-type ParkedKeyRow = (
-    String,
-    Option<String>,
-    i64,
-    Option<String>,
-    Option<String>,
-    i64,
-);
-
 fn store_name<S: InboxStore>(_: &S) -> &'static str {
     S::NAME
 }
 
 impl Admin {
-    /// Connects to `url` (`postgres://...` or `sqlite:...`); on PostgreSQL the tables are in
-    /// `schema` when given (as [`Tables::with_schema`]).
+    /// Connects to `url` (`postgres://...`, `sqlite:...`, or `mysql://...` / `mariadb://...`
+    /// with the `mysql` feature); the tables are in `schema` when given (as
+    /// [`Tables::with_schema`]: a schema on PostgreSQL, a database on MySQL, refused on SQLite).
     pub async fn connect(url: &str, schema: Option<&str>) -> Result<Self, AdminError> {
         let tables = match schema {
             Some(schema) => Tables::with_schema(schema)
@@ -304,8 +301,17 @@ impl Admin {
                 .map_err(|e| AdminError::Config(e.to_string()))?;
             return Ok(Self::sqlite(store));
         }
+        #[cfg(feature = "mysql")]
+        if url.starts_with("mysql:") || url.starts_with("mariadb:") {
+            let store = MySqlStore::connect(url).await?;
+            return Ok(Self::mysql(MySqlStore::with_tables(
+                store.pool().clone(),
+                tables,
+            )));
+        }
         Err(AdminError::Config(format!(
-            "the database URL must start with `postgres://` or `sqlite:`, got `{}`",
+            "the database URL must start with {}, got `{}`",
+            SCHEMES,
             store::redact_url(url)
         )))
     }
@@ -329,6 +335,16 @@ impl Admin {
         }
     }
 
+    /// On a MySQL/MariaDB store (its table names).
+    #[cfg(feature = "mysql")]
+    pub fn mysql(store: MySqlStore) -> Self {
+        let sql = sql::AdminSql::new(store.tables(), sql::MYSQL);
+        Self {
+            backend: Backend::MySql(store),
+            sql,
+        }
+    }
+
     /// Applies inoutbox's migrations.
     pub async fn migrate(&self) -> Result<(), AdminError> {
         Ok(on_backend!(self, s => s.migrate().await)?)
@@ -337,72 +353,50 @@ impl Admin {
     /// Every group's inbox and dead letters, stuck inbox rows, and the outbox.
     pub async fn status(&self, stuck_after: Duration) -> Result<Status, AdminError> {
         let sql = &self.sql;
-        let (groups, stuck, outbox, parked_keys) = on_backend!(self, s => {
-            let groups: Vec<(String, i64, i64, i64, i64)> =
-                sqlx::query_as(sql.groups.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
-            let stuck = s.count_stuck(stuck_after).await?;
-            let outbox: (i64, Option<f64>, i64, i64, i64) =
-                sqlx::query_as(sql.outbox.clone()).fetch_one(s.pool()).await.map_err(StoreError::from)?;
-            let keys: Vec<ParkedKeyRow> =
-                sqlx::query_as(sql.parked_keys.clone()).fetch_all(s.pool()).await.map_err(StoreError::from)?;
-            (groups, stuck, outbox, keys)
-        });
+        let (groups, stuck, outbox, parked_keys) = on_backend!(self, s => (
+            fetch(s.pool(), db::sql(sql.groups.clone())).await?,
+            s.count_stuck(stuck_after).await?,
+            fetch(s.pool(), db::sql(sql.outbox.clone())).await?,
+            fetch(s.pool(), db::sql(sql.parked_keys.clone())).await?,
+        ));
+        let outbox = outbox
+            .first()
+            .ok_or(StoreError::from(sqlx::Error::RowNotFound))?;
         let effects = self.effects_status().await?;
         Ok(Status {
             effects,
-            groups: groups
-                .into_iter()
-                .map(|(group, rows, recent, dead, pending)| GroupStatus {
-                    group,
-                    inbox_rows: rows,
-                    processed_last_minute: recent,
-                    dead_letters: dead,
-                    dead_letters_pending: pending,
-                })
-                .collect(),
+            groups: groups.iter().map(group_row).collect::<Result<_, _>>()?,
             stuck,
             stuck_after,
             outbox: OutboxStatus {
-                unpublished: outbox.0,
-                oldest_unpublished_secs: outbox.1.map(|s| s.max(0.0)),
-                parked: outbox.2,
-                held: outbox.3,
-                scheduled: outbox.4,
+                unpublished: get(outbox, 0)?,
+                oldest_unpublished_secs: get::<Option<f64>>(outbox, 1)?.map(|s| s.max(0.0)),
+                parked: get(outbox, 2)?,
+                held: get(outbox, 3)?,
+                scheduled: get(outbox, 4)?,
                 parked_keys: parked_keys
-                    .into_iter()
-                    .map(
-                        |(topic, key, rows, last_error, parked_at, held)| ParkedKey {
-                            topic,
-                            key,
-                            rows,
-                            last_error,
-                            parked_at,
-                            held,
-                        },
-                    )
-                    .collect(),
+                    .iter()
+                    .map(parked_key_row)
+                    .collect::<Result<_, _>>()?,
             },
         })
     }
 
     /// Every group's effects not done.
     async fn effects_status(&self) -> Result<Vec<EffectsStatus>, AdminError> {
-        let rows = match &self.backend {
-            Backend::Postgres(s) => s.effects_by_group().await?,
-            #[cfg(feature = "sqlite")]
-            Backend::Sqlite(s) => s.effects_by_group().await?,
-        };
-        Ok(rows
-            .into_iter()
-            .map(
-                |(group, pending, failed, oldest_pending_secs)| EffectsStatus {
-                    group,
-                    pending,
-                    failed,
-                    oldest_pending_secs,
-                },
-            )
-            .collect())
+        let query = db::sql(self.sql.effects.clone());
+        let rows = on_backend!(self, s => fetch(s.pool(), query).await?);
+        let effects = rows.iter().map(|row| {
+            Ok(EffectsStatus {
+                group: text_not_null(row, 0)?,
+                pending: get(row, 1)?,
+                failed: get(row, 2)?,
+                oldest_pending_secs: get::<Option<f64>>(row, 3)?.map(|s| s.max(0.0)),
+            })
+        });
+        effects
+            .collect::<Result<_, StoreError>>()
+            .map_err(AdminError::from)
     }
 
     /// Dead letters matching `filter`, newest first.
@@ -412,18 +406,13 @@ impl Admin {
     ) -> Result<Vec<DeadLetterRow>, AdminError> {
         let limit = if filter.limit == 0 { 50 } else { filter.limit };
         let since = filter.since.map(|d| d.as_secs_f64());
-        let rows = on_backend!(self, s => {
-            let rows = sqlx::query(self.sql.list.clone())
-                .bind(filter.group.as_deref())
-                .bind(filter.event_type.as_deref())
-                .bind(since)
-                .bind(i64::from(limit))
-                .fetch_all(s.pool())
-                .await
-                .map_err(StoreError::from)?;
-            rows.iter().map(letter_row).collect::<Result<Vec<_>, sqlx::Error>>()
-        });
-        Ok(rows.map_err(StoreError::from)?)
+        let query = db::sql(self.sql.list.clone())
+            .bind(filter.group.as_deref())
+            .bind(filter.event_type.as_deref())
+            .bind(since)
+            .bind(i64::from(limit));
+        let rows = on_backend!(self, s => fetch(s.pool(), query).await?);
+        Ok(rows.iter().map(letter_row).collect::<Result<_, _>>()?)
     }
 
     /// The dead letter `id`: as listed, and as stored (headers, payload).
@@ -431,16 +420,13 @@ impl Admin {
         &self,
         id: i64,
     ) -> Result<(DeadLetterRow, StoredDeadLetter), AdminError> {
-        let row = on_backend!(self, s => {
-            let row = sqlx::query(self.sql.by_id.clone())
-                .bind(id)
-                .fetch_optional(s.pool())
-                .await
-                .map_err(StoreError::from)?;
-            row.as_ref().map(letter_row).transpose()
-        })
-        .map_err(StoreError::from)?
-        .ok_or(AdminError::NotFound(id))?;
+        let query = db::sql(self.sql.by_id.clone()).bind(id);
+        let rows = on_backend!(self, s => fetch(s.pool(), query).await?);
+        let row = rows
+            .first()
+            .map(letter_row)
+            .transpose()?
+            .ok_or(AdminError::NotFound(id))?;
         let stored = on_backend!(self, s => s.load_dead_letter(&row.group, id).await)?
             .ok_or(AdminError::NotFound(id))?;
         Ok((row, stored))
@@ -448,12 +434,8 @@ impl Admin {
 
     /// Deletes the dead letter `id`; `false` if there was none.
     pub async fn discard(&self, id: i64) -> Result<bool, AdminError> {
-        let deleted = on_backend!(self, s => sqlx::query(self.sql.discard.clone())
-            .bind(id)
-            .execute(s.pool())
-            .await
-            .map(|r| r.rows_affected()))
-        .map_err(StoreError::from)?;
+        let query = db::sql(self.sql.discard.clone()).bind(id);
+        let deleted = on_backend!(self, s => execute(s.pool(), query).await?);
         Ok(deleted > 0)
     }
 
@@ -487,13 +469,8 @@ impl Admin {
     /// `key` (and `topic`, when given), or every parked row when `key` is `None`. Returns how
     /// many rows.
     pub async fn unpark(&self, key: Option<&str>, topic: Option<&str>) -> Result<u64, AdminError> {
-        let n = on_backend!(self, s => sqlx::query(self.sql.unpark.clone())
-            .bind(key)
-            .bind(topic)
-            .execute(s.pool())
-            .await
-            .map(|r| r.rows_affected()))
-        .map_err(StoreError::from)?;
+        let query = db::sql(self.sql.unpark.clone()).bind(key).bind(topic);
+        let n = on_backend!(self, s => execute(s.pool(), query).await?);
         Ok(n)
     }
 
@@ -516,6 +493,13 @@ impl Admin {
                     .purge(&retention)
                     .await?,
             },
+            #[cfg(feature = "mysql")]
+            Backend::MySql(s) => Purged {
+                inbox: purge_inbox(s, &retention).await?,
+                outbox: MySqlRelayStore::new(s.pool().clone(), s.tables())
+                    .purge(&retention)
+                    .await?,
+            },
         };
         Ok(purged)
     }
@@ -528,25 +512,89 @@ async fn purge_inbox<S: InboxStore>(store: &S, retention: &Retention) -> Result<
     .await
 }
 
-fn letter_row<R: Row>(row: &R) -> Result<DeadLetterRow, sqlx::Error>
-where
-    usize: sqlx::ColumnIndex<R>,
-    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> i32: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    for<'r> Option<String>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
+/// The URL schemes [`Admin::connect`] takes, for its error.
+#[cfg(all(feature = "sqlite", feature = "mysql"))]
+const SCHEMES: &str = "`postgres://`, `sqlite:` or `mysql://`";
+#[cfg(all(feature = "sqlite", not(feature = "mysql")))]
+const SCHEMES: &str = "`postgres://` or `sqlite:`";
+#[cfg(all(not(feature = "sqlite"), feature = "mysql"))]
+const SCHEMES: &str = "`postgres://` or `mysql://`";
+#[cfg(not(any(feature = "sqlite", feature = "mysql")))]
+const SCHEMES: &str = "`postgres://`";
+
+/// The rows of `query`, on a connection of `pool`.
+async fn fetch<D: Db>(pool: &sqlx::Pool<D>, query: db::Sql) -> Result<Vec<db::Row>, StoreError> {
+    let mut conn = pool.acquire().await?;
+    Ok(query.fetch_all(&mut conn).await?)
+}
+
+/// Runs `query` on a connection of `pool`; the rows it changed.
+async fn execute<D: Db>(pool: &sqlx::Pool<D>, query: db::Sql) -> Result<u64, StoreError> {
+    let mut conn = pool.acquire().await?;
+    Ok(query.execute(&mut conn).await?)
+}
+
+/// Column `index` of `row`.
+fn get<T: db::FromColumn>(row: &db::Row, index: usize) -> Result<T, StoreError> {
+    Ok(row.get(index)?)
+}
+
+/// Column `index` of `row` as text: MySQL reports its binary-collated text columns (and the
+/// `varbinary` keys) as bytes.
+fn text(row: &db::Row, index: usize) -> Result<Option<String>, StoreError> {
+    match row.get::<Option<String>>(index) {
+        Ok(text) => Ok(text),
+        Err(e) => match row.get::<Option<Vec<u8>>>(index) {
+            Ok(bytes) => Ok(bytes.map(|b| String::from_utf8_lossy(&b).into_owned())),
+            Err(_) => Err(e.into()),
+        },
+    }
+}
+
+/// Column `index` of `row` as text, not `NULL`.
+fn text_not_null(row: &db::Row, index: usize) -> Result<String, StoreError> {
+    text(row, index)?.ok_or_else(|| {
+        StoreError::from(sqlx::Error::ColumnDecode {
+            index: index.to_string(),
+            source: "unexpected NULL".into(),
+        })
+    })
+}
+
+fn group_row(row: &db::Row) -> Result<GroupStatus, StoreError> {
+    Ok(GroupStatus {
+        group: text_not_null(row, 0)?,
+        inbox_rows: get(row, 1)?,
+        processed_last_minute: get(row, 2)?,
+        dead_letters: get(row, 3)?,
+        dead_letters_pending: get(row, 4)?,
+    })
+}
+
+/// A row of the parked-keys query: topic, key, rows, last error, parked at, rows held.
+fn parked_key_row(row: &db::Row) -> Result<ParkedKey, StoreError> {
+    Ok(ParkedKey {
+        topic: text_not_null(row, 0)?,
+        key: text(row, 1)?,
+        rows: get(row, 2)?,
+        last_error: text(row, 3)?,
+        parked_at: text(row, 4)?,
+        held: get(row, 5)?,
+    })
+}
+
+fn letter_row(row: &db::Row) -> Result<DeadLetterRow, StoreError> {
     Ok(DeadLetterRow {
-        id: row.try_get(0)?,
-        group: row.try_get(1)?,
-        event_id: row.try_get(2)?,
-        event_type: row.try_get(3)?,
-        topic: row.try_get(4)?,
-        partition: row.try_get(5)?,
-        offset: row.try_get(6)?,
-        attempts: row.try_get(7)?,
-        error: row.try_get(8)?,
-        dead_lettered_at: row.try_get::<Option<String>, _>(9)?.unwrap_or_default(),
-        replayed_at: row.try_get(10)?,
+        id: get(row, 0)?,
+        group: text_not_null(row, 1)?,
+        event_id: text(row, 2)?,
+        event_type: text(row, 3)?,
+        topic: text_not_null(row, 4)?,
+        partition: get(row, 5)?,
+        offset: get(row, 6)?,
+        attempts: get(row, 7)?,
+        error: text_not_null(row, 8)?,
+        dead_lettered_at: text(row, 9)?.unwrap_or_default(),
+        replayed_at: text(row, 10)?,
     })
 }

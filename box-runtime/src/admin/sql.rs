@@ -1,5 +1,8 @@
 //! The statements of [`Admin`](super::Admin), rendered once from the table names for one
-//! backend.
+//! backend. They are written once, in what the three stores all accept (`count(CASE ..)`
+//! rather than `count(*) FILTER (..)`, `$n` placeholders, double-quoted names), and run
+//! through [`crate::db::sql`], which rewrites them for MySQL (`?`, each value bound where its
+//! placeholder stands; backticks).
 
 use crate::store::sql::{stmt, Stmt};
 use crate::store::Tables;
@@ -15,6 +18,10 @@ pub(super) struct Flavor {
     age: fn(&str) -> String,
     /// The time `expr` as `YYYY-MM-DDTHH:MM:SSZ` text.
     text: fn(&str) -> String,
+    /// The integer type of a `CAST`.
+    int: &'static str,
+    /// The statement with its double-quoted names quoted as the backend quotes them.
+    names: fn(String) -> String,
 }
 
 pub(super) const POSTGRES: Flavor = Flavor {
@@ -22,6 +29,8 @@ pub(super) const POSTGRES: Flavor = Flavor {
     ago: |secs| format!("now() - make_interval(secs => {secs})"),
     age: |expr| format!("CAST(extract(epoch FROM now() - {expr}) AS float8)"),
     text: |expr| format!("to_char({expr} AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')"),
+    int: "bigint",
+    names: |sql| sql,
 };
 
 #[cfg(feature = "sqlite")]
@@ -30,6 +39,20 @@ pub(super) const SQLITE: Flavor = Flavor {
     ago: |secs| format!("strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%f seconds', {secs}))"),
     age: |expr| format!("((julianday('now') - julianday({expr})) * 86400.0)"),
     text: |expr| format!("strftime('%Y-%m-%dT%H:%M:%SZ', {expr})"),
+    int: "bigint",
+    names: |sql| sql,
+};
+
+/// Times are UTC `DATETIME(6)` (sqlx sets the session's time zone to `+00:00`).
+#[cfg(feature = "mysql")]
+pub(super) const MYSQL: Flavor = Flavor {
+    now: crate::mysql::NOW,
+    ago: |secs| format!("(NOW(6) - INTERVAL ROUND(({secs}) * 1000000) MICROSECOND)"),
+    age: |expr| format!("(TIMESTAMPDIFF(MICROSECOND, {expr}, NOW(6)) / 1e6)"),
+    text: |expr| format!("DATE_FORMAT({expr}, '%Y-%m-%dT%H:%i:%sZ')"),
+    int: "SIGNED",
+    // No statement here holds a string literal with a double quote (see `mysql::adapt`).
+    names: |sql| sql.replace('"', "`"),
 };
 
 /// Rows of the parked-keys list at most.
@@ -44,27 +67,26 @@ pub(super) struct AdminSql {
     pub(super) by_id: Stmt,
     pub(super) discard: Stmt,
     pub(super) unpark: Stmt,
+    pub(super) effects: Stmt,
 }
 
 impl AdminSql {
     pub(super) fn new(t: &Tables, f: Flavor) -> Self {
-        let letter_columns = format!(
-            "id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", attempts, \
-             error, {} AS dead_lettered_at, {} AS replayed_at",
-            (f.text)("dead_lettered_at"),
-            (f.text)("replayed_at"),
-        );
+        let q = |sql: String| stmt((f.names)(sql));
+        let letter_columns = letter_columns(f);
         let due = format!("(due_at IS NULL OR due_at <= {})", f.now);
+        let int = f.int;
         Self {
             // Inbox rows and dead letters per group (a group may have either alone).
-            groups: stmt(format!(
-                "SELECT g, CAST(sum(n) AS bigint), CAST(sum(recent) AS bigint), \
-                   CAST(sum(dead) AS bigint), CAST(sum(pending) AS bigint) FROM (\
+            groups: q(format!(
+                "SELECT g, CAST(sum(n) AS {int}), CAST(sum(recent) AS {int}), \
+                   CAST(sum(dead) AS {int}), CAST(sum(pending) AS {int}) FROM (\
                    SELECT consumer_group AS g, count(*) AS n, \
-                     count(*) FILTER (WHERE processed_at >= {minute}) AS recent, 0 AS dead, 0 AS pending \
+                     count(CASE WHEN processed_at >= {minute} THEN 1 END) AS recent, 0 AS dead, \
+                     0 AS pending \
                    FROM {inbox} GROUP BY consumer_group \
                    UNION ALL \
-                   SELECT consumer_group, 0, 0, count(*), count(*) FILTER (WHERE replayed_at IS NULL) \
+                   SELECT consumer_group, 0, 0, count(*), count(CASE WHEN replayed_at IS NULL THEN 1 END) \
                    FROM {dead} GROUP BY consumer_group) AS s \
                  GROUP BY g ORDER BY g",
                 minute = (f.ago)("60"),
@@ -74,24 +96,24 @@ impl AdminSql {
             // The fourth column: rows held behind a parked row of their key. Rows scheduled
             // for later (`due_at` ahead) are counted apart (the last column); a due scheduled
             // row's age runs from its due time.
-            outbox: stmt(format!(
-                "SELECT count(*) FILTER (WHERE parked_at IS NULL AND {due}), \
-                   {oldest}, count(*) FILTER (WHERE parked_at IS NOT NULL), \
+            outbox: q(format!(
+                "SELECT count(CASE WHEN parked_at IS NULL AND {due} THEN 1 END), \
+                   {oldest}, count(CASE WHEN parked_at IS NOT NULL THEN 1 END), \
                    (SELECT count(*) FROM {outbox} h JOIN (\
                       SELECT topic, message_key, min(seq) AS first FROM {outbox} \
                       WHERE parked_at IS NOT NULL AND published_at IS NULL \
                         AND message_key IS NOT NULL GROUP BY topic, message_key) AS p \
                     ON h.topic = p.topic AND h.message_key = p.message_key AND h.seq > p.first \
                     WHERE h.published_at IS NULL AND h.parked_at IS NULL), \
-                   count(*) FILTER (WHERE parked_at IS NULL AND NOT {due}) \
+                   count(CASE WHEN parked_at IS NULL AND NOT {due} THEN 1 END) \
                  FROM {outbox} WHERE published_at IS NULL",
                 oldest = (f.age)(&format!(
-                    "min(coalesce(due_at, created_at)) FILTER (WHERE parked_at IS NULL AND {due})"
+                    "min(CASE WHEN parked_at IS NULL AND {due} THEN coalesce(due_at, created_at) END)"
                 )),
                 outbox = t.outbox,
             )),
             // The error of each parked key's latest parked row, and the rows it holds.
-            parked_keys: stmt(format!(
+            parked_keys: q(format!(
                 "SELECT p.topic, p.message_key, p.n, o.last_error, {parked}, \
                    (SELECT count(*) FROM {outbox} h WHERE h.topic = p.topic \
                       AND h.message_key = p.message_key AND h.seq > p.first \
@@ -104,7 +126,7 @@ impl AdminSql {
                 parked = (f.text)("o.parked_at"),
                 outbox = t.outbox,
             )),
-            list: stmt(format!(
+            list: q(format!(
                 "SELECT {letter_columns} FROM {dead} \
                  WHERE ($1 IS NULL OR consumer_group = $1) AND ($2 IS NULL OR event_type = $2) \
                    AND ($3 IS NULL OR dead_lettered_at >= {since}) \
@@ -112,19 +134,40 @@ impl AdminSql {
                 dead = t.dead_letters,
                 since = (f.ago)("$3"),
             )),
-            by_id: stmt(format!(
+            by_id: q(format!(
                 "SELECT {letter_columns} FROM {} WHERE id = $1",
                 t.dead_letters
             )),
-            discard: stmt(format!("DELETE FROM {} WHERE id = $1", t.dead_letters)),
+            discard: q(format!("DELETE FROM {} WHERE id = $1", t.dead_letters)),
             // Back to the retry path, due now, with a fresh count of attempts.
-            unpark: stmt(format!(
+            unpark: q(format!(
                 "UPDATE {outbox} SET parked_at = NULL, attempts = 0, next_attempt_at = {now} \
                  WHERE parked_at IS NOT NULL AND published_at IS NULL \
                    AND ($1 IS NULL OR message_key = $1) AND ($2 IS NULL OR topic = $2)",
                 outbox = t.outbox,
                 now = f.now,
             )),
+            effects: effects(t, f),
         }
     }
+}
+
+/// The columns of a listed dead letter, its times as text.
+fn letter_columns(f: Flavor) -> String {
+    format!(
+        "id, consumer_group, event_id, event_type, topic, \"partition\", \"offset\", attempts, \
+         error, {} AS dead_lettered_at, {} AS replayed_at",
+        (f.text)("dead_lettered_at"),
+        (f.text)("replayed_at"),
+    )
+}
+
+/// Every group's effects not done: pending, failed at least once, the oldest's age.
+fn effects(t: &Tables, f: Flavor) -> Stmt {
+    stmt((f.names)(format!(
+        "SELECT consumer_group, count(*), count(CASE WHEN attempts > 0 THEN 1 END), {oldest} \
+         FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group",
+        oldest = (f.age)("min(created_at)"),
+        effects = t.effects,
+    )))
 }

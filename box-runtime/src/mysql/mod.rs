@@ -116,7 +116,7 @@ impl Migrator for MySql8 {
         // lock `MySqlStore::migrate` takes; `BEGIN` only groups the records.
         let mut statements = Vec::new();
         if let Some(schema) = tables.schema() {
-            statements.push(format!("CREATE DATABASE IF NOT EXISTS {schema}"));
+            statements.push(adapt(&format!("CREATE DATABASE IF NOT EXISTS {schema}")));
         }
         // Inbox migration 2 alters the inbox only where `information_schema` shows the change
         // missing (MySQL 8.0 has no `ADD COLUMN IF NOT EXISTS`): the names it looks for. Both

@@ -51,7 +51,6 @@ enum Which {
     Schedule,
     Count,
     PurgeDone,
-    ByGroup,
 }
 
 fn rendered(which: Which, effects: &str) -> Stmt {
@@ -71,17 +70,9 @@ fn rendered(which: Which, effects: &str) -> Stmt {
             "DELETE FROM {effects} WHERE id IN (SELECT id FROM {effects} \
                WHERE done_at < now() - make_interval(secs => $1) ORDER BY done_at LIMIT $2)"
         ),
-        Which::ByGroup => format!(
-            "SELECT consumer_group, count(*), count(*) FILTER (WHERE attempts > 0), \
-               CAST(extract(epoch FROM now() - min(created_at)) AS float8) \
-             FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
-        ),
     }
     })
 }
-
-/// One line of `inoutbox status`'s effects: group, pending, failed, age of the oldest pending.
-pub(crate) type EffectsOfGroup = (String, i64, i64, Option<f64>);
 
 impl PgStore {
     pub(super) async fn count_effect_rows(&self, group: &str) -> Result<EffectCounts, StoreError> {
@@ -111,18 +102,6 @@ impl PgStore {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected())
-    }
-
-    /// Every group's effects not done, by group: for `inoutbox status`.
-    pub(crate) async fn effects_by_group(&self) -> Result<Vec<EffectsOfGroup>, StoreError> {
-        let rows: Vec<EffectsOfGroup> =
-            sqlx::query_as(rendered(Which::ByGroup, &self.tables().effects.to_string()))
-                .fetch_all(&self.pool)
-                .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(g, pending, failed, oldest)| (g, pending, failed, oldest.map(|s| s.max(0.0))))
-            .collect())
     }
 }
 

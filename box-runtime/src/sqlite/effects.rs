@@ -50,7 +50,6 @@ enum Which {
     Failed,
     Count,
     PurgeDone,
-    ByGroup,
 }
 
 /// Seconds since the oldest `created_at` of the rows counted.
@@ -93,16 +92,9 @@ fn rendered(which: Which, effects: &str) -> Stmt {
                WHERE done_at IS NOT NULL AND done_at < {ago} ORDER BY done_at LIMIT $2)",
             ago = (super::DIALECT.ago)("$1"),
         ),
-        Which::ByGroup => format!(
-            "SELECT consumer_group, count(*), {failed}, {OLDEST_AGE} \
-             FROM {effects} WHERE done_at IS NULL GROUP BY consumer_group ORDER BY consumer_group"
-        ),
     }
     })
 }
-
-/// One line of `inoutbox status`'s effects: group, pending, failed, age of the oldest pending.
-pub(crate) type EffectsOfGroup = (String, i64, i64, Option<f64>);
 
 impl SqliteStore {
     fn effects_sql(&self, which: Which) -> Stmt {
@@ -187,16 +179,5 @@ impl SqliteStore {
             .execute(&self.pool)
             .await?;
         Ok(done.rows_affected())
-    }
-
-    /// Every group's effects not done, by group: for `inoutbox status`.
-    pub(crate) async fn effects_by_group(&self) -> Result<Vec<EffectsOfGroup>, StoreError> {
-        let rows: Vec<EffectsOfGroup> = sqlx::query_as(self.effects_sql(Which::ByGroup))
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|(g, pending, failed, oldest)| (g, pending, failed, oldest.map(|s| s.max(0.0))))
-            .collect())
     }
 }

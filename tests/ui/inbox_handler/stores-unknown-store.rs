@@ -7,7 +7,7 @@ pub struct OrderCreated {
     pub order_id: i64,
 }
 
-#[inbox_handler(event = "OrderCreated", group = "billing", stores(postgres, mysql))]
+#[inbox_handler(event = "OrderCreated", group = "billing", stores(postgres, mysq))]
 async fn create_invoice<D: Db>(_event: OrderCreated, _tx: &mut Tx<'_, D>) -> Result<(), HandlerError> {
     Ok(())
 }
