@@ -151,7 +151,8 @@ async fn inbox_migration_2_runs_again_after_a_crash_half_way() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_claim_whose_rows_meet_each_other_keeps_its_own_row_new() {
     use inoutbox::store::{Claim, ClaimRequest, InboxKey, InboxStore};
-    let store = store("mybatchkey").await;
+    let kit = MySqlKit::new("mybatchkey").await;
+    let store = kit.store();
     let key = |event_id: &str, business_key: Option<&str>| InboxKey {
         group: "my-batch".to_owned(),
         source: "s".to_owned(),
@@ -203,9 +204,6 @@ async fn a_batch_claim_whose_rows_meet_each_other_keeps_its_own_row_new() {
     let batch = [key("d", Some("Order:2")), key("e", Some("Order:2"))];
     let expected = [Claim::New { attempts: 0 }, Claim::DuplicateBusinessKey];
     assert_eq!(claim(&batch).await, expected);
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM inoutbox_inbox")
-        .fetch_one(store.pool())
-        .await
-        .expect("count");
+    let rows = kit.count("SELECT count(*) FROM inoutbox_inbox").await;
     assert_eq!(rows, 4, "old, a, c, d");
 }

@@ -68,11 +68,7 @@ impl MySqlStore {
         requests: &[ClaimRequest<'_>],
     ) -> Result<HashMap<(String, String), i64>, StoreError> {
         // Two tokens of this claim's own, never 1 or 2 (bit 40 set, or negative).
-        let random = i64::from_ne_bytes(
-            uuid::Uuid::new_v4().as_bytes()[..8]
-                .try_into()
-                .expect("8 bytes"),
-        );
+        let random = super::claim_token();
         let tokens = ((random | (1 << 40)) & !1, (random | (1 << 40)) | 1);
         let affected = self.insert_rows(tx, requests, tokens).await?;
         if affected == requests.len() as u64 {
