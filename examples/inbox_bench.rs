@@ -43,7 +43,16 @@
 //!
 //! Throughput is measured from the first processed message to the last (group joins excluded):
 //! msgs/s = (messages - 1) / (last - first). PostgreSQL rows live in a fresh schema, dropped at
-//! the end.
+//! the end. `--backlog 0` leaves out the backlog's drain.
+//!
+//! With `DATABASE_URL=mysql://root@127.0.0.1:3306/test` (feature `mysql`: `cargo run --release
+//! --all-features --example inbox_bench`) the same runs go to MySQL/MariaDB, in a database of
+//! the bench's own created on that server and dropped at the end (the `billing` runs in one more
+//! of their own): A (`BEGIN`, an insert of the message's `ce_id` into a dedup table, the
+//! invoice's insert, `COMMIT`, then the offset commit), B, C, D and the `billing` example
+//! (which picks its MySQL handler from the URL), on the pool `MySqlStore::connect` makes (10
+//! connections), shared by A and inoutbox alike. K, E, F, the latency part, `--db-latency-ms` and
+//! `--payload-bytes` are PostgreSQL's only.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -172,6 +181,225 @@ mod on_sqlite {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// The runs on MySQL/MariaDB (`DATABASE_URL=mysql://...`, feature `mysql`): A, B, C, D and the
+/// `billing` example, in a database of the bench's own (dropped at the end).
+#[cfg(feature = "mysql")]
+mod on_mysql {
+    use inoutbox::prelude::*;
+    use inoutbox::{AckStrategy, MySqlStore, MySqlTx};
+    use uuid::Uuid;
+
+    use super::common::MySqlDatabase;
+    use super::{
+        handwritten, inbox_consumer, print_billing, print_table, produce, run_billing, selected,
+        start_broker, BoxError, Broker, Measured, OrderCreated, GROUP,
+    };
+
+    #[inbox_handler(event = "OrderCreated", group = "bench")]
+    async fn invoice(event: OrderCreated, tx: &mut MySqlTx<'_>) -> Result<(), HandlerError> {
+        sqlx::query(INSERT_INVOICE)
+            .bind(event.order_id.to_string())
+            .bind(event.total_cents)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    const INSERT_INVOICE: &str = "INSERT INTO bench_invoices (order_id, total_cents) VALUES (?, ?)";
+
+    /// The invoices (no unique constraint: every run adds one row per message) and the
+    /// hand-written consumer's dedup table.
+    const TABLES: &str = "CREATE TABLE bench_invoices (
+        id bigint AUTO_INCREMENT PRIMARY KEY,
+        order_id varchar(36) NOT NULL,
+        total_cents bigint NOT NULL,
+        created_at datetime(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6));
+        CREATE TABLE bench_seen (event_id varchar(255) PRIMARY KEY)";
+
+    /// Every run on a database of its own, dropped whatever happens.
+    pub async fn bench(
+        url: &str,
+        events: usize,
+        partitions: i32,
+        backlog: usize,
+    ) -> Result<(), BoxError> {
+        let db = MySqlDatabase::create(url, "inoutbox_inbox_bench").await?;
+        let result = runs(url, &db, events, partitions, backlog).await;
+        db.remove().await?;
+        result
+    }
+
+    async fn runs(
+        url: &str,
+        db: &MySqlDatabase,
+        events: usize,
+        partitions: i32,
+        backlog: usize,
+    ) -> Result<(), BoxError> {
+        let store = MySqlStore::connect(&db.url).await?;
+        sqlx::raw_sql(TABLES).execute(store.pool()).await?;
+        store.migrate().await?;
+        let topic = format!(
+            "inoutbox-inbox-bench-{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        let broker = start_broker(&topic, partitions).await?;
+        let produced = produce(&broker.brokers, &topic, events).await?;
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(store.pool())
+            .await?;
+        println!(
+            "inbox bench: {events} messages on {partitions} partitions ({}, topic {topic}), \
+             produced in {:.2} s; MySQL/MariaDB {version}, database {}; {} cores",
+            broker.kind(),
+            produced.as_secs_f64(),
+            db.name,
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        let mut runs = Vec::new();
+        if selected("A") {
+            runs.push(handwritten_mysql(&broker, &topic, &store, events, partitions).await?);
+        }
+        runs.extend(inbox_runs(&broker, &topic, &store, events).await?);
+        print_table(&runs);
+        print_check(&store, events, runs.len()).await?;
+        if selected("G") {
+            let baseline = runs.first().map_or(1.0, Measured::rate);
+            let blackbox = async |n, parts| billing(url, &broker, n, parts).await;
+            print_billing(blackbox, events, partitions, backlog, baseline).await?;
+        }
+        store.pool().close().await;
+        Ok(())
+    }
+
+    /// Baseline A on MySQL: each message `BEGIN`, an insert of its event id into a dedup
+    /// table, the invoice's insert, `COMMIT`.
+    async fn handwritten_mysql(
+        broker: &Broker,
+        topic: &str,
+        store: &MySqlStore,
+        events: usize,
+        lanes: i32,
+    ) -> Result<Measured, BoxError> {
+        let pool = store.pool().clone();
+        let write = move |event_id: String, event: OrderCreated| {
+            let pool = pool.clone();
+            async move {
+                let mut tx = pool.begin().await?;
+                sqlx::query("INSERT INTO bench_seen (event_id) VALUES (?)")
+                    .bind(event_id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(INSERT_INVOICE)
+                    .bind(event.order_id.to_string())
+                    .bind(event.total_cents)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(())
+            }
+        };
+        handwritten(broker, topic, events, lanes, write).await
+    }
+
+    /// Runs B, C and D on MySQL: batched, unbatched (on inbox tables of its own), without the
+    /// inbox.
+    async fn inbox_runs(
+        broker: &Broker,
+        topic: &str,
+        store: &MySqlStore,
+        events: usize,
+    ) -> Result<Vec<Measured>, BoxError> {
+        let runs_of = [
+            (
+                "B inoutbox batched, partition order",
+                "",
+                AckStrategy::ExactlyOnceInbox,
+                500,
+            ),
+            (
+                "C inoutbox unbatched (inbox)",
+                "c",
+                AckStrategy::ExactlyOnceInbox,
+                1,
+            ),
+            (
+                "D inoutbox at least once (OnSuccess)",
+                "",
+                AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
+                500,
+            ),
+        ];
+        let mut runs = Vec::new();
+        for (name, prefix, ack, max_batch) in runs_of {
+            if !selected(&name[..1]) {
+                continue;
+            }
+            let store = match prefix {
+                "" => store.clone(),
+                prefix => {
+                    let tables = store
+                        .tables()
+                        .clone()
+                        .inbox(&format!("{prefix}_inbox"))?
+                        .attempts(&format!("{prefix}_attempts"))?
+                        .dead_letters(&format!("{prefix}_dead_letters"))?
+                        .outbox(&format!("{prefix}_outbox"))?
+                        .migrations(&format!("{prefix}_migrations"))?;
+                    let apart = MySqlStore::with_tables(store.pool().clone(), tables);
+                    apart.migrate().await?;
+                    apart
+                }
+            };
+            let ordering = inoutbox::inbox::Ordering::Partition;
+            let run = inbox_consumer(
+                GROUP, name, broker, topic, store, ack, max_batch, ordering, events,
+            );
+            runs.push(run.await?);
+        }
+        Ok(runs)
+    }
+
+    /// The rows the runs left: one invoice per message and run, one inbox row per message
+    /// (B's), one dedup row per message (A's).
+    async fn print_check(store: &MySqlStore, events: usize, runs: usize) -> Result<(), BoxError> {
+        let count = async |sql: &str| -> Result<i64, BoxError> {
+            Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(store.pool())
+                .await?)
+        };
+        let invoices = count("SELECT count(*) FROM bench_invoices").await?;
+        let seen = count("SELECT count(*) FROM bench_seen").await?;
+        let inbox = count("SELECT count(*) FROM inoutbox_inbox").await?;
+        println!(
+            "\ncheck: MySQL bench_invoices = {invoices} (expected {}: {runs} runs), \
+             bench_seen = {seen} (A, expected {events}), inbox rows = {inbox} (B, expected {events})",
+            runs * events
+        );
+        Ok(())
+    }
+
+    /// The `billing` example on a database of its own (see [`run_billing`]).
+    async fn billing(
+        url: &str,
+        broker: &Broker,
+        events: usize,
+        partitions: i32,
+    ) -> Result<(f64, u64), BoxError> {
+        let db = MySqlDatabase::create(url, "inoutbox_billing_bench").await?;
+        let count_sql = format!("SELECT count(*) FROM `{}`.invoices", db.name);
+        let count = async || -> i64 {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(count_sql.as_str()))
+                .fetch_one(db.admin())
+                .await
+                .unwrap_or(0)
+        };
+        let result = run_billing(broker, events, partitions, &db.url, count).await;
+        db.remove().await?;
+        result
     }
 }
 
@@ -340,15 +568,46 @@ impl Measured {
     }
 }
 
-/// Baseline A: a hand-written consumer, one lane per partition, each message `BEGIN; INSERT;
-/// COMMIT` and then its offset committed (asynchronously), the way one writes it by hand.
-async fn handwritten(
+/// Baseline A on PostgreSQL: each message `BEGIN; INSERT; COMMIT`, see [`handwritten`].
+async fn handwritten_postgres(
     broker: &Broker,
     topic: &str,
     pool: &PgPool,
     events: usize,
     lanes: i32,
 ) -> Result<Measured, BoxError> {
+    let pool = pool.clone();
+    let write = move |_event_id: String, event: OrderCreated| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = pool.begin().await?;
+            sqlx::query(INSERT_INVOICE)
+                .bind(event.order_id)
+                .bind(event.total_cents)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    };
+    handwritten(broker, topic, events, lanes, write).await
+}
+
+/// Baseline A: a hand-written consumer, one lane per partition, each message written by `write`
+/// (its `ce_id` and event: one transaction) and then its offset committed (asynchronously),
+/// the way one writes it by hand.
+async fn handwritten<W, F>(
+    broker: &Broker,
+    topic: &str,
+    events: usize,
+    lanes: i32,
+    write: W,
+) -> Result<Measured, BoxError>
+where
+    W: Fn(String, OrderCreated) -> F + Clone + Send + 'static,
+    F: std::future::Future<Output = Result<(), BoxError>> + Send,
+{
+    use rdkafka::message::Headers as _;
     let started = Instant::now();
     let mut config = rdkafka::ClientConfig::new();
     config
@@ -365,20 +624,13 @@ async fn handwritten(
     let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, Instant)>();
     let mut lane_tx = HashMap::new();
     for lane in 0..lanes {
-        let (tx, mut rx) = mpsc::channel::<(String, i32, i64, Vec<u8>)>(1000);
+        let (tx, mut rx) = mpsc::channel::<(String, i32, i64, String, Vec<u8>)>(1000);
         lane_tx.insert(lane, tx);
-        let (pool, consumer, done_tx) = (pool.clone(), consumer.clone(), done_tx.clone());
+        let (write, consumer, done_tx) = (write.clone(), consumer.clone(), done_tx.clone());
         tokio::spawn(async move {
-            while let Some((topic, partition, offset, payload)) = rx.recv().await {
+            while let Some((topic, partition, offset, event_id, payload)) = rx.recv().await {
                 let event: OrderCreated = serde_json::from_slice(&payload).expect("json");
-                let mut tx = pool.begin().await.expect("begin");
-                sqlx::query(INSERT_INVOICE)
-                    .bind(event.order_id)
-                    .bind(event.total_cents)
-                    .execute(&mut *tx)
-                    .await
-                    .expect("insert");
-                tx.commit().await.expect("commit");
+                write(event_id, event).await.expect("write");
                 let mut tpl = rdkafka::TopicPartitionList::new();
                 let _ = tpl.add_partition_offset(
                     &topic,
@@ -398,7 +650,14 @@ async fn handwritten(
                 let m = m?;
                 let lane = m.partition() % lanes;
                 let payload = m.payload().unwrap_or_default().to_vec();
-                lane_tx[&lane].send((m.topic().to_owned(), m.partition(), m.offset(), payload)).await?;
+                let event_id = m
+                    .headers()
+                    .and_then(|h| h.iter().find(|h| h.key == "ce_id"))
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default();
+                let lane_message = (m.topic().to_owned(), m.partition(), m.offset(), event_id, payload);
+                lane_tx[&lane].send(lane_message).await?;
                 received += 1;
             }
             c = done.recv() => completions.push(c.ok_or("lanes ended")?),
@@ -905,18 +1164,9 @@ async fn billing_blackbox(
     events: usize,
     partitions: i32,
 ) -> Result<(f64, u64), BoxError> {
-    let exe = std::env::current_exe()?.with_file_name("billing");
-    if !exe.exists() {
-        return Err(format!(
-            "{} is missing: run cargo build --release --examples",
-            exe.display()
-        )
-        .into());
-    }
-    let suffix = &Uuid::new_v4().simple().to_string()[..8];
-    let (schema, topic) = (
-        format!("inoutbox_billing_bench_{suffix}"),
-        format!("inoutbox-billing-bench-{suffix}"),
+    let schema = format!(
+        "inoutbox_billing_bench_{}",
+        &Uuid::new_v4().simple().to_string()[..8]
     );
     let admin = PgPoolOptions::new()
         .max_connections(1)
@@ -925,29 +1175,16 @@ async fn billing_blackbox(
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&admin)
         .await?;
-    match &broker.in_process {
-        Some(kafka) => kafka.create_topic(&topic, partitions)?,
-        None => create_topic(&broker.brokers, &topic, partitions).await?,
-    }
-    produce(&broker.brokers, &topic, events).await?;
     let sep = if database_url.contains('?') { '&' } else { '?' };
     let url = format!("{database_url}{sep}options=-c%20search_path%3D{schema}");
-    let mut child = std::process::Command::new(&exe)
-        .args([
-            // The group is billing's own (`--group` names its handlers' group); the topic is
-            // new, so nothing is committed for it yet.
-            "--topic", &topic,
-        ])
-        .env("DATABASE_URL", &url)
-        .env("KAFKA_BROKERS", &broker.brokers)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
-    let result = watch_billing(&admin, &schema, child.id(), events).await;
-    let _ = std::process::Command::new("kill")
-        .arg(child.id().to_string())
-        .status();
-    let _ = child.wait();
+    let count_sql = format!("SELECT count(*) FROM \"{schema}\".invoices");
+    let count = async || -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(count_sql.as_str()))
+            .fetch_one(&admin)
+            .await
+            .unwrap_or(0)
+    };
+    let result = run_billing(broker, events, partitions, &url, count).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA \"{schema}\" CASCADE"
     )))
@@ -956,20 +1193,61 @@ async fn billing_blackbox(
     result
 }
 
+/// Produces a backlog of `events` onto a fresh topic of `partitions`, then runs the `billing`
+/// example on it with `DATABASE_URL=url` until `count` (its invoices) reaches `events`: its
+/// rate (first to last invoice, polled every 20 ms) and peak RSS.
+async fn run_billing(
+    broker: &Broker,
+    events: usize,
+    partitions: i32,
+    url: &str,
+    count: impl AsyncFnMut() -> i64,
+) -> Result<(f64, u64), BoxError> {
+    let exe = std::env::current_exe()?.with_file_name("billing");
+    if !exe.exists() {
+        return Err(format!(
+            "{} is missing: run cargo build --release --examples",
+            exe.display()
+        )
+        .into());
+    }
+    let topic = format!(
+        "inoutbox-billing-bench-{}",
+        &Uuid::new_v4().simple().to_string()[..8]
+    );
+    match &broker.in_process {
+        Some(kafka) => kafka.create_topic(&topic, partitions)?,
+        None => create_topic(&broker.brokers, &topic, partitions).await?,
+    }
+    produce(&broker.brokers, &topic, events).await?;
+    let mut child = std::process::Command::new(&exe)
+        .args([
+            // The group is billing's own (`--group` names its handlers' group); the topic is
+            // new, so nothing is committed for it yet.
+            "--topic", &topic,
+        ])
+        .env("DATABASE_URL", url)
+        .env("KAFKA_BROKERS", &broker.brokers)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let result = watch_billing(count, child.id(), events).await;
+    let _ = std::process::Command::new("kill")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.wait();
+    result
+}
+
 async fn watch_billing(
-    admin: &PgPool,
-    schema: &str,
+    mut count: impl AsyncFnMut() -> i64,
     pid: u32,
     events: usize,
 ) -> Result<(f64, u64), BoxError> {
-    let count_sql = format!("SELECT count(*) FROM \"{schema}\".invoices");
     let deadline = Instant::now() + Duration::from_secs(600);
     let mut first = None;
     loop {
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count_sql.as_str()))
-            .fetch_one(admin)
-            .await
-            .unwrap_or(0);
+        let n = count().await;
         if n > 0 && first.is_none() {
             first = Some((Instant::now(), n));
         }
@@ -1021,7 +1299,7 @@ async fn bench(
 
     let mut runs = Vec::new();
     if selected("A") {
-        runs.push(handwritten(&broker, &topic, &pool, events, partitions).await?);
+        runs.push(handwritten_postgres(&broker, &topic, &pool, events, partitions).await?);
     }
     runs.extend(postgres_runs(&broker, &topic, &pg, events).await?);
     #[cfg(feature = "sqlite")]
@@ -1038,7 +1316,8 @@ async fn bench(
     }
     if selected("G") {
         let baseline = runs.first().map_or(1.0, Measured::rate);
-        print_billing(database_url, &broker, events, partitions, backlog, baseline).await?;
+        let blackbox = async |n, parts| billing_blackbox(database_url, &broker, n, parts).await;
+        print_billing(blackbox, events, partitions, backlog, baseline).await?;
     }
     pool.close().await;
     Ok(())
@@ -1061,24 +1340,26 @@ async fn print_latency(broker: &Broker, pg: &inoutbox::PgStore) -> Result<(), Bo
     Ok(())
 }
 
-/// The black-box part: the `billing` example on `partitions` and 12 partitions, then draining
-/// a backlog; `baseline` is A's rate.
+/// The black-box part: the `billing` example (run by `blackbox(messages, partitions)`) on
+/// `partitions` and 12 partitions, then draining a backlog; `baseline` is A's rate.
 async fn print_billing(
-    database_url: &str,
-    broker: &Broker,
+    blackbox: impl AsyncFn(usize, i32) -> Result<(f64, u64), BoxError>,
     events: usize,
     partitions: i32,
     backlog: usize,
     baseline: f64,
 ) -> Result<(), BoxError> {
     for parts in [partitions, 12] {
-        let (rate, _) = billing_blackbox(database_url, broker, events, parts).await?;
+        let (rate, _) = blackbox(events, parts).await?;
         println!(
             "billing example (child process), {events} messages on {parts} partitions: {rate:.0} msgs/s ({:.1}x A)",
             rate / baseline
         );
     }
-    let (rate, rss) = billing_blackbox(database_url, broker, backlog, 12).await?;
+    if backlog == 0 {
+        return Ok(());
+    }
+    let (rate, rss) = blackbox(backlog, 12).await?;
     println!(
         "billing example draining a {backlog}-message backlog on 12 partitions: {rate:.0} msgs/s, \
          peak RSS {:.1} MB",
@@ -1134,9 +1415,18 @@ async fn main() -> Result<(), BoxError> {
     }
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
+    if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
+        if latency_ms > 0 || payload_bytes > 0 {
+            return Err("--db-latency-ms and --payload-bytes are PostgreSQL's only".into());
+        }
+        #[cfg(feature = "mysql")]
+        return on_mysql::bench(&database_url, events, partitions, backlog).await;
+        #[cfg(not(feature = "mysql"))]
+        return Err("DATABASE_URL names MySQL: build with `--features mysql`".into());
+    }
     // `--db-latency-ms N`: every connection to PostgreSQL (the baseline's and inoutbox's alike)
     // goes through a proxy that adds N ms each way.
-    let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
     let _proxy;
     let database_url = if latency_ms > 0 {
         let options: sqlx::postgres::PgConnectOptions = database_url.parse()?;

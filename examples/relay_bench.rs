@@ -37,6 +37,13 @@
 //!   slices, medians reported. No relay runs, so the ratio is what the outbox costs the
 //!   writers' own transactions.
 //!
+//! With `DATABASE_URL=mysql://root@127.0.0.1:3306/test` (feature `mysql`: `cargo run --release
+//! --all-features --example relay_bench -- --phases drain ..`) the drain phase runs on
+//! MySQL/MariaDB, in a database of the bench's own created on that server and dropped at the
+//! end, against the same raw produce; the backlog is committed in multi-row inserts of 2 000
+//! rows (one transaction). MySQL's relay store has one slot (`GET_LOCK`): the second relay is a
+//! standby. The other phases are PostgreSQL's only.
+//!
 //! Rows live in a fresh schema (dropped at the end); messages go to topic `inoutbox-bench`
 //! (created with 4 partitions if missing). `--log` prints inoutbox's and sqlx's debug logs
 //! (statements, rebalances).
@@ -234,21 +241,7 @@ impl Schema {
         reports: Option<mpsc::UnboundedSender<RelayReport>>,
     ) -> Running {
         let store = inoutbox::PgStore::with_tables(self.pool.clone(), self.tables.clone());
-        let publisher = producer.into_publisher().expect("producer");
-        let mut relay = Relay::with_store(store.into_relay_store(), publisher, config.clone());
-        if let Some(reports) = reports {
-            relay = relay.reports(reports);
-        }
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let handle = tokio::spawn(async move {
-            relay
-                .run(async move {
-                    let _ = stopped.await;
-                })
-                .await
-                .expect("relay");
-        });
-        Running { stop, handle }
+        spawn_relay(store, config, producer, reports)
     }
 
     async fn exec(&self, sql: &str) -> Result<(), BoxError> {
@@ -267,6 +260,63 @@ impl Schema {
         .execute(&self.admin_pool)
         .await?;
         Ok(())
+    }
+}
+
+/// A relay on `store` publishing with `producer`, running until stopped.
+fn spawn_relay<S: IntoRelayStore>(
+    store: S,
+    config: &RelayConfig,
+    producer: KafkaProducer,
+    reports: Option<mpsc::UnboundedSender<RelayReport>>,
+) -> Running
+where
+    S::Store: 'static,
+{
+    let publisher = producer.into_publisher().expect("producer");
+    let mut relay = Relay::with_store(store.into_relay_store(), publisher, config.clone());
+    if let Some(reports) = reports {
+        relay = relay.reports(reports);
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(async move {
+        relay
+            .run(async move {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("relay");
+    });
+    Running { stop, handle }
+}
+
+/// What the drain phase needs of a database: a backlog, whether rows are left unpublished,
+/// relays.
+trait Drained {
+    /// Empties the outbox, then commits `rows` rows as `enqueue` writes them (one key per
+    /// order).
+    async fn backlog(&self, rows: usize) -> Result<(), BoxError>;
+    /// Whether a row is not yet marked published.
+    async fn unpublished(&self) -> Result<bool, BoxError>;
+    /// A relay on the outbox.
+    fn relay(&self, config: &RelayConfig, producer: KafkaProducer) -> Running;
+}
+
+impl Drained for Schema {
+    async fn backlog(&self, rows: usize) -> Result<(), BoxError> {
+        backlog_on(self, rows, TOPIC).await
+    }
+
+    async fn unpublished(&self) -> Result<bool, BoxError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM inoutbox_outbox WHERE published_at IS NULL)",
+        )
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
+    fn relay(&self, config: &RelayConfig, producer: KafkaProducer) -> Running {
+        self.start_relay(config, producer, None)
     }
 }
 
@@ -363,10 +413,6 @@ async fn raw_throughput(producer: &FutureProducer) -> Result<f64, BoxError> {
 }
 
 /// Commits `rows` outbox rows as `enqueue` writes them (one key per order), in one statement.
-async fn backlog(schema: &Schema, rows: usize) -> Result<(), BoxError> {
-    backlog_on(schema, rows, TOPIC).await
-}
-
 async fn backlog_on(schema: &Schema, rows: usize, topic: &str) -> Result<(), BoxError> {
     schema.exec("TRUNCATE inoutbox_outbox").await?;
     sqlx::query(
@@ -384,23 +430,18 @@ async fn backlog_on(schema: &Schema, rows: usize, topic: &str) -> Result<(), Box
 
 /// Starts `relays` relays on a backlog of `rows`; events/s until every row is marked.
 async fn drain(
-    schema: &Schema,
+    db: &impl Drained,
     settings: &Settings,
     rows: usize,
     relays: usize,
 ) -> Result<f64, BoxError> {
-    backlog(schema, rows).await?;
+    db.backlog(rows).await?;
     let started = Instant::now();
     let running: Vec<Running> = (0..relays)
-        .map(|_| schema.start_relay(&settings.relay_config(), settings.producer(), None))
+        .map(|_| db.relay(&settings.relay_config(), settings.producer()))
         .collect();
     loop {
-        let left: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM inoutbox_outbox WHERE published_at IS NULL)",
-        )
-        .fetch_one(&schema.pool)
-        .await?;
-        if !left {
+        if !db.unpublished().await? {
             break;
         }
         if started.elapsed() > Duration::from_secs(600) {
@@ -652,6 +693,95 @@ async fn read_ids_until_quiet(
     .map_err(Into::into)
 }
 
+/// The drain phase on MySQL/MariaDB (`DATABASE_URL=mysql://...`, feature `mysql`), in a database
+/// of the bench's own (dropped at the end).
+#[cfg(feature = "mysql")]
+mod on_mysql {
+    use inoutbox::kafka::KafkaProducer;
+    use inoutbox::relay::RelayConfig;
+    use inoutbox::MySqlStore;
+    use rdkafka::producer::FutureProducer;
+    use uuid::Uuid;
+
+    use super::common::MySqlDatabase;
+    use super::{drains, spawn_relay, BoxError, Drained, Running, Settings, TOPIC};
+
+    /// Rows of a backlog's multi-row insert.
+    const CHUNK: usize = 2000;
+
+    struct Db {
+        store: MySqlStore,
+    }
+
+    impl Drained for Db {
+        async fn backlog(&self, rows: usize) -> Result<(), BoxError> {
+            let pool = self.store.pool();
+            sqlx::raw_sql("TRUNCATE TABLE inoutbox_outbox")
+                .execute(pool)
+                .await?;
+            let mut tx = pool.begin().await?;
+            for from in (0..rows).step_by(CHUNK) {
+                let n = CHUNK.min(rows - from);
+                let values = vec!["(?, ?, 'OrderCreated', ?, ?, ?, '{}')"; n].join(", ");
+                let insert = format!(
+                    "INSERT INTO inoutbox_outbox \
+                     (id, aggregateid, type, topic, message_key, payload, headers) VALUES {values}"
+                );
+                let mut query = sqlx::query(sqlx::AssertSqlSafe(insert));
+                for _ in 0..n {
+                    let key = Uuid::new_v4().to_string();
+                    let payload = format!(r#"{{"order_id": "{key}", "total_cents": 1200}}"#);
+                    query = query
+                        .bind(Uuid::new_v4().to_string())
+                        .bind(key.clone())
+                        .bind(TOPIC)
+                        .bind(key)
+                        .bind(payload);
+                }
+                query.execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            sqlx::raw_sql("ANALYZE TABLE inoutbox_outbox")
+                .execute(pool)
+                .await?;
+            Ok(())
+        }
+
+        async fn unpublished(&self) -> Result<bool, BoxError> {
+            let left: i64 = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM inoutbox_outbox WHERE published_at IS NULL)",
+            )
+            .fetch_one(self.store.pool())
+            .await?;
+            Ok(left != 0)
+        }
+
+        fn relay(&self, config: &RelayConfig, producer: KafkaProducer) -> Running {
+            spawn_relay(self.store.clone(), config, producer, None)
+        }
+    }
+
+    /// The drain phase (raw produce, then the relay's drains) on a database of its own.
+    pub async fn run(settings: &Settings, producer: &FutureProducer) -> Result<(), BoxError> {
+        let db = MySqlDatabase::create(&settings.database_url, "inoutbox_relay_bench").await?;
+        let result = async {
+            let store = MySqlStore::connect(&db.url).await?;
+            store.migrate().await?;
+            let version: String = sqlx::query_scalar("SELECT VERSION()")
+                .fetch_one(store.pool())
+                .await?;
+            println!("MySQL/MariaDB {version}, database {}", db.name);
+            let drained = Db { store };
+            drains(&drained, settings, producer).await?;
+            drained.store.pool().close().await;
+            Ok::<_, BoxError>(())
+        }
+        .await;
+        db.remove().await?;
+        result
+    }
+}
+
 fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
     println!(
         "\nthroughput (events/s; drain = rows / time until every row is marked published, best run):"
@@ -681,6 +811,14 @@ async fn main() -> Result<(), BoxError> {
     // adds N ms each way.
     let args: Vec<String> = std::env::args().skip(1).collect();
     let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
+    let url = &settings.database_url;
+    let mysql = url.starts_with("mysql://") || url.starts_with("mariadb://");
+    if mysql && (latency_ms > 0 || settings.phases != "drain") {
+        return Err("on MySQL the bench has the drain phase only: pass `--phases drain`".into());
+    }
+    if mysql && !cfg!(feature = "mysql") {
+        return Err("DATABASE_URL names MySQL: build with `--features mysql`".into());
+    }
     let _proxy = if latency_ms > 0 {
         let options: PgConnectOptions = settings.database_url.parse()?;
         let upstream = format!("{}:{}", options.get_host(), options.get_port());
@@ -706,7 +844,6 @@ async fn main() -> Result<(), BoxError> {
             .with_target(false)
             .init();
     }
-    let schema = Schema::create(&settings).await?;
     create_topic(&settings.brokers, TOPIC, PARTITIONS).await?;
     let producer: FutureProducer = settings.producer().client_config().create()?;
     println!(
@@ -720,6 +857,11 @@ async fn main() -> Result<(), BoxError> {
     raw_send(&producer, TOPIC, &event())
         .await?
         .map_err(|(e, _)| e)?; // warm-up: metadata and connections
+    if mysql {
+        #[cfg(feature = "mysql")]
+        return on_mysql::run(&settings, &producer).await;
+    }
+    let schema = Schema::create(&settings).await?;
     if settings.phases.contains("latency") {
         let raw_lat = raw_latency(&producer, &settings).await;
         let relay_lat = relay_latency(&schema, &settings).await?;
@@ -771,7 +913,7 @@ async fn main() -> Result<(), BoxError> {
 }
 
 async fn drains(
-    schema: &Schema,
+    db: &impl Drained,
     settings: &Settings,
     producer: &FutureProducer,
 ) -> Result<(), BoxError> {
@@ -780,8 +922,8 @@ async fn drains(
     for &rows in &settings.sizes {
         let (mut one, mut two) = (0f64, 0f64);
         for _ in 0..settings.rounds.max(1) {
-            let a = drain(schema, settings, rows, 1).await?;
-            let b = drain(schema, settings, rows, 2).await?;
+            let a = drain(db, settings, rows, 1).await?;
+            let b = drain(db, settings, rows, 2).await?;
             println!("  ... {rows} rows: 1 relay {a:.0}/s, 2 relays {b:.0}/s");
             (one, two) = (one.max(a), two.max(b));
         }

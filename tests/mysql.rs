@@ -143,3 +143,67 @@ async fn inbox_migration_2_runs_again_after_a_crash_half_way() {
     );
     assert_eq!(kit.count("SELECT count(*) FROM inoutbox_effects").await, 0);
 }
+
+/// A batch claim whose rows meet each other (a later row with the business key of an earlier
+/// new one, then the event id of that one again) and a row of an earlier claim: the claim's
+/// own row stays its own (`New`), the others are duplicates, and the statement's row count
+/// does not pass the batch off as all new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_claim_whose_rows_meet_each_other_keeps_its_own_row_new() {
+    use inoutbox::store::{Claim, ClaimRequest, InboxKey, InboxStore};
+    let kit = MySqlKit::new("mybatchkey").await;
+    let store = kit.store();
+    let key = |event_id: &str, business_key: Option<&str>| InboxKey {
+        group: "my-batch".to_owned(),
+        source: "s".to_owned(),
+        event_id: event_id.to_owned(),
+        business_key: business_key.map(str::to_owned),
+    };
+    let delivery = |offset| Delivery {
+        topic: "my-batch".into(),
+        partition: 0,
+        offset,
+        key: None,
+        payload: None,
+        headers: Vec::new(),
+    };
+    let claim = async |keys: &[InboxKey]| {
+        let ds: Vec<Delivery> = (0..keys.len() as i64).map(delivery).collect();
+        let requests: Vec<ClaimRequest<'_>> = keys
+            .iter()
+            .zip(&ds)
+            .map(|(key, delivery)| ClaimRequest {
+                key,
+                event_type: "MyLater",
+                delivery,
+            })
+            .collect();
+        let mut tx = store.begin().await.expect("begin");
+        let claims = store.claim_batch(&mut tx, &requests).await.expect("claim");
+        store.commit(tx).await.expect("commit");
+        claims
+    };
+    assert_eq!(
+        claim(&[key("old", None)]).await,
+        [Claim::New { attempts: 0 }]
+    );
+    let batch = [
+        key("a", Some("Order:1")),
+        key("b", Some("Order:1")),
+        key("c", None),
+        key("old", None),
+    ];
+    let expected = [
+        Claim::New { attempts: 0 },
+        Claim::DuplicateBusinessKey,
+        Claim::New { attempts: 0 },
+        Claim::Duplicate,
+    ];
+    assert_eq!(claim(&batch).await, expected);
+    // Only the business key meets (no row of an earlier claim): still not all new.
+    let batch = [key("d", Some("Order:2")), key("e", Some("Order:2"))];
+    let expected = [Claim::New { attempts: 0 }, Claim::DuplicateBusinessKey];
+    assert_eq!(claim(&batch).await, expected);
+    let rows = kit.count("SELECT count(*) FROM inoutbox_inbox").await;
+    assert_eq!(rows, 4, "old, a, c, d");
+}

@@ -142,3 +142,57 @@ pub async fn database_url_in_schema(schema: &str) -> Result<Option<String>, BoxE
         "{url}{sep}options=-c%20search_path%3D{schema}"
     )))
 }
+
+/// A database of a run's own on the MySQL/MariaDB server of a `mysql://` URL: created empty,
+/// dropped by [`MySqlDatabase::remove`].
+#[cfg(feature = "mysql")]
+pub struct MySqlDatabase {
+    /// Its name (`{prefix}_{random}`).
+    pub name: String,
+    /// `url` with this database in place of the URL's own.
+    pub url: String,
+    admin: sqlx::MySqlPool,
+}
+
+#[cfg(feature = "mysql")]
+impl MySqlDatabase {
+    /// Creates `{prefix}_{8 random hex digits}` on `url`'s server.
+    pub async fn create(url: &str, prefix: &str) -> Result<Self, BoxError> {
+        let name = format!("{prefix}_{}", &Uuid::new_v4().simple().to_string()[..8]);
+        let admin = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE `{name}`")))
+            .execute(&admin)
+            .await?;
+        let (main, query) = url
+            .split_once('?')
+            .map_or((url, None), |(m, q)| (m, Some(q)));
+        let authority = main.find("://").map_or(0, |i| i + 3);
+        let server = main[authority..]
+            .find('/')
+            .map_or(main, |i| &main[..authority + i]);
+        let query = query.map(|q| format!("?{q}")).unwrap_or_default();
+        Ok(Self {
+            url: format!("{server}/{name}{query}"),
+            name,
+            admin,
+        })
+    }
+
+    /// A pool on the URL's own database (name this one's tables `database.table`).
+    pub fn admin(&self) -> &sqlx::MySqlPool {
+        &self.admin
+    }
+
+    /// Drops the database.
+    pub async fn remove(self) -> Result<(), BoxError> {
+        let drop = format!("DROP DATABASE IF EXISTS `{}`", self.name);
+        sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+            .execute(&self.admin)
+            .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}

@@ -1,10 +1,13 @@
 //! [`InboxStore`] on MySQL/MariaDB.
 //!
 //! A claim inserts the rows with `ON DUPLICATE KEY UPDATE` (an existing row, by event id or by
-//! business key, is left as it is) and marks those it inserts with a random token; as MySQL has
-//! no `RETURNING`, it then reads back which rows of the batch carry its token.
+//! business key, keeps everything but its claim token) and marks those it inserts with a random
+//! token. The statement's affected rows tell whether every row was new (an inserted row counts
+//! 1, an existing one 2: see `insert_rows`); then only the group's recorded failures are read.
+//! Otherwise, as MySQL has no `RETURNING`, it reads back which rows of the batch carry its
+//! tokens, with their failures.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use sqlx::{MySql, Row};
 
@@ -17,6 +20,10 @@ use crate::store::{
 };
 
 type Tx = sqlx::Transaction<'static, MySql>;
+
+/// The most recorded failures of a group read at once; a group with more has those of a batch
+/// read by key.
+const GROUP_FAILURES: usize = 1000;
 
 impl MySqlStore {
     pub(super) async fn clear_attempts(
@@ -51,22 +58,67 @@ impl MySqlStore {
     }
 
     /// Inserts the rows of `requests` unless they exist; returns the `(source, event id)` of
-    /// those inserted.
+    /// those inserted, each with its recorded failed runs. Two statements whatever the batch's
+    /// size: the insert, then, when every row was new, the group's failures
+    /// ([`Self::group_failures`]), else one read of the rows carrying this claim's tokens joined
+    /// with their failures.
     async fn insert_claims(
         &self,
         tx: &mut Tx,
         requests: &[ClaimRequest<'_>],
-    ) -> Result<HashSet<(String, String)>, StoreError> {
-        let token = i64::from_ne_bytes(
-            uuid::Uuid::new_v4().as_bytes()[..8]
-                .try_into()
-                .expect("8 bytes"),
-        );
+    ) -> Result<HashMap<(String, String), i64>, StoreError> {
+        // Two tokens of this claim's own, never 1 or 2 (bit 40 set, or negative).
+        let random = super::claim_token();
+        let tokens = ((random | (1 << 40)) & !1, (random | (1 << 40)) | 1);
+        let affected = self.insert_rows(tx, requests, tokens).await?;
+        if affected == requests.len() as u64 {
+            if let Some(failed) = self.group_failures(tx, &requests[0].key.group).await? {
+                let key = |r: &ClaimRequest<'_>| (r.key.source.clone(), r.key.event_id.clone());
+                return Ok(requests
+                    .iter()
+                    .map(|r| (key(r), failed.get(&key(r)).copied().unwrap_or(0)))
+                    .collect());
+            }
+        }
+        let select = stmt(format!(
+            "SELECT i.source, i.event_id, a.attempts FROM {} i LEFT JOIN {} a \
+             ON a.consumer_group = i.consumer_group AND a.source = i.source \
+             AND a.event_id = i.event_id WHERE i.consumer_group = ? \
+             AND i.claim_token IN (?, ?) AND (i.source, i.event_id) IN ({})",
+            self.sql.inbox,
+            self.sql.attempts,
+            pairs(requests.len())
+        ));
+        let mut query = sqlx::query_as(select)
+            .bind(&requests[0].key.group)
+            .bind(tokens.0)
+            .bind(tokens.1);
+        for r in requests {
+            query = query.bind(&r.key.source).bind(&r.key.event_id);
+        }
+        let inserted: Vec<(Vec<u8>, Vec<u8>, Option<i32>)> = query.fetch_all(&mut **tx).await?;
+        Ok(inserted
+            .into_iter()
+            .map(|(s, e, n)| ((text(s), text(e)), i64::from(n.unwrap_or(0))))
+            .collect())
+    }
+
+    /// The claim's insert, with `tokens.0` on the rows it inserts: its affected rows. Every row
+    /// it meets changes its token, so counts 2 (sqlx's `CLIENT_FOUND_ROWS` counts an unchanged
+    /// row 1, as an inserted one): a row of this claim's own (an earlier row of the batch with
+    /// the same business key) flips between the claim's two tokens, any other gets 1 or 2.
+    async fn insert_rows(
+        &self,
+        tx: &mut Tx,
+        requests: &[ClaimRequest<'_>],
+        tokens: (i64, i64),
+    ) -> Result<u64, StoreError> {
         let rows = vec!["(?, ?, ?, ?, ?, ?, ?, NOW(6), ?, ?)"; requests.len()].join(", ");
         let insert = stmt(format!(
             "INSERT INTO {} (consumer_group, source, event_id, event_type, topic, `partition`, \
              `offset`, processed_at, business_key, claim_token) VALUES {rows} \
-             ON DUPLICATE KEY UPDATE claim_token = claim_token",
+             ON DUPLICATE KEY UPDATE claim_token = IF(claim_token IN (?, ?), \
+               IF(claim_token = ?, ?, ?), IF(claim_token = 1, 2, 1))",
             self.sql.inbox
         ));
         let mut query = sqlx::query(insert);
@@ -80,49 +132,45 @@ impl MySqlStore {
                 .bind(r.delivery.partition)
                 .bind(r.delivery.offset)
                 .bind(r.key.business_key.as_deref())
-                .bind(token);
+                .bind(tokens.0);
         }
-        query.execute(&mut **tx).await?;
-        let select = stmt(format!(
-            "SELECT source, event_id FROM {} WHERE consumer_group = ? AND claim_token = ? \
-             AND (source, event_id) IN ({})",
-            self.sql.inbox,
-            pairs(requests.len())
-        ));
-        let mut query = sqlx::query_as(select)
-            .bind(&requests[0].key.group)
-            .bind(token);
-        for r in requests {
-            query = query.bind(&r.key.source).bind(&r.key.event_id);
-        }
-        let inserted: Vec<(Vec<u8>, Vec<u8>)> = query.fetch_all(&mut **tx).await?;
-        Ok(inserted
-            .into_iter()
-            .map(|(s, e)| (text(s), text(e)))
-            .collect())
+        let (t, u) = tokens;
+        let done = query
+            .bind(t)
+            .bind(u)
+            .bind(t)
+            .bind(u)
+            .bind(t)
+            .execute(&mut **tx)
+            .await?;
+        Ok(done.rows_affected())
     }
 
-    /// The recorded failed runs of the rows of `requests` that have some.
-    async fn failures(
+    /// Every recorded failure of `group` (by `(source, event id)`), or `None` when it has
+    /// [`GROUP_FAILURES`] or more: one short read of the attempts table's primary key (failures
+    /// are few, cleared when a message is processed or dead-lettered).
+    async fn group_failures(
         &self,
         tx: &mut Tx,
-        requests: &[ClaimRequest<'_>],
-    ) -> Result<HashMap<(String, String), i64>, StoreError> {
+        group: &str,
+    ) -> Result<Option<HashMap<(String, String), i64>>, StoreError> {
         let select = stmt(format!(
-            "SELECT source, event_id, attempts FROM {} WHERE consumer_group = ? \
-             AND (source, event_id) IN ({})",
-            self.sql.attempts,
-            pairs(requests.len())
+            "SELECT source, event_id, attempts FROM {} WHERE consumer_group = ? LIMIT {GROUP_FAILURES}",
+            self.sql.attempts
         ));
-        let mut query = sqlx::query_as(select).bind(&requests[0].key.group);
-        for r in requests {
-            query = query.bind(&r.key.source).bind(&r.key.event_id);
+        let failed: Vec<(Vec<u8>, Vec<u8>, i32)> = sqlx::query_as(select)
+            .bind(group)
+            .fetch_all(&mut **tx)
+            .await?;
+        if failed.len() >= GROUP_FAILURES {
+            return Ok(None);
         }
-        let failed: Vec<(Vec<u8>, Vec<u8>, i32)> = query.fetch_all(&mut **tx).await?;
-        Ok(failed
-            .into_iter()
-            .map(|(s, e, n)| ((text(s), text(e)), i64::from(n)))
-            .collect())
+        Ok(Some(
+            failed
+                .into_iter()
+                .map(|(s, e, n)| ((text(s), text(e)), i64::from(n)))
+                .collect(),
+        ))
     }
 }
 
@@ -181,18 +229,14 @@ impl InboxStore for MySqlStore {
             return Ok(Vec::new());
         }
         let inserted = self.insert_claims(tx, requests).await?;
-        let failed = match inserted.is_empty() {
-            true => HashMap::new(),
-            false => self.failures(tx, requests).await?,
-        };
         let mut claims = Vec::with_capacity(requests.len());
         for r in requests {
             let k = (r.key.source.clone(), r.key.event_id.clone());
-            claims.push(match inserted.contains(&k) {
-                true => Claim::New {
-                    attempts: u32::try_from(failed.get(&k).copied().unwrap_or(0)).unwrap_or(0),
+            claims.push(match inserted.get(&k) {
+                Some(failed) => Claim::New {
+                    attempts: u32::try_from(*failed).unwrap_or(0),
                 },
-                false => self.duplicate_of(tx, r.key).await?,
+                None => self.duplicate_of(tx, r.key).await?,
             });
         }
         Ok(claims)

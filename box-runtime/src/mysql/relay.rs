@@ -8,6 +8,7 @@
 //! publishes anything more. Other relays wait as standbys. There is no LISTEN/NOTIFY: the relay
 //! polls at its poll interval, and wakes up at the next due time of a scheduled row.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use sqlx::mysql::{MySqlConnection, MySqlPool};
@@ -53,6 +54,7 @@ impl MySqlRelayStore {
     /// [`MySqlStore::migrate`]).
     pub fn new(pool: MySqlPool, tables: &Tables) -> Self {
         let t = quoted(&tables.outbox);
+        let pending = tables.outbox.derived("pending_idx");
         let sql = Statements {
             lock: stmt(format!("SELECT GET_LOCK({LOCK_NAME}, 0)")),
             unlock: stmt(format!("SELECT RELEASE_LOCK({LOCK_NAME})")),
@@ -60,10 +62,13 @@ impl MySqlRelayStore {
                 "SELECT COALESCE(IS_USED_LOCK({LOCK_NAME}) = CONNECTION_ID(), 0)"
             )),
             // A row waiting for its retry, or parked, blocks its key's later rows; a scheduled
-            // row not yet due is left out, blocking nothing.
+            // row not yet due is left out, blocking nothing. By the pending index (unpublished
+            // rows in `seq` order): left to itself, MariaDB walks the primary key in `seq`
+            // order from the start, through every row published since its statistics were
+            // taken (91 001 rows read for 1 000 returned with 90 000 published).
             read: stmt(adapt(&format!(
                 "SELECT id, seq, topic, message_key, type, payload, headers, attempts, \
-                   UNIX_TIMESTAMP(due_at) + 0e0 AS due_epoch FROM {t} o \
+                   UNIX_TIMESTAMP(due_at) + 0e0 AS due_epoch FROM {t} o FORCE INDEX ({pending}) \
                  WHERE published_at IS NULL AND parked_at IS NULL \
                    AND (due_at IS NULL OR due_at <= {NOW}) \
                    AND (message_key IS NOT NULL OR next_attempt_at <= {NOW}) \
@@ -128,6 +133,8 @@ pub struct MySqlRelaySession {
     sql: std::sync::Arc<Statements>,
     lock_key: String,
     held: bool,
+    /// The `seq` of each row of the last read: marking goes by the primary key.
+    read_seqs: HashMap<Uuid, i64>,
 }
 
 /// A row as read, or the `seq` and the reason of a row that cannot be published as it is.
@@ -156,6 +163,31 @@ fn pending_row(
         attempts: row.try_get("attempts")?,
         due_at: row.try_get("due_epoch")?,
     }))
+}
+
+/// Marks the rows whose `column` is one of `keys` published, in one statement.
+async fn mark<T>(
+    conn: &mut MySqlConnection,
+    table: &str,
+    column: &str,
+    keys: Vec<T>,
+) -> Result<(), StoreError>
+where
+    T: for<'q> sqlx::Encode<'q, sqlx::MySql> + sqlx::Type<sqlx::MySql> + Send + 'static,
+{
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let update = stmt(format!(
+        "UPDATE {table} SET published_at = {NOW} WHERE {column} IN ({}) AND published_at IS NULL",
+        marks(keys.len())
+    ));
+    let mut query = sqlx::query(update);
+    for key in keys {
+        query = query.bind(key);
+    }
+    query.execute(conn).await?;
+    Ok(())
 }
 
 impl crate::sealed::Sealed for MySqlRelaySession {}
@@ -236,6 +268,7 @@ impl RelaySession for MySqlRelaySession {
                 }
             }
             if bad.is_empty() {
+                self.read_seqs = read.iter().map(|row| (row.id, row.seq)).collect();
                 return Ok(read);
             }
             // Parked, they hold their keys: read again without them and their keys' later rows.
@@ -261,20 +294,18 @@ impl RelaySession for MySqlRelaySession {
     }
 
     async fn mark_published<'a>(&'a mut self, ids: &'a [Uuid]) -> Result<(), StoreError> {
-        if ids.is_empty() {
-            return Ok(());
-        }
-        let update = stmt(format!(
-            "UPDATE {} SET published_at = {NOW} WHERE id IN ({}) AND published_at IS NULL",
-            self.sql.table,
-            marks(ids.len())
-        ));
-        let mut query = sqlx::query(update);
+        // One statement per batch, by the primary key (`seq`, from the read) rather than the
+        // `id` index; a row not of the last read (none: the relay marks what it read) by id.
+        let mut seqs = Vec::with_capacity(ids.len());
+        let mut others = Vec::new();
         for id in ids {
-            query = query.bind(id.to_string());
+            match self.read_seqs.get(id) {
+                Some(seq) => seqs.push(*seq),
+                None => others.push(id.to_string()),
+            }
         }
-        query.execute(&mut self.conn).await?;
-        Ok(())
+        mark(&mut self.conn, &self.sql.table, "seq", seqs).await?;
+        mark(&mut self.conn, &self.sql.table, "id", others).await
     }
 
     async fn record_failures<'a>(
@@ -316,6 +347,7 @@ impl RelayStore for MySqlRelayStore {
             sql: self.sql.clone(),
             lock_key: self.lock_key(),
             held: false,
+            read_seqs: HashMap::new(),
         })
     }
 
