@@ -1301,11 +1301,17 @@ async fn sqlite_count(store: &inoutbox::SqliteStore, sql: &str) -> i64 {
         .expect(sql)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
-    use inoutbox::store::InboxStore;
-    let (_dir, store) = sqlite_store("tp_sqlite_lost", Duration::from_secs(30)).await;
-    let key = received_row(&store, "tp-lost").await;
+/// Worker A's lease expires before its transaction (a pause, a stop) and B, on `other`, takes
+/// the row over: A's run must roll back and B's commit, the event applied once. `count` reads
+/// one number from the store's database.
+async fn a_lost_lease_rolls_back<S: inoutbox::store::InboxStore>(
+    store: &S,
+    other: &S,
+    count: impl AsyncFn(&str) -> i64,
+) where
+    S::Tx: inoutbox::db::Executes,
+{
+    let key = received_row(store, "tp-lost").await;
     let a = store
         .claim_received(&sqlite_lease("tp-lost", "A", Duration::from_millis(200)))
         .await
@@ -1324,7 +1330,7 @@ async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied
         "the message is kept exactly"
     );
     assert!(
-        store
+        other
             .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
             .await
             .unwrap()
@@ -1333,7 +1339,7 @@ async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied
     );
     // A stalls (a pause, a stop) before its transaction: its lease expires and B takes over.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let b = store
+    let b = other
         .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
         .await
         .unwrap();
@@ -1347,22 +1353,21 @@ async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied
     );
     // A thaws and runs: its transaction must roll back; B's commits.
     assert!(
-        !leased_run(&store, &key, "A").await,
+        !leased_run(store, &key, "A").await,
         "A's run committed without its lease"
     );
-    assert!(leased_run(&store, &key, "B").await, "B's run committed");
+    assert!(leased_run(other, &key, "B").await, "B's run committed");
     assert_eq!(
-        sqlite_count(&store, "SELECT count(*) FROM receipts").await,
+        count("SELECT count(*) FROM receipts").await,
         1,
         "the event applied once"
     );
     assert_eq!(
-        sqlite_count(&store, "SELECT count(*) FROM receipts WHERE worker = 'B'").await,
+        count("SELECT count(*) FROM receipts WHERE worker = 'B'").await,
         1
     );
     assert_eq!(
-        sqlite_count(
-            &store,
+        count(
             "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 2 \
                AND lease_owner IS NULL"
         )
@@ -1370,6 +1375,15 @@ async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied
         1,
         "the row is processed, claimed twice"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
+    let (_dir, store) = sqlite_store("tp_sqlite_lost", Duration::from_secs(30)).await;
+    a_lost_lease_rolls_back(&store, &store, async |sql: &str| {
+        sqlite_count(&store, sql).await
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1634,72 +1648,11 @@ async fn mysql_count(kit: &support::kit::MySqlKit, sql: &str) -> i64 {
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_a_worker_that_lost_its_lease_rolls_back_and_the_event_is_applied_once() {
-    use inoutbox::store::InboxStore;
     let (kit, store, other) = mysql_stores("tp_my_lost").await;
-    let key = received_row(&store, "tp-lost").await;
-    let a = store
-        .claim_received(&sqlite_lease("tp-lost", "A", Duration::from_millis(200)))
-        .await
-        .unwrap()
-        .expect("A claims the received row");
-    assert_eq!(a.key, key);
-    assert_eq!(a.delivery.offset, 7);
-    assert_eq!(a.delivery.key.as_deref(), Some(&b"account-1"[..]));
-    assert_eq!(
-        a.delivery.headers,
-        [
-            ("ce_type".to_owned(), Some(b"Slow".to_vec())),
-            ("none".to_owned(), None)
-        ],
-        "the message is kept exactly"
-    );
-    assert!(
-        other
-            .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
-            .await
-            .unwrap()
-            .is_none(),
-        "a live lease is not taken"
-    );
-    // A stalls (a pause, a stop) before its transaction: its lease expires and B takes over.
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let b = other
-        .claim_received(&sqlite_lease("tp-lost", "B", Duration::from_secs(30)))
-        .await
-        .unwrap();
-    assert!(b.is_some(), "B claims the row once A's lease expired");
-    assert!(
-        !store
-            .renew_lease(&key, "A", Duration::from_secs(30))
-            .await
-            .unwrap(),
-        "A no longer holds the lease: its renewal says so"
-    );
-    // A thaws and runs: its transaction must roll back; B's commits.
-    assert!(
-        !leased_run(&store, &key, "A").await,
-        "A's run committed without its lease"
-    );
-    assert!(leased_run(&other, &key, "B").await, "B's run committed");
-    assert_eq!(
-        mysql_count(&kit, "SELECT count(*) FROM receipts").await,
-        1,
-        "the event applied once"
-    );
-    assert_eq!(
-        mysql_count(&kit, "SELECT count(*) FROM receipts WHERE worker = 'B'").await,
-        1
-    );
-    assert_eq!(
-        mysql_count(
-            &kit,
-            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL AND claims = 2 \
-               AND lease_owner IS NULL"
-        )
-        .await,
-        1,
-        "the row is processed, claimed twice"
-    );
+    a_lost_lease_rolls_back(&store, &other, async |sql: &str| {
+        mysql_count(&kit, sql).await
+    })
+    .await;
 }
 
 /// Worker A holds a received row in its handler's transaction when its lease expires: B's

@@ -276,7 +276,7 @@ impl<T: FromColumn> FromColumn for Option<T> {
 /// (`&mut **tx`).
 #[diagnostic::on_unimplemented(
     message = "a statement cannot run on `{Self}`",
-    label = "expected a transaction or a connection of PostgreSQL or SQLite",
+    label = "expected a transaction or a connection of PostgreSQL, SQLite or MySQL",
     note = "in a handler, pass its transaction as it is: `.execute(tx)`; with a transaction \
             you own, `.execute(&mut tx)`"
 )]

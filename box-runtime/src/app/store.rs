@@ -12,7 +12,7 @@ use crate::store::StoreError;
 /// holds three (two workers and its listener), each consumer partition in flight one.
 pub(crate) const PG_POOL_CONNECTIONS: u32 = 16;
 
-/// The store of an [`App`](super::App): PostgreSQL or SQLite, with inoutbox's tables migrated.
+/// The store of an [`App`](super::App): PostgreSQL, SQLite or MySQL/MariaDB, with inoutbox's tables migrated.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Store {

@@ -53,4 +53,4 @@ pub(crate) use drain::{drain, DrainSource, Executors};
 pub(crate) use drain::{owner_name, run_one, EFFECT_BATCH, EFFECT_LEASE};
 pub use drain::{Effect, EffectFuture, DEFAULT_EFFECT_CONCURRENCY};
 pub use schedule::{after_commit, idempotency_key, EffectsDb};
-pub(crate) use schedule::{ScheduleEffect, ScheduledEffect};
+pub(crate) use schedule::{schedule_effect_with, ScheduleEffect, ScheduledEffect};

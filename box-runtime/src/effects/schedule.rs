@@ -77,6 +77,36 @@ pub trait ScheduleEffect: sqlx::Database {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 }
 
+/// Implements [`ScheduleEffect`] for a backend's database: `$sql` maps the effects table's
+/// name to the backend's insert statement, whose six values are bound in this order: group,
+/// source, event id, kind, idempotency key, payload.
+macro_rules! schedule_effect_with {
+    ($db:ty, $sql:expr) => {
+        impl $crate::effects::ScheduleEffect for $db {
+            fn schedule_effect<'t>(
+                tx: &'t mut sqlx::Transaction<'_, Self>,
+                table: &'t str,
+                effect: $crate::effects::ScheduledEffect<'t>,
+            ) -> impl ::std::future::Future<Output = Result<(), sqlx::Error>> + Send + 't {
+                let sql = ($sql)(table);
+                async move {
+                    sqlx::query(sql)
+                        .bind(effect.group)
+                        .bind(effect.source)
+                        .bind(effect.event_id)
+                        .bind(effect.kind)
+                        .bind(effect.idempotency_key)
+                        .bind(effect.payload)
+                        .execute(&mut **tx)
+                        .await?;
+                    Ok(())
+                }
+            }
+        }
+    };
+}
+pub(crate) use schedule_effect_with;
+
 /// One effect as [`after_commit`] hands it to the backend: its values, made safe to store.
 #[derive(Debug)]
 pub struct ScheduledEffect<'a> {

@@ -8,37 +8,15 @@
 //!
 //! [`after_commit`]: crate::effects::after_commit
 
-use std::future::Future;
 use std::time::Duration;
 
 use sqlx::{MySql, Row};
 
 use super::{marks, micros, MySqlStore, AGO, LATER};
-use crate::effects::{ScheduleEffect, ScheduledEffect};
 use crate::store::sql::{rendered_once, stmt, Stmt};
 use crate::store::{text, EffectCounts, StoreError, StoredEffect};
 
-impl ScheduleEffect for MySql {
-    fn schedule_effect<'t>(
-        tx: &'t mut sqlx::Transaction<'_, Self>,
-        table: &'t str,
-        effect: ScheduledEffect<'t>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't {
-        let sql = rendered(Which::Schedule, table);
-        async move {
-            sqlx::query(sql)
-                .bind(effect.group)
-                .bind(effect.source)
-                .bind(effect.event_id)
-                .bind(effect.kind)
-                .bind(effect.idempotency_key)
-                .bind(effect.payload)
-                .execute(&mut **tx)
-                .await?;
-            Ok(())
-        }
-    }
-}
+crate::effects::schedule_effect_with!(MySql, |table| rendered(Which::Schedule, table));
 
 /// The statements on the effects table, each rendered once per effects table.
 #[derive(Clone, Copy, Debug)]

@@ -287,7 +287,7 @@ impl NewRow {
 #[diagnostic::on_unimplemented(
     message = "events cannot be enqueued through `{Self}`",
     note = "pass the transaction of the business write: `&mut tx` where `tx` is a \
-            `sqlx::Transaction` of PostgreSQL or SQLite (or `&mut PgConnection`)"
+            `sqlx::Transaction` of PostgreSQL, SQLite or MySQL (or `&mut PgConnection`)"
 )]
 ///
 /// A store written outside this crate implements it for its transaction type, so that

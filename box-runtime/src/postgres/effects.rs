@@ -5,37 +5,15 @@
 //!
 //! [`after_commit`]: crate::effects::after_commit
 
-use std::future::Future;
 use std::time::Duration;
 
 use sqlx::Postgres;
 
 use super::PgStore;
-use crate::effects::{ScheduleEffect, ScheduledEffect};
 use crate::store::sql::{rendered_once, Stmt};
 use crate::store::{EffectCounts, StoreError};
 
-impl ScheduleEffect for Postgres {
-    fn schedule_effect<'t>(
-        tx: &'t mut sqlx::Transaction<'_, Self>,
-        table: &'t str,
-        effect: ScheduledEffect<'t>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't {
-        let sql = schedule_sql(table);
-        async move {
-            sqlx::query(sql)
-                .bind(effect.group)
-                .bind(effect.source)
-                .bind(effect.event_id)
-                .bind(effect.kind)
-                .bind(effect.idempotency_key)
-                .bind(effect.payload)
-                .execute(&mut **tx)
-                .await?;
-            Ok(())
-        }
-    }
-}
+crate::effects::schedule_effect_with!(Postgres, schedule_sql);
 
 /// The statement that schedules an effect in a handler's transaction: the same effect scheduled
 /// twice (a handler run again after a rollback cannot have left one, but a handler may call it

@@ -47,7 +47,7 @@ macro_rules! relay_builder_setters {
 }
 pub(crate) use relay_builder_setters;
 
-/// Builds a [`Relay`] on a PostgreSQL or SQLite store; every setting has a safe default.
+/// Builds a [`Relay`] on a PostgreSQL, SQLite or MySQL/MariaDB store; every setting has a safe default.
 #[must_use]
 pub struct RelayBuilder<S, I> {
     store: S,
