@@ -675,6 +675,27 @@ async fn a_parked_row_holds_its_key_until_unparked_on_sqlite() {
     a_parked_row_holds_its_key(&relay_store, &admin, &ids, &[0]).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_row_holds_its_key_until_unparked_on_mysql() {
+    use support::kit::Kit;
+    let kit = support::kit::MySqlKit::new("holds").await;
+    let store = kit.store();
+    let mut tx = store.pool().begin().await.expect("begin");
+    let ids = outbox::enqueue_all(&mut tx, &three_rows())
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    sqlx::query("UPDATE inoutbox_outbox SET parked_at = NOW(6), attempts = 3 WHERE id = ?")
+        .bind(ids[0].to_string())
+        .execute(store.pool())
+        .await
+        .expect("park");
+    let relay_store = kit.relay_store();
+    let admin = inoutbox::admin::Admin::mysql(store);
+    a_parked_row_holds_its_key(&relay_store, &admin, &ids, &[0]).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Per-key order: a failed delivery holds the rest of its key in its batch.
 
