@@ -907,6 +907,9 @@ enum Scheduling {
     /// wake its relay).
     Pg(TestDb, inoutbox::Tables),
     Lite(inoutbox::SqliteStore),
+    /// MariaDB: a database of the test's own.
+    #[cfg(feature = "mysql")]
+    My(support::kit::MySqlKit),
 }
 
 /// How a row is enqueued: at once, or after a delay.
@@ -934,11 +937,24 @@ impl Scheduling {
         match self {
             Self::Pg(_, tables) => tables.outbox.to_string(),
             Self::Lite(_) => "inoutbox_outbox".to_owned(),
+            #[cfg(feature = "mysql")]
+            Self::My(_) => "inoutbox_outbox".to_owned(),
         }
     }
 
     async fn sqlite(name: &str) -> Self {
         Self::Lite(sqlite_store(name).await)
+    }
+
+    #[cfg(feature = "mysql")]
+    async fn mysql(name: &str) -> Self {
+        Self::My(<support::kit::MySqlKit as support::kit::Kit>::new(name).await)
+    }
+
+    /// The MariaDB store of a `My`.
+    #[cfg(feature = "mysql")]
+    fn my_store(kit: &support::kit::MySqlKit) -> inoutbox::MySqlStore {
+        support::kit::Kit::store(kit)
     }
 
     /// Enqueues `rows` in one transaction, in order; returns their ids.
@@ -985,6 +1001,13 @@ impl Scheduling {
                 tx.commit().await.expect("commit");
                 ids
             }
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => {
+                let mut tx = Self::my_store(kit).pool().begin().await.expect("begin");
+                let ids = each(&mut tx, rows).await;
+                tx.commit().await.expect("commit");
+                ids
+            }
         }
     }
 
@@ -997,6 +1020,8 @@ impl Scheduling {
                 .fetch_one(store.pool())
                 .await
                 .expect("count"),
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => support::kit::Kit::count(kit, &sql).await,
         }
     }
 
@@ -1015,6 +1040,11 @@ impl Scheduling {
                     .await
                     .expect("backlog")
             }
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => support::kit::Kit::relay_store(kit)
+                .backlog()
+                .await
+                .expect("backlog"),
         }
     }
 
@@ -1025,6 +1055,8 @@ impl Scheduling {
                 inoutbox::PgStore::with_tables(db.pool.clone(), tables.clone()),
             ),
             Self::Lite(store) => inoutbox::admin::Admin::sqlite(store.clone()),
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => inoutbox::admin::Admin::mysql(Self::my_store(kit)),
         }
     }
 
@@ -1046,6 +1078,19 @@ impl Scheduling {
             Self::Lite(store) => RunningRelay::start(
                 inoutbox::Relay::builder(
                     store.clone(),
+                    inoutbox::kafka::KafkaProducer::new(brokers),
+                )
+                .source("inoutbox-tests")
+                .idempotence(false)
+                .retention(None)
+                .batch_size(batch_size)
+                .poll_interval(poll)
+                .rebalance_interval(poll),
+            ),
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => RunningRelay::start(
+                inoutbox::Relay::builder(
+                    Self::my_store(kit),
                     inoutbox::kafka::KafkaProducer::new(brokers),
                 )
                 .source("inoutbox-tests")
@@ -1140,6 +1185,12 @@ async fn a_scheduled_row_goes_out_when_due_and_not_before_on_sqlite() {
     a_scheduled_row_goes_out_when_due_and_not_before(Scheduling::sqlite("sched").await).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_row_goes_out_when_due_and_not_before_on_mysql() {
+    a_scheduled_row_goes_out_when_due_and_not_before(Scheduling::mysql("sched").await).await;
+}
+
 /// Rows of key `b` alternate between scheduled (due in 1 s) and not, with key `c`'s rows
 /// between them; the relay starts once all are due, reading 3 rows a batch: every key's rows
 /// reach the topic in enqueue order (the scheduled and the unscheduled merged by `seq`).
@@ -1193,6 +1244,12 @@ async fn due_rows_keep_per_key_order_scheduled_or_not_on_sqlite() {
     due_rows_keep_per_key_order_scheduled_or_not(Scheduling::sqlite("sched-order").await).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_rows_keep_per_key_order_scheduled_or_not_on_mysql() {
+    due_rows_keep_per_key_order_scheduled_or_not(Scheduling::mysql("sched_order").await).await;
+}
+
 /// A row due in 4 s, enqueued before the relay starts; the relay polls (and rebalances) only
 /// every 10 minutes and nothing is enqueued after it: it publishes the row once due all the
 /// same, waking up at the due time it read.
@@ -1225,6 +1282,13 @@ async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_sqlite() {
     let store = Scheduling::sqlite("sched-wake").await;
+    the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_wakes_up_for_a_due_row_without_a_new_enqueue_on_mysql() {
+    let store = Scheduling::mysql("sched_wake").await;
     the_relay_wakes_up_for_a_due_row_without_a_new_enqueue(store).await;
 }
 
@@ -1264,6 +1328,12 @@ async fn the_backlog_counts_scheduled_rows_apart_on_sqlite() {
     the_backlog_counts_scheduled_rows_apart(Scheduling::sqlite("sched-gauge").await).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backlog_counts_scheduled_rows_apart_on_mysql() {
+    the_backlog_counts_scheduled_rows_apart(Scheduling::mysql("sched_gauge").await).await;
+}
+
 /// A due time in the past is due at once (stored as an ordinary row); one beyond the year 9999
 /// is refused with a clear error before anything is written, and the transaction goes on.
 async fn past_and_impossible_due_times<T: outbox::OutboxTx + ?Sized>(tx: &mut T) {
@@ -1290,6 +1360,8 @@ async fn a_past_due_time_is_due_at_once_and_an_impossible_one_is_refused() {
     for store in [
         Scheduling::postgres("sched_bad").await,
         Scheduling::sqlite("sched-bad").await,
+        #[cfg(feature = "mysql")]
+        Scheduling::mysql("sched_bad").await,
     ] {
         match &store {
             Scheduling::Pg(db, _) => {
@@ -1299,6 +1371,13 @@ async fn a_past_due_time_is_due_at_once_and_an_impossible_one_is_refused() {
             }
             Scheduling::Lite(lite) => {
                 let mut tx = lite.pool().begin().await.expect("begin");
+                past_and_impossible_due_times(&mut tx).await;
+                tx.commit().await.expect("commit");
+            }
+            #[cfg(feature = "mysql")]
+            Scheduling::My(kit) => {
+                let store = Scheduling::my_store(kit);
+                let mut tx = store.pool().begin().await.expect("begin");
                 past_and_impossible_due_times(&mut tx).await;
                 tx.commit().await.expect("commit");
             }
@@ -1339,6 +1418,13 @@ impl Scheduling {
                     .await
                     .expect("park");
             }
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => {
+                let sql = format!(
+                    "UPDATE {table} SET parked_at = NOW(6), attempts = 3 WHERE id = '{id}'"
+                );
+                support::kit::Kit::exec(kit, &sql).await;
+            }
         }
     }
 
@@ -1367,6 +1453,8 @@ impl Scheduling {
                 ))
                 .await
             }
+            #[cfg(feature = "mysql")]
+            Self::My(kit) => of(support::kit::Kit::relay_store(kit)).await,
         }
     }
 }
@@ -1406,6 +1494,12 @@ async fn the_next_due_time_is_one_still_ahead_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_due_time_is_one_still_ahead_on_sqlite() {
     the_next_due_time_is_one_still_ahead(Scheduling::sqlite("sched-next").await).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_due_time_is_one_still_ahead_on_mysql() {
+    the_next_due_time_is_one_still_ahead(Scheduling::mysql("sched_next").await).await;
 }
 
 /// Three relays of two workers each on one PostgreSQL outbox: 300 rows over 10 keys, every
