@@ -134,16 +134,11 @@ impl SqliteStore {
     }
 
     pub(super) async fn count_effect_rows(&self, group: &str) -> Result<EffectCounts, StoreError> {
-        let (pending, failed, oldest): (i64, i64, Option<f64>) =
-            sqlx::query_as(self.effects_sql(Which::Count))
-                .bind(group)
-                .fetch_one(&self.pool)
-                .await?;
-        Ok(EffectCounts {
-            pending,
-            failed,
-            oldest_pending_secs: oldest.map(|s| s.max(0.0)),
-        })
+        let row: (i64, i64, Option<f64>) = sqlx::query_as(self.effects_sql(Which::Count))
+            .bind(group)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(EffectCounts::from_row(row))
     }
 
     pub(super) async fn delete_done_effect_rows(

@@ -62,6 +62,18 @@ pub struct EffectCounts {
     pub oldest_pending_secs: Option<f64>,
 }
 
+impl EffectCounts {
+    /// The counts as a store's count statement reads them: pending, failed, and the age of the
+    /// oldest in seconds (a clock step back shows as 0, not a negative age).
+    pub(crate) fn from_row((pending, failed, oldest): (i64, i64, Option<f64>)) -> Self {
+        Self {
+            pending,
+            failed,
+            oldest_pending_secs: oldest.map(|s| s.max(0.0)),
+        }
+    }
+}
+
 /// The row of `key` (`$1`..`$3`) while `$4` holds its lease and it is not processed: the
 /// condition of every statement that renews, checks, finishes, releases or drops a leased row,
 /// on every store.
