@@ -144,6 +144,45 @@ async fn inbox_migration_2_runs_again_after_a_crash_half_way() {
     assert_eq!(kit.count("SELECT count(*) FROM inoutbox_effects").await, 0);
 }
 
+/// Inbox migration 3 drops the two indexes the others cover; run again after a crash half-way
+/// (one index dropped, nothing recorded), it drops the other and is recorded once. The inbox
+/// keeps one index per reader: its key, the business keys, the purge's and stuck count's
+/// `processed_at`, the workers' received rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_migration_3_leaves_one_index_per_reader_and_runs_again_after_a_crash() {
+    let kit = MySqlKit::new("mymigrate3").await;
+    let indexes = "SELECT count(DISTINCT index_name) FROM information_schema.statistics \
+                   WHERE table_schema = DATABASE() AND table_name = 'inoutbox_inbox'";
+    let named = |name: &str| {
+        format!(
+            "SELECT count(*) FROM information_schema.statistics WHERE table_schema = DATABASE() \
+               AND table_name = 'inoutbox_inbox' AND index_name = 'inoutbox_inbox_{name}'"
+        )
+    };
+    assert_eq!(
+        kit.count(indexes).await,
+        4,
+        "primary, business key, processed, received"
+    );
+    assert_eq!(kit.count(&named("unprocessed_idx")).await, 0);
+    assert_eq!(kit.count(&named("due_idx")).await, 0);
+    // Half-way: the first index back as migration 1 made it, migration 3 not recorded.
+    kit.exec("CREATE INDEX inoutbox_inbox_due_idx ON inoutbox_inbox (consumer_group, due_at)")
+        .await;
+    kit.exec("DELETE FROM inoutbox_migrations WHERE component = 'inbox' AND version = 3")
+        .await;
+    kit.store().migrate().await.expect("migration 3 runs again");
+    assert_eq!(kit.count(&named("due_idx")).await, 0);
+    assert_eq!(kit.count(indexes).await, 4);
+    assert_eq!(
+        kit.count(
+            "SELECT count(*) FROM inoutbox_migrations WHERE component = 'inbox' AND version = 3"
+        )
+        .await,
+        1
+    );
+}
+
 /// A batch claim whose rows meet each other (a later row with the business key of an earlier
 /// new one, then the event id of that one again) and a row of an earlier claim: the claim's
 /// own row stays its own (`New`), the others are duplicates, and the statement's row count

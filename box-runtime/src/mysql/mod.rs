@@ -50,6 +50,13 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
                       and effects after commit",
         sql: include_str!("migrations/inbox_v2.sql"),
     },
+    Migration {
+        component: "inbox",
+        version: 3,
+        description: "two secondary indexes fewer on the inbox (the stuck count and the \
+                      deferred claim read the indexes that remain)",
+        sql: include_str!("migrations/inbox_v3.sql"),
+    },
 ];
 
 /// The current time, as stored (UTC: sqlx sets the session's time zone to `+00:00`).
