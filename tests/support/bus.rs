@@ -9,8 +9,10 @@
 //! topic). So the tests speak of a partition's *n-th message* ([`Bus::offset`],
 //! [`Bus::position`]) and of *how many* of its messages are committed ([`Bus::committed`]).
 
+#[cfg(feature = "nats")]
 use std::collections::HashMap;
 use std::future::Future;
+#[cfg(feature = "nats")]
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
