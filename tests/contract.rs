@@ -58,14 +58,7 @@ mod conformance;
 type Counter = [AtomicU32; 6];
 
 const fn counter() -> Counter {
-    [
-        AtomicU32::new(0),
-        AtomicU32::new(0),
-        AtomicU32::new(0),
-        AtomicU32::new(0),
-        AtomicU32::new(0),
-        AtomicU32::new(0),
-    ]
+    [const { AtomicU32::new(0) }; 6]
 }
 
 /// The index of this test's counters.
