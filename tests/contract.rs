@@ -1,7 +1,10 @@
-//! The inbox and outbox contract, against a real Kafka-protocol broker (Tansu, one process per
-//! test) and both stores: every test body is generic over [`Kit`] and runs as
-//! `postgres::<name>` and `sqlite::<name>`. Each test has its own broker, topic and database, so
-//! they run in parallel. (tests/outbox.rs adds PostgreSQL-specific outbox tests: NOTIFY
+//! The inbox and outbox contract, against both brokers and every store: every test body is
+//! generic over the store ([`Kit`]) and the broker ([`Bus`]), and runs on Kafka (a Tansu
+//! process per test; the in-process mock cluster for the rebalance) as `postgres::<name>`,
+//! `sqlite::<name>` and `mysql::<name>`, and on NATS JetStream (a `nats-server -js` process
+//! per test, feature `nats`) as `nats::postgres::<name>`, `nats::sqlite::<name>` and
+//! `nats::mysql::<name>`. Each test has its own broker, topic and database, so they run in
+//! parallel. (tests/outbox.rs adds PostgreSQL-specific outbox tests: NOTIFY
 //! wake-up, advisory-lock serialisation, a SIGKILLed relay process, 10 000 events over 3 relays.)
 
 mod support;
@@ -13,8 +16,9 @@ use inoutbox::inbox::{Backoff, OnExhausted, UnknownEvent};
 use inoutbox::prelude::*;
 use inoutbox::{AckStrategy, Consumer, Outcome, RetryPolicy};
 use serde::{Deserialize, Serialize};
+use support::bus::Bus;
 use support::kit::Kit;
-use support::{send, Broker, Msg, Running};
+use support::{Msg, Running};
 use uuid::Uuid;
 
 #[derive(Debug, Serialize, Deserialize, OutboxEvent)]
@@ -24,7 +28,7 @@ pub struct OrderCreated {
     pub total_cents: i64,
 }
 
-contract_tests!(
+broker_contract_tests!(
     acknowledgement_strategies_for_a_handler_that_writes_then_fails,
     duplicate_delivery_runs_handler_once,
     one_event_two_groups_each_handler_runs_once,
@@ -49,11 +53,17 @@ mod memory;
 #[path = "contract/conformance.rs"]
 mod conformance;
 
-/// Per-store counters: `[postgres, sqlite, mysql]`.
-type Counter = [AtomicU32; 3];
+/// Per-test counters: `[postgres, sqlite, mysql]` on Kafka, then the same on NATS (a
+/// handler's `store`, a test's [`slot`]).
+type Counter = [AtomicU32; 6];
 
 const fn counter() -> Counter {
-    [AtomicU32::new(0), AtomicU32::new(0), AtomicU32::new(0)]
+    [const { AtomicU32::new(0) }; 6]
+}
+
+/// The index of this test's counters.
+const fn slot<K: Kit, B: Bus>() -> usize {
+    K::INDEX + B::SLOT
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -101,18 +111,16 @@ fn one_key(mut m: Msg) -> Msg {
     m
 }
 
-async fn strategy_scenario<K: Kit>(
-    broker: &Broker,
+async fn strategy_scenario<K: Kit, B: Bus>(
+    bus: &B,
     strategy: AckStrategy,
     group: &'static str,
     runs: &Counter,
 ) -> StrategyRow {
     let kit = K::new("ack").await;
-    let topic = support::unique(group);
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
-    send(
-        &producer,
+    let topic = bus.topic(group);
+    bus.create_topic(&topic, 1).await;
+    bus.send(
         &topic,
         one_key(Msg::order(
             &Uuid::new_v4().to_string(),
@@ -123,7 +131,7 @@ async fn strategy_scenario<K: Kit>(
     .await;
 
     let builder = || {
-        Consumer::builder(group, kit.store(), support::kafka(&broker.brokers, &topic))
+        Consumer::builder(group, kit.store(), bus.consumer(&topic))
             .ack(strategy)
             .retry(RetryPolicy::no_retries())
             .on_exhausted(OnExhausted::LeaveUncommitted)
@@ -134,13 +142,16 @@ async fn strategy_scenario<K: Kit>(
     let report = first.take(1).await.remove(0);
     first.stop().await;
     let processed = matches!(report.outcome, Outcome::Processed { .. });
-    let committed = support::committed(&broker.brokers, group, &topic, 0).is_some_and(|o| o >= 1);
+    let committed = bus
+        .committed(group, &topic, 0)
+        .await
+        .is_some_and(|o| o >= 1);
 
     // Second consumer of the same group: does the message come again? A sentinel produced after
     // it (same partition, so read after it) tells when the answer is in.
     let mut sentinel = Msg::order("sentinel", Uuid::new_v4(), 0);
     sentinel.event_type = Some("Sentinel".into());
-    send(&producer, &topic, one_key(sentinel)).await;
+    bus.send(&topic, one_key(sentinel)).await;
     let mut second = Running::start(builder());
     let mut second_received = false;
     loop {
@@ -155,13 +166,13 @@ async fn strategy_scenario<K: Kit>(
         processed,
         committed,
         second_received,
-        handler_runs: runs[K::INDEX].load(Ordering::SeqCst),
+        handler_runs: runs[slot::<K, B>()].load(Ordering::SeqCst),
         invoices: kit.invoices().await,
     }
 }
 
-async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails<K: Kit>() {
-    let broker = Broker::start();
+async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails<K: Kit, B: Bus>() {
+    let bus = B::start().await;
     let cases: [(&str, AckStrategy, &'static str, &'static Counter); 4] = [
         (
             "AT_MOST_ONCE",
@@ -192,11 +203,12 @@ async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails<K: Kit>
     for (name, strategy, group, runs) in cases {
         rows.push((
             name,
-            strategy_scenario::<K>(&broker, strategy, group, runs).await,
+            strategy_scenario::<K, B>(&bus, strategy, group, runs).await,
         ));
     }
     println!(
-        "\nacknowledgement strategies on {}, a handler that writes an invoice and then fails on its first run:",
+        "\nacknowledgement strategies on {} and {}, a handler that writes an invoice and then fails on its first run:",
+        B::NAME,
         K::NAME
     );
     for (name, r) in &rows {
@@ -240,7 +252,7 @@ async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails<K: Kit>
         },
     ];
     for ((name, got), want) in rows.iter().zip(expected) {
-        assert_eq!(*got, want, "{name} on {}", K::NAME);
+        assert_eq!(*got, want, "{name} on {} and {}", B::NAME, K::NAME);
     }
 }
 
@@ -263,27 +275,27 @@ handlers!("duplicate", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn duplicate_delivery_runs_handler_once<K: Kit>() {
-    let broker = Broker::start();
+async fn duplicate_delivery_runs_handler_once<K: Kit, B: Bus>() {
+    let bus = B::start().await;
     let kit = K::new("dup").await;
-    let topic = support::unique("dup");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
+    let topic = bus.topic("dup");
+    bus.create_topic(&topic, 1).await;
     let (id, order) = (Uuid::new_v4().to_string(), Uuid::new_v4());
-    send(&producer, &topic, Msg::order(&id, order, 500)).await;
-    send(&producer, &topic, Msg::order(&id, order, 500)).await;
+    bus.send(&topic, Msg::order(&id, order, 500)).await;
+    bus.send(&topic, Msg::order(&id, order, 500)).await;
 
     let mut consumer = Running::start(Consumer::builder(
         "duplicate",
         kit.store(),
-        support::kafka(&broker.brokers, &topic),
+        bus.consumer(&topic),
     ));
     let reports = consumer.take(2).await;
-    let committed = support::wait_committed(&broker.brokers, "duplicate", &topic, 0, 2).await;
+    let committed = bus.wait_committed("duplicate", &topic, 0, 2).await;
     consumer.stop().await;
 
     println!(
-        "{}: delivery 1: {:?}\ndelivery 2: {:?}",
+        "{} and {}: delivery 1: {:?}\ndelivery 2: {:?}",
+        B::NAME,
         K::NAME,
         reports[0].outcome,
         reports[1].outcome
@@ -295,11 +307,11 @@ async fn duplicate_delivery_runs_handler_once<K: Kit>() {
     assert_eq!(reports[1].outcome, Outcome::Duplicate);
     assert_eq!(
         reports[1].committed,
-        Some(2),
+        Some(bus.position(&topic, 0, 2)),
         "the duplicate's offset is committed"
     );
     assert_eq!(committed, Some(2));
-    assert_eq!(RUNS_DUPLICATE[K::INDEX].load(Ordering::SeqCst), 1);
+    assert_eq!(RUNS_DUPLICATE[slot::<K, B>()].load(Ordering::SeqCst), 1);
     assert_eq!(kit.invoices().await, 1);
 }
 
@@ -319,35 +331,26 @@ handlers!("two-groups-b", |event, tx, meta, store| {
     insert_invoice!(event, tx)
 });
 
-async fn one_event_two_groups_each_handler_runs_once<K: Kit>() {
-    let broker = Broker::start();
+async fn one_event_two_groups_each_handler_runs_once<K: Kit, B: Bus>() {
+    let bus = B::start().await;
     let kit = K::new("groups").await;
-    let topic = support::unique("groups");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
+    let topic = bus.topic("groups");
+    bus.create_topic(&topic, 1).await;
     let id = Uuid::new_v4().to_string();
-    send(
-        &producer,
-        &topic,
-        one_key(Msg::order(&id, Uuid::new_v4(), 700)),
-    )
-    .await;
-    send(
-        &producer,
-        &topic,
-        one_key(Msg::order(&id, Uuid::new_v4(), 700)),
-    )
-    .await;
+    bus.send(&topic, one_key(Msg::order(&id, Uuid::new_v4(), 700)))
+        .await;
+    bus.send(&topic, one_key(Msg::order(&id, Uuid::new_v4(), 700)))
+        .await;
 
     let mut a = Running::start(Consumer::builder(
         "two-groups-a",
         kit.store(),
-        support::kafka(&broker.brokers, &topic),
+        bus.consumer(&topic),
     ));
     let mut b = Running::start(Consumer::builder(
         "two-groups-b",
         kit.store(),
-        support::kafka(&broker.brokers, &topic),
+        bus.consumer(&topic),
     ));
     let (ra, rb) = (a.take(2).await, b.take(2).await);
     a.stop().await;
@@ -359,8 +362,8 @@ async fn one_event_two_groups_each_handler_runs_once<K: Kit>() {
         );
         assert_eq!(reports[1].outcome, Outcome::Duplicate);
     }
-    assert_eq!(RUNS_GROUP_A[K::INDEX].load(Ordering::SeqCst), 1);
-    assert_eq!(RUNS_GROUP_B[K::INDEX].load(Ordering::SeqCst), 1);
+    assert_eq!(RUNS_GROUP_A[slot::<K, B>()].load(Ordering::SeqCst), 1);
+    assert_eq!(RUNS_GROUP_B[slot::<K, B>()].load(Ordering::SeqCst), 1);
     assert_eq!(kit.invoices().await, 2, "one invoice per group");
     assert_eq!(
         kit.count(&format!("SELECT count(*) FROM {}", kit.tables().inbox))
@@ -370,8 +373,11 @@ async fn one_event_two_groups_each_handler_runs_once<K: Kit>() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// d. Racing: one event id in flight in two consumers at once (each reads both partitions, the
-// handler is slow), so four transactions claim it concurrently. The store is observed: the four
+// d. Racing: one event id in flight in two consumers at once (on Kafka, two Kafka groups
+// feeding one inbox group, each reading both partitions of a topic that holds a copy of the
+// event on each; on NATS, two members of the one group, each holding two of the four partitions
+// of a topic that holds a copy on each; the handler is slow), so four transactions claim it
+// concurrently. The store is observed: the four
 // claims of an event meet before any goes on, and their recorded times show that every one of
 // them ran while the winner's transaction, holding the uncommitted inbox row, was open.
 
@@ -384,28 +390,22 @@ handlers!("race", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
+async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit, B: Bus>() {
     use support::observe::Observed;
-    let broker = Broker::start();
+    let bus = B::start().await;
     let kit = K::new("race").await;
-    let topic = support::unique("race");
-    broker.create_topic(&topic, 2).await;
+    let topic = bus.topic("race");
+    bus.create_topic(&topic, B::RACE_PARTITIONS).await;
     let store = Observed::new(kit.store(), 4);
-    let consumer = |kafka_group: &str| {
-        Running::start(Consumer::builder(
-            "race",
-            store.clone(),
-            support::kafka(&broker.brokers, &topic).group_id(kafka_group),
-        ))
-    };
-    // Two independent Kafka groups feeding the same inbox group: every message reaches both.
-    let (mut a, mut b) = (consumer("race-kafka-a"), consumer("race-kafka-b"));
-    let producer = support::producer(&broker.brokers);
+    let [config_a, config_b] = bus.racers(&topic, "race");
+    let mut a = Running::start(Consumer::builder("race", store.clone(), config_a));
+    let mut b = Running::start(Consumer::builder("race", store.clone(), config_b));
+    bus.racers_ready(&topic, "race").await;
     for round in 0..2 {
         let (id, order) = (Uuid::new_v4().to_string(), Uuid::new_v4());
-        for partition in 0..2 {
-            send(
-                &producer,
+        for partition in 0..B::RACE_PARTITIONS {
+            let partition = i32::try_from(partition).expect("partition");
+            bus.send(
                 &topic,
                 Msg::order(&id, order, 900 + round).on_partition(partition),
             )
@@ -453,8 +453,9 @@ async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
             .max()
             .unwrap_or_default();
         println!(
-            "{} round {round}: {} claims, {in_flight} begun before the winner committed \
+            "{} and {} round {round}: {} claims, {in_flight} begun before the winner committed \
              ({:?} after the first; the winner's claim took {:?}, its commit came {:?} after it)",
+            B::NAME,
             K::NAME,
             claims.len(),
             spread,
@@ -469,7 +470,7 @@ async fn racing_consumers_apply_one_event_once_and_keep_going<K: Kit>() {
     a.stop().await;
     b.stop().await;
     assert_eq!(
-        RUNS_RACE[K::INDEX].load(Ordering::SeqCst),
+        RUNS_RACE[slot::<K, B>()].load(Ordering::SeqCst),
         2,
         "each event's handler committed once and ran once"
     );
@@ -489,32 +490,25 @@ handlers!("failure-order", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn failed_message_is_not_skipped_by_a_later_success<K: Kit>() {
-    let broker = Broker::start();
+async fn failed_message_is_not_skipped_by_a_later_success<K: Kit, B: Bus>() {
+    let bus = B::start().await;
     let kit = K::new("order").await;
-    let topic = support::unique("order");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
-    send(
-        &producer,
+    let topic = bus.topic("order");
+    bus.create_topic(&topic, 1).await;
+    bus.send(
         &topic,
         one_key(Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 13)),
     )
     .await;
-    send(
-        &producer,
+    bus.send(
         &topic,
         one_key(Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), 14)),
     )
     .await;
     let builder = || {
-        Consumer::builder(
-            "failure-order",
-            kit.store(),
-            support::kafka(&broker.brokers, &topic),
-        )
-        .retry(RetryPolicy::no_retries())
-        .on_exhausted(OnExhausted::LeaveUncommitted)
+        Consumer::builder("failure-order", kit.store(), bus.consumer(&topic))
+            .retry(RetryPolicy::no_retries())
+            .on_exhausted(OnExhausted::LeaveUncommitted)
     };
 
     let mut first = Running::start(builder());
@@ -536,16 +530,20 @@ async fn failed_message_is_not_skipped_by_a_later_success<K: Kit>() {
         "N+1 must not commit past the failed N"
     );
     assert_eq!(
-        support::committed(&broker.brokers, "failure-order", &topic, 0).unwrap_or(0),
+        bus.committed("failure-order", &topic, 0).await.unwrap_or(0),
         0
     );
     assert_eq!(kit.invoices().await, 1);
 
     let mut second = Running::start(builder());
     let reports = second.take(2).await;
-    let committed = support::wait_committed(&broker.brokers, "failure-order", &topic, 0, 2).await;
+    let committed = bus.wait_committed("failure-order", &topic, 0, 2).await;
     second.stop().await;
-    assert_eq!(reports[0].delivery.offset, 0, "N is delivered again");
+    assert_eq!(
+        reports[0].delivery.offset,
+        bus.offset(&topic, 0, 0),
+        "N is delivered again"
+    );
     assert!(
         matches!(reports[0].outcome, Outcome::Processed { attempt: 2 }),
         "{reports:#?}"
@@ -556,31 +554,30 @@ async fn failed_message_is_not_skipped_by_a_later_success<K: Kit>() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Rebalance (in-process Kafka: only Kafka semantics matter here). A handler is blocked on one
-// message of partition 0 when a second member joins: the group rebalances while the message is
-// in hand. When it is released, its transaction commits but its old owner commits no offset for
-// it (the partition was revoked from that generation), and the partition's next owner gets it
-// again and skips it as a duplicate. Then the first member leaves; every event is applied once
-// and every partition is committed to its end by whoever owns it last.
+// Rebalance mid-stream. A handler is blocked on one message (the gate) when a second member
+// joins the group, so that the gated partition changes hands while its message is in hand.
+// When the gate is released, its transaction commits but its old owner commits no position for
+// it: the partition is no longer its own. The partition's next owner gets it again and skips it
+// as a duplicate. Then the first member leaves; every event is applied once and every partition
+// is committed to its end by whoever owns it last.
+//
+// On Kafka (the in-process mock cluster: Tansu's coordinator does not rebalance as Kafka's
+// does), the join rebalances the group with the eager protocol, which revokes every partition
+// of the first member while its message is in hand. On NATS there is no coordinator: the
+// second member registers, the first finds itself over its fair share and gives up its highest
+// partition (where the gate is): it stops that partition's run and no longer renews its lease.
+// The message in hand outlasts the lease TTL, so the lease expires and the second member takes
+// the partition (a new consumer, from the acknowledgement floor) while the first still holds the
+// message; released, the first member's acknowledgement is refused by the lease's fence.
 
-/// The message whose handler blocks, on its first run, until the test releases it.
-const GATE: (i32, i64) = (0, 9);
+/// The gated message: the tenth of its partition; its handler blocks, on its first run, until
+/// the test releases it.
+const GATE_INDEX: usize = 9;
 const GATE_CENTS: i64 = 4242;
-static GATE_USED: [std::sync::atomic::AtomicBool; 3] = [
-    std::sync::atomic::AtomicBool::new(false),
-    std::sync::atomic::AtomicBool::new(false),
-    std::sync::atomic::AtomicBool::new(false),
-];
-static GATE_ENTERED: [tokio::sync::Notify; 3] = [
-    tokio::sync::Notify::const_new(),
-    tokio::sync::Notify::const_new(),
-    tokio::sync::Notify::const_new(),
-];
-static GATE_RELEASED: [tokio::sync::Notify; 3] = [
-    tokio::sync::Notify::const_new(),
-    tokio::sync::Notify::const_new(),
-    tokio::sync::Notify::const_new(),
-];
+static GATE_USED: [std::sync::atomic::AtomicBool; 6] =
+    [const { std::sync::atomic::AtomicBool::new(false) }; 6];
+static GATE_ENTERED: [tokio::sync::Notify; 6] = [const { tokio::sync::Notify::const_new() }; 6];
+static GATE_RELEASED: [tokio::sync::Notify; 6] = [const { tokio::sync::Notify::const_new() }; 6];
 
 handlers!("rebalance", |event, tx, meta, store| {
     insert_invoice!(event, tx)?;
@@ -592,39 +589,47 @@ handlers!("rebalance", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
-    use inoutbox::kafka::InProcessKafka;
-    let kafka = InProcessKafka::start().expect("in-process kafka");
-    let topic = "rebalance";
-    kafka.create_topic(topic, 4).expect("topic");
+async fn rebalance_mid_stream_applies_each_event_once<K: Kit, B: Bus>() {
+    let bus = B::start_for_rebalance().await;
+    let topic = bus.topic("rebalance");
+    bus.create_topic(&topic, 4).await;
     let kit = K::new("rebalance").await;
-    let producer = support::producer(kafka.brokers());
     // 50 per partition, fewer than a partition's buffer (64): the member never waits for a
     // partition task, so it keeps polling and takes part in the rebalance while one is blocked.
     let per_partition = 50;
     for partition in 0..4 {
         for i in 0..per_partition {
-            let cents = if (partition, i) == GATE {
+            let cents = if (partition, i) == (B::GATE_PARTITION, GATE_INDEX) {
                 GATE_CENTS
             } else {
-                i
+                i64::try_from(i).expect("cents")
             };
             let msg = Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), cents);
-            send(&producer, topic, msg.on_partition(partition)).await;
+            let partition = i32::try_from(partition).expect("partition");
+            bus.send(&topic, msg.on_partition(partition)).await;
         }
     }
-    let total = 4 * per_partition;
-    let config = || kafka.consumer_config([topic]);
-    let mut a = Running::start(Consumer::builder("rebalance", kit.store(), config()));
-    tokio::time::timeout(Duration::from_secs(60), GATE_ENTERED[K::INDEX].notified())
+    let gate = (
+        i32::try_from(B::GATE_PARTITION).expect("partition"),
+        bus.offset(&topic, B::GATE_PARTITION, GATE_INDEX),
+    );
+    let total = 4 * i64::try_from(per_partition).expect("count");
+    let slot = slot::<K, B>();
+    let mut a = Running::start(Consumer::builder(
+        "rebalance",
+        kit.store(),
+        bus.consumer(&topic),
+    ));
+    tokio::time::timeout(Duration::from_secs(60), GATE_ENTERED[slot].notified())
         .await
         .expect("the first member's handler holds the gated message");
-    let mut b = Running::start(Consumer::builder("rebalance", kit.store(), config()));
-    // B reports once the rebalance has given it partitions (with the eager protocol, after
-    // every partition of A was revoked). On SQLite the blocked transaction holds the one write
-    // lock, so nothing can be reported: wait a few seconds instead (a join takes about one).
-    let b_first = b.next(Duration::from_secs(8)).await;
-    GATE_RELEASED[K::INDEX].notify_one();
+    let mut b = Running::start(Consumer::builder(
+        "rebalance",
+        kit.store(),
+        bus.consumer(&topic),
+    ));
+    let handover = bus.handed_over("rebalance", &topic, &mut b).await;
+    GATE_RELEASED[slot].notify_one();
     let mut a_reports = Vec::new();
     let gated = loop {
         let r = a
@@ -632,7 +637,7 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
             .await
             .expect("the first member finishes the gated message");
         a_reports.push(r.clone());
-        if (r.delivery.partition, r.delivery.offset) == GATE {
+        if (r.delivery.partition, r.delivery.offset) == gate {
             break r;
         }
     };
@@ -643,10 +648,10 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     assert_eq!(
         gated.committed,
         None,
-        "{}: the partition was revoked while its message was in hand (B reported {:?}); its old \
-         owner must not commit it",
+        "{} and {}: the partition changed hands while its message was in hand ({handover}); \
+         its old owner must not commit it",
+        B::NAME,
         K::NAME,
-        b_first.map(|r| (r.delivery.partition, r.delivery.offset))
     );
 
     let mut a_left = a.stop().await;
@@ -657,12 +662,11 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
     let mut positions = Vec::new();
     for partition in 0..4 {
         positions.push(
-            support::wait_committed(
-                kafka.brokers(),
+            bus.wait_committed(
                 "rebalance",
-                topic,
+                &topic,
                 partition,
-                per_partition,
+                i64::try_from(per_partition).expect("count"),
             )
             .await,
         );
@@ -679,13 +683,14 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
         .count();
     let gate_again: Vec<_> = later
         .iter()
-        .filter(|r| (r.delivery.partition, r.delivery.offset) == GATE)
+        .filter(|r| (r.delivery.partition, r.delivery.offset) == gate)
         .map(|r| r.outcome.clone())
         .collect();
     println!(
-        "rebalance on {}: gated message processed by its old owner, committed {:?}, then delivered \
-         to its next owner: {gate_again:?}; {duplicates} duplicate deliveries after handovers; \
-         committed {positions:?}",
+        "rebalance on {} and {}: {handover}; gated message processed by its old owner, \
+         committed {:?}, then delivered to its next owner: {gate_again:?}; {duplicates} \
+         duplicate deliveries after handovers; committed {positions:?}",
+        B::NAME,
         K::NAME,
         gated.committed
     );
@@ -707,11 +712,7 @@ async fn rebalance_mid_stream_applies_each_event_once<K: Kit>() {
 // Graceful shutdown: the stop arrives while a slow handler runs; the message in hand is
 // finished and its offset committed, the buffered ones are left for the next member.
 
-static SLOW_STARTED: [tokio::sync::Notify; 3] = [
-    tokio::sync::Notify::const_new(),
-    tokio::sync::Notify::const_new(),
-    tokio::sync::Notify::const_new(),
-];
+static SLOW_STARTED: [tokio::sync::Notify; 6] = [const { tokio::sync::Notify::const_new() }; 6];
 
 handlers!("graceful", |event, tx, meta, store| {
     insert_invoice!(event, tx)?;
@@ -720,15 +721,13 @@ handlers!("graceful", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn graceful_stop_finishes_the_message_in_hand_and_commits_it<K: Kit>() {
-    let broker = Broker::start();
+async fn graceful_stop_finishes_the_message_in_hand_and_commits_it<K: Kit, B: Bus>() {
+    let bus = B::start().await;
     let kit = K::new("graceful").await;
-    let topic = support::unique("graceful");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
+    let topic = bus.topic("graceful");
+    bus.create_topic(&topic, 1).await;
     for i in 0..3 {
-        send(
-            &producer,
+        bus.send(
             &topic,
             one_key(Msg::order(&Uuid::new_v4().to_string(), Uuid::new_v4(), i)),
         )
@@ -737,25 +736,28 @@ async fn graceful_stop_finishes_the_message_in_hand_and_commits_it<K: Kit>() {
     let c = Running::start(Consumer::builder(
         "graceful",
         kit.store(),
-        support::kafka(&broker.brokers, &topic),
+        bus.consumer(&topic),
     ));
-    tokio::time::timeout(Duration::from_secs(30), SLOW_STARTED[K::INDEX].notified())
-        .await
-        .expect("the handler starts");
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        SLOW_STARTED[slot::<K, B>()].notified(),
+    )
+    .await
+    .expect("the handler starts");
     let mut reports = c.stop().await; // arrives while the first message is in the handler
     let first = reports.try_recv().expect("the message in hand is reported");
     assert!(
         matches!(first.outcome, Outcome::Processed { .. }),
         "{first:?}"
     );
-    assert_eq!(first.committed, Some(1));
+    assert_eq!(first.committed, Some(bus.position(&topic, 0, 1)));
     assert!(
         reports.try_recv().is_err(),
         "nothing after the message in hand"
     );
     assert_eq!(kit.invoices().await, 1);
     assert_eq!(
-        support::committed(&broker.brokers, "graceful", &topic, 0),
+        bus.committed("graceful", &topic, 0).await,
         Some(1),
         "its offset is committed before the consumer leaves the group"
     );
@@ -770,7 +772,8 @@ handlers!("retention", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K: Kit>() {
+/// (No broker: the same on both.)
+async fn retention_deletes_old_processed_rows_in_batches_and_counts_stuck_ones<K: Kit, B: Bus>() {
     use inoutbox::inbox::Delivery;
     use inoutbox::store::{Claim, InboxKey, InboxStore};
     let kit = K::new("retention").await;
@@ -863,7 +866,8 @@ async fn outbox_rows<K: Kit>(kit: &K, filter: &str) -> i64 {
     .await
 }
 
-async fn outbox_row_commits_and_rolls_back_with_the_business_write<K: Kit>() {
+/// (No broker: the same on both.)
+async fn outbox_row_commits_and_rolls_back_with_the_business_write<K: Kit, B: Bus>() {
     let kit = K::new("enqueue").await;
     let store = kit.store();
     // Rolled back: neither the invoice nor the event.
@@ -904,9 +908,9 @@ async fn outbox_row_commits_and_rolls_back_with_the_business_write<K: Kit>() {
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit>() {
-    let broker = Broker::start();
-    broker.create_topic("orders", 2).await;
+async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit, B: Bus>() {
+    let bus = B::start().await;
+    bus.create_topic("orders", 2).await;
     let kit = K::new("envelope").await;
     let store = kit.store();
     let mut expected = HashMap::new();
@@ -941,16 +945,13 @@ async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit>(
     .unwrap();
     store.rollback(tx).await.unwrap();
 
-    let relay = Relay::with_store(
-        kit.relay_store(),
-        support::tansu_publisher(&broker.brokers),
-        K::relay_config(),
-    );
+    let relay = Relay::with_store(kit.relay_store(), bus.publisher(2).await, K::relay_config());
     let mut relay = support::RunningRelay::spawn(relay);
     relay.published(5, Duration::from_secs(30)).await;
     relay.stop().await;
-    let received =
-        support::read_topic(&broker.brokers, "orders", 2, 5, Duration::from_secs(30)).await;
+    let received = bus
+        .read_topic("orders", 2, 5, Duration::from_secs(30))
+        .await;
     assert_eq!(received.len(), 5);
     for msg in &received {
         let id = msg.header("ce_id").expect("ce_id");
@@ -979,22 +980,21 @@ async fn relay_publishes_committed_events_with_the_cloudevents_envelope<K: Kit>(
     );
 }
 
-async fn three_relays_keep_per_key_commit_order_and_lose_nothing<K: Kit>() {
+async fn three_relays_keep_per_key_commit_order_and_lose_nothing<K: Kit, B: Bus>() {
     const EVENTS: usize = 3000;
     const KEYS: usize = 30;
     const WRITERS: usize = 4;
-    let broker = Broker::start();
-    broker.create_topic("sequenced", 3).await;
+    let bus = B::start().await;
+    bus.create_topic("sequenced", 3).await;
     let kit = K::new("order3").await;
-    let relays: Vec<_> = (0..3)
-        .map(|_| {
-            support::RunningRelay::spawn(Relay::with_store(
-                kit.relay_store(),
-                support::tansu_publisher(&broker.brokers),
-                K::relay_config(),
-            ))
-        })
-        .collect();
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        relays.push(support::RunningRelay::spawn(Relay::with_store(
+            kit.relay_store(),
+            bus.publisher(3).await,
+            K::relay_config(),
+        )));
+    }
     // Concurrent writers; a key's sequence number comes from a counter row in the same
     // transaction, so per key, sequence order is commit order.
     let next = std::sync::atomic::AtomicUsize::new(0);
@@ -1026,14 +1026,9 @@ async fn three_relays_keep_per_key_commit_order_and_lose_nothing<K: Kit>() {
     };
     // Four writers interleaving on one task: their transactions overlap at every await.
     tokio::join!(writer(0), writer(1), writer(2), writer(3));
-    let received = support::read_topic(
-        &broker.brokers,
-        "sequenced",
-        3,
-        EVENTS,
-        Duration::from_secs(120),
-    )
-    .await;
+    let received = bus
+        .read_topic("sequenced", 3, EVENTS, Duration::from_secs(120))
+        .await;
     for relay in relays {
         relay.stop().await;
     }
@@ -1048,7 +1043,12 @@ async fn three_relays_keep_per_key_commit_order_and_lose_nothing<K: Kit>() {
         let seq = msg.payload["seq"].as_i64().unwrap();
         assert_eq!(msg.key.as_deref(), Some(key.as_str()));
         let prev = last.insert(key.clone(), seq).unwrap_or(0);
-        assert!(seq > prev, "{}: key {key}: {seq} after {prev}", K::NAME);
+        assert!(
+            seq > prev,
+            "{} and {}: key {key}: {seq} after {prev}",
+            B::NAME,
+            K::NAME
+        );
     }
     assert_eq!(received.len(), EVENTS, "every event arrived");
     assert_eq!(
@@ -1087,34 +1087,29 @@ handlers!("chain", |event, tx, meta, store| {
     Ok(())
 });
 
-async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one<K: Kit>() {
-    let broker = Broker::start();
+async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one<K: Kit, B: Bus>() {
+    let bus = B::start().await;
     let kit = K::new("chain").await;
-    let topic = support::unique("chain");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
+    let topic = bus.topic("chain");
+    bus.create_topic(&topic, 1).await;
     let order_id = Uuid::new_v4();
-    send(
-        &producer,
+    bus.send(
         &topic,
         Msg::order(&Uuid::new_v4().to_string(), order_id, 10),
     )
     .await;
     let mut c = Running::start(
-        Consumer::builder(
-            "chain",
-            kit.store(),
-            support::kafka(&broker.brokers, &topic),
-        )
-        .retry(RetryPolicy::default().max_attempts(3).backoff(Backoff::new(
-            Duration::from_millis(20),
-            Duration::from_secs(30),
-        ))),
+        Consumer::builder("chain", kit.store(), bus.consumer(&topic)).retry(
+            RetryPolicy::default().max_attempts(3).backoff(Backoff::new(
+                Duration::from_millis(20),
+                Duration::from_secs(30),
+            )),
+        ),
     );
     let report = c.take(1).await.remove(0);
     c.stop().await;
     assert_eq!(report.outcome, Outcome::Processed { attempt: 2 });
-    assert_eq!(CHAIN_RUNS[K::INDEX].load(Ordering::SeqCst), 2);
+    assert_eq!(CHAIN_RUNS[slot::<K, B>()].load(Ordering::SeqCst), 2);
     assert_eq!(
         outbox_rows(&kit, "").await,
         1,
@@ -1124,7 +1119,8 @@ async fn handler_that_enqueues_then_fails_leaves_no_row_and_its_retry_leaves_one
     assert_eq!(outbox_rows(&kit, &filter).await, 1);
 }
 
-async fn outbox_retention_deletes_old_published_rows_only<K: Kit>() {
+/// (No broker: the same on both.)
+async fn outbox_retention_deletes_old_published_rows_only<K: Kit, B: Bus>() {
     let kit = K::new("oretention").await;
     let store = kit.store();
     for i in 0..12 {

@@ -1,25 +1,23 @@
 //! The NATS JetStream transport against real `nats-server -js` processes (one per test, on a
-//! free port with a store of its own) and PostgreSQL: a duplicate runs its handler once, seed
-//! 003's four acknowledgement strategies, the relay's envelope and `Nats-Msg-Id`, a member
-//! whose lease was taken cannot acknowledge, a second member takes over a killed one's
+//! free port with a store of its own) and PostgreSQL: the relay's envelope and `Nats-Msg-Id`, a
+//! member whose lease was taken cannot acknowledge, a second member takes over a killed one's
 //! partitions, a server killed and restarted on its store loses and doubles nothing, and
-//! hostile messages are dead-lettered while the partition goes on.
+//! hostile messages are dead-lettered while the partition goes on. (The contract suite,
+//! tests/contract.rs, runs on NATS too: duplicates, seed 003's table, racing consumers, a
+//! rebalance, a graceful stop, the relay's order, on every store.)
 
 mod support;
-
-#[path = "support/nats.rs"]
-mod nats_support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use inoutbox::inbox::{AckStrategy, OnExhausted, UnknownEvent};
 use inoutbox::nats::{partition_for, subject, NatsPublisher};
 use inoutbox::outbox;
 use inoutbox::prelude::*;
 use inoutbox::{Consumer, Outcome, RetryPolicy};
 use nats_support::{ack_floor, config, publish, publish_order, NatsServer, Setup};
 use serde::{Deserialize, Serialize};
+use support::nats as nats_support;
 use support::Running;
 use support::TestDb;
 use uuid::Uuid;
@@ -58,219 +56,6 @@ async fn wait_for_invoices(db: &TestDb, n: i64, within: Duration) {
             "{have} of {n} invoices after {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A duplicate delivery runs the handler once.
-
-static DUPLICATE_RUNS: AtomicU32 = AtomicU32::new(0);
-
-#[inbox_handler(event = "OrderCreated", group = "nats-duplicate")]
-async fn counts_runs(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    DUPLICATE_RUNS.fetch_add(1, Ordering::SeqCst);
-    insert_invoice(&event, tx).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn duplicate_delivery_runs_handler_once() {
-    let server = NatsServer::start();
-    let Setup {
-        js,
-        db,
-        store,
-        topic,
-    } = Setup::new(&server, "nats_dup", "dup").await;
-    let id = Uuid::new_v4().to_string();
-    let order = Uuid::new_v4();
-    // The same event twice (no `Nats-Msg-Id`: JetStream keeps both).
-    publish_order(&js, &topic, 1, &id, order, 100).await;
-    publish_order(&js, &topic, 1, &id, order, 100).await;
-    let mut consumer = Running::start(Consumer::builder(
-        "nats-duplicate",
-        store,
-        config(&server, &topic, 1),
-    ));
-    let reports = consumer.take(2).await;
-    consumer.stop().await;
-    assert!(
-        matches!(reports[0].outcome, Outcome::Processed { .. }),
-        "{reports:?}"
-    );
-    assert_eq!(reports[1].outcome, Outcome::Duplicate, "{reports:?}");
-    assert_eq!(DUPLICATE_RUNS.load(Ordering::SeqCst), 1);
-    assert_eq!(db.invoices().await, 1);
-    assert!(
-        ack_floor(&js, &topic, "nats-duplicate", 0).await >= 2,
-        "both acknowledged"
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
-// Seed 003's table: four acknowledgement strategies, a handler that writes an invoice and then
-// fails on its first run (the same rows as tests/contract.rs expects on Kafka).
-
-static RUNS_AT_MOST_ONCE: AtomicU32 = AtomicU32::new(0);
-static RUNS_ON_PERSIST: AtomicU32 = AtomicU32::new(0);
-static RUNS_ON_SUCCESS: AtomicU32 = AtomicU32::new(0);
-static RUNS_EXACTLY_ONCE: AtomicU32 = AtomicU32::new(0);
-
-async fn insert_then_fail_first_run(
-    event: &OrderCreated,
-    tx: &mut PgTx<'_>,
-    runs: &AtomicU32,
-) -> Result<(), HandlerError> {
-    insert_invoice(event, tx).await?;
-    if runs.fetch_add(1, Ordering::SeqCst) == 0 {
-        return Err(HandlerError::transient(
-            "simulated failure after the invoice was written",
-        ));
-    }
-    Ok(())
-}
-
-#[inbox_handler(event = "OrderCreated", group = "nats-ack-at-most-once")]
-async fn at_most_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_AT_MOST_ONCE).await
-}
-
-#[inbox_handler(event = "OrderCreated", group = "nats-ack-on-persist")]
-async fn on_persist(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_ON_PERSIST).await
-}
-
-#[inbox_handler(event = "OrderCreated", group = "nats-ack-on-success")]
-async fn on_success(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_ON_SUCCESS).await
-}
-
-#[inbox_handler(event = "OrderCreated", group = "nats-ack-exactly-once")]
-async fn exactly_once(event: OrderCreated, tx: &mut PgTx<'_>) -> Result<(), HandlerError> {
-    insert_then_fail_first_run(&event, tx, &RUNS_EXACTLY_ONCE).await
-}
-
-#[derive(Debug, PartialEq, Eq)]
-struct StrategyRow {
-    processed: bool,
-    committed: bool,
-    second_received: bool,
-    handler_runs: u32,
-    invoices: i64,
-}
-
-async fn strategy_scenario(
-    server: &NatsServer,
-    strategy: AckStrategy,
-    group: &'static str,
-    runs: &AtomicU32,
-) -> StrategyRow {
-    let Setup {
-        js,
-        db,
-        store,
-        topic,
-    } = Setup::new(server, "nats_ack", group).await;
-    let order = Uuid::new_v4();
-    let seq = publish_order(&js, &topic, 1, &Uuid::new_v4().to_string(), order, 1200).await;
-    let builder = || {
-        Consumer::builder(group, store.clone(), config(server, &topic, 1))
-            .ack(strategy)
-            .retry(RetryPolicy::no_retries())
-            .on_exhausted(OnExhausted::LeaveUncommitted)
-            .unknown_event(UnknownEvent::Skip)
-    };
-    let mut first = Running::start(builder());
-    let report = first.take(1).await.remove(0);
-    first.stop().await;
-    let processed = matches!(report.outcome, Outcome::Processed { .. });
-    let committed = ack_floor(&js, &topic, group, 0).await >= seq;
-
-    // A sentinel after it with the same key (each key is in offset order; different keys of a
-    // partition run in lanes of their own) tells when the second consumer's answer is in.
-    let payload = serde_json::to_vec(&serde_json::json!({})).expect("json");
-    let key = order.to_string();
-    let sentinel = [
-        ("ce_id", "sentinel"),
-        ("ce_type", "Sentinel"),
-        ("ce_source", "tests"),
-        ("ce_specversion", "1.0"),
-        ("ce_partitionkey", key.as_str()),
-    ];
-    publish(&js, &subject(&topic, 0), &sentinel, payload).await;
-    let mut second = Running::start(builder());
-    let mut second_received = false;
-    loop {
-        let r = second.take(1).await.remove(0);
-        if matches!(r.outcome, Outcome::Skipped { .. }) {
-            break;
-        }
-        second_received = true;
-    }
-    second.stop().await;
-    StrategyRow {
-        processed,
-        committed,
-        second_received,
-        handler_runs: runs.load(Ordering::SeqCst),
-        invoices: db.invoices().await,
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acknowledgement_strategies_for_a_handler_that_writes_then_fails() {
-    let server = NatsServer::start();
-    let cases: [(&str, AckStrategy, &'static str, &'static AtomicU32); 4] = [
-        (
-            "AT_MOST_ONCE",
-            AckStrategy::AtMostOnce,
-            "nats-ack-at-most-once",
-            &RUNS_AT_MOST_ONCE,
-        ),
-        (
-            "AT_LEAST_ONCE, commit ON_PERSIST",
-            AckStrategy::AT_LEAST_ONCE_ON_PERSIST,
-            "nats-ack-on-persist",
-            &RUNS_ON_PERSIST,
-        ),
-        (
-            "AT_LEAST_ONCE, commit ON_SUCCESS",
-            AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
-            "nats-ack-on-success",
-            &RUNS_ON_SUCCESS,
-        ),
-        (
-            "EXACTLY_ONCE_INBOX (default)",
-            AckStrategy::ExactlyOnceInbox,
-            "nats-ack-exactly-once",
-            &RUNS_EXACTLY_ONCE,
-        ),
-    ];
-    let mut rows = Vec::new();
-    for (name, strategy, group, runs) in cases {
-        rows.push((
-            name,
-            strategy_scenario(&server, strategy, group, runs).await,
-        ));
-    }
-    println!("\nacknowledgement strategies on NATS JetStream (PostgreSQL):");
-    for (name, r) in &rows {
-        println!("{name:<34} {r:?}");
-    }
-    let row = |committed, second_received, handler_runs, invoices| StrategyRow {
-        processed: false,
-        committed,
-        second_received,
-        handler_runs,
-        invoices,
-    };
-    let expected = [
-        row(true, false, 1, 0),
-        row(true, false, 1, 0),
-        row(false, true, 2, 1),
-        row(false, true, 2, 1),
-    ];
-    for ((name, got), want) in rows.iter().zip(expected) {
-        assert_eq!(*got, want, "{name} on NATS");
     }
 }
 

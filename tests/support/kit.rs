@@ -451,8 +451,53 @@ macro_rules! contract_tests {
     };
 }
 
+/// Runs each named generic test body `async fn name<K: Kit, B: Bus>()` against every store on
+/// every broker: on Kafka as `postgres::name`, `sqlite::name` and, with the `mysql` feature,
+/// `mysql::name`; with the `nats` feature, on NATS JetStream as `nats::postgres::name`,
+/// `nats::sqlite::name` and `nats::mysql::name`.
+#[macro_export]
+macro_rules! broker_contract_tests {
+    ($($name:ident),* $(,)?) => {
+        $crate::broker_contract_tests!(@stores $crate::support::bus::Kafka, $($name),*);
+        #[cfg(feature = "nats")]
+        mod nats {
+            #[allow(unused_imports)]
+            use super::*;
+            $crate::broker_contract_tests!(@stores $crate::support::bus::Nats, $($name),*);
+        }
+    };
+    (@stores $bus:ty, $($name:ident),*) => {
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<$crate::support::kit::PgKit, $bus>().await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<$crate::support::kit::SqliteKit, $bus>().await
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name::<$crate::support::kit::MySqlKit, $bus>().await
+                }
+            )*
+        }
+    };
+}
+
 /// Declares one `#[inbox_handler]` per store for an `OrderCreated` handler body. The body sees
-/// the event, the transaction, the metadata and `store` (the kit index, for per-store counters).
+/// the event, the transaction, the metadata and `store`: the kit index, plus 3 for a message
+/// of the contract suite's NATS topics (`support::bus::slot`), for per-test counters.
 #[macro_export]
 macro_rules! handlers {
     ($group:tt, |$event:ident, $tx:ident, $meta:ident, $store:ident| $body:block) => {
@@ -465,7 +510,7 @@ macro_rules! handlers {
                 $tx: &mut PgTx<'_>,
                 $meta: &MessageMeta,
             ) -> Result<(), HandlerError> {
-                let $store: usize = 0;
+                let $store: usize = $crate::support::bus::slot(0, &$meta.topic);
                 let _ = (&$meta, $store);
                 $body
             }
@@ -476,7 +521,7 @@ macro_rules! handlers {
                 $tx: &mut inoutbox::SqliteTx<'_>,
                 $meta: &MessageMeta,
             ) -> Result<(), HandlerError> {
-                let $store: usize = 1;
+                let $store: usize = $crate::support::bus::slot(1, &$meta.topic);
                 let _ = (&$meta, $store);
                 $body
             }
@@ -488,7 +533,7 @@ macro_rules! handlers {
                 $tx: &mut inoutbox::MySqlTx<'_>,
                 $meta: &MessageMeta,
             ) -> Result<(), HandlerError> {
-                let $store: usize = 2;
+                let $store: usize = $crate::support::bus::slot(2, &$meta.topic);
                 let _ = (&$meta, $store);
                 $body
             }

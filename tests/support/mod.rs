@@ -1,12 +1,15 @@
 //! Shared fixtures of the integration tests: a PostgreSQL schema per test, a Tansu broker
-//! process per test, and a producer/consumer toolbox. A missing service fails the test with a
-//! message saying how to start it; nothing is skipped.
+//! process per test (a `nats-server` one in `nats`), and a producer/consumer toolbox. A
+//! missing service fails the test with a message saying how to start it; nothing is skipped.
 
 #![allow(dead_code)]
 
+pub mod bus;
 pub mod child;
 pub mod kit;
 pub mod memory;
+#[cfg(feature = "nats")]
+pub mod nats;
 pub mod net;
 pub mod observe;
 pub mod raw;

@@ -268,3 +268,111 @@ pub async fn read_stream(
     }
     out
 }
+
+/// The key of a lease in the lease bucket: `<group>.<topic>.<partition>`.
+pub fn lease_key(group: &str, topic: &str, partition: u32) -> String {
+    format!("{}.{}.{partition}", name_token(group), name_token(topic))
+}
+
+/// `text` as a token of a consumer or key name (as the transport makes them).
+fn name_token(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The first `n` messages of `topic`'s stream, in stream order, as the suite's `Received`
+/// (partition from the subject, offset the stream sequence, key from `ce_partitionkey`);
+/// panics if they do not come within `within`.
+pub async fn read_n(
+    js: &jetstream::Context,
+    topic: &str,
+    n: usize,
+    within: Duration,
+) -> Vec<crate::support::Received> {
+    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await
+        .expect("reader consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let deadline = tokio::time::Instant::now() + within;
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let m = match tokio::time::timeout_at(deadline, messages.next()).await {
+            Ok(Some(m)) => m.expect("message"),
+            _ => panic!(
+                "expected {n} messages on {topic} within {within:?}, got {}",
+                out.len()
+            ),
+        };
+        let headers: Vec<(String, String)> = m
+            .headers
+            .iter()
+            .flat_map(|map| map.iter())
+            .flat_map(|(name, values)| {
+                values
+                    .iter()
+                    .map(move |v| (name.to_string(), v.as_str().to_owned()))
+            })
+            .collect();
+        let partition = m
+            .subject
+            .rsplit('.')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a partition subject");
+        let offset = m.info().expect("JetStream message").stream_sequence;
+        out.push(crate::support::Received {
+            partition,
+            offset: i64::try_from(offset).expect("sequence"),
+            key: headers
+                .iter()
+                .find(|(name, _)| name == inoutbox::nats::HEADER_KEY)
+                .map(|(_, v)| v.clone()),
+            payload: serde_json::from_slice(&m.payload).expect("JSON payload"),
+            bytes: m.payload.to_vec(),
+            headers,
+        });
+    }
+    out
+}
+
+/// What one group has acknowledged on one partition, as a stream sequence: the highest, over
+/// the consumers of its leases, of each one's acknowledgement floor and of the sequence before
+/// its start (a lease's consumer starts right after what its predecessors acknowledged, and
+/// reports a floor of 0 until it acknowledges something itself).
+pub async fn acknowledged(
+    js: &jetstream::Context,
+    topic: &str,
+    group: &str,
+    partition: u32,
+) -> u64 {
+    let prefix = format!("{}_p{partition}_", name_token(&format!("{group}-{topic}")));
+    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let mut names = stream.consumer_names();
+    let mut floor = 0;
+    while let Some(name) = names.next().await {
+        let name = name.expect("consumer name");
+        if name.starts_with(&prefix) {
+            let info = stream.consumer_info(&name).await.expect("consumer info");
+            let before_start = match info.config.deliver_policy {
+                jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence } => {
+                    start_sequence.saturating_sub(1)
+                }
+                _ => 0,
+            };
+            floor = floor.max(info.ack_floor.stream_sequence).max(before_start);
+        }
+    }
+    floor
+}
