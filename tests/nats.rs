@@ -878,7 +878,7 @@ impl std::io::Write for LogBuffer {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nats_url_with_credentials_authenticates_and_never_shows_them() {
+async fn a_nats_url_with_credentials_authenticates_and_never_shows_them_nor_kafka_settings() {
     let logs = LogBuffer::default();
     let writer = logs.clone();
     tracing::subscriber::set_global_default(
@@ -912,13 +912,43 @@ async fn a_nats_url_with_credentials_authenticates_and_never_shows_them() {
         !format!("{refused} {refused:?}").contains("hunter2"),
         "{refused:?}"
     );
+    // Kafka settings of a group on an app that runs on NATS: ignored, with a warning that
+    // names them and the group, never their values (a setting may be a secret).
+    let app = inoutbox::App::connect_nats(Some(&db.url()), &url("hunter2-auth"))
+        .await
+        .expect("app");
+    let spec = inoutbox::app::ConsumerSpec::new("nats-app", ["auth-orders"])
+        .set("sasl.password", "hunter2-setting")
+        .group_id("a-kafka-group-id");
+    let mut app = app.consumer_with(spec);
+    let stop = app.shutdown_token();
+    let running = tokio::spawn(async move { app.run().await });
+    let warned = |logged: &str| {
+        logged.lines().any(|line| {
+            line.contains("Kafka settings of a consumer group ignored: the app runs on NATS")
+                && line.contains("sasl.password")
+                && line.contains("nats-app")
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !warned(&String::from_utf8_lossy(&logs.0.lock().expect("logs")))
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    running.await.expect("join").expect("the app stops cleanly");
     let logged = String::from_utf8_lossy(&logs.0.lock().expect("logs")).into_owned();
+    assert!(
+        warned(&logged),
+        "a warning naming the ignored Kafka setting and the group:\n{logged}"
+    );
     assert!(
         logged.contains("async_nats"),
         "async-nats's debug lines were captured:\n{logged}"
     );
     assert!(
         !logged.contains("hunter2"),
-        "a password in the log:\n{logged}"
+        "a password or a setting's value in the log:\n{logged}"
     );
 }
