@@ -809,11 +809,13 @@ async fn dead_letters(db: &TestDb) -> Vec<(i64, Option<Vec<u8>>, String)> {
 /// publish) on one partition: async-nats drops its connection when one arrives, so the reader
 /// reads what it lost from the stream itself. First among valid orders published before the
 /// consumer starts (found once idle after the reconnection); then one published while it runs
-/// with an order right after it (found by the delivery sequence that skips); then one as the
+/// with an order right after it (found by the delivery sequence that skips); then two valid
+/// orders whose header block holds a status (`NATS/1.0 408`, `NATS/1.0 503`: async-nats's pull
+/// passes over the first and fails on the second, found after that error); then one as the
 /// partition's last message (acknowledged by itself). Those whose event id holds the raw bytes
 /// are dead-lettered with their payload and the reason; the one whose raw bytes are in another
-/// header is processed; every valid order is invoiced once; the acknowledgement floor passes
-/// the last one. Without the reader's recovery the partition stalls (JetStream delivers the
+/// header, and those with a status, are processed; every valid order is invoiced once; the
+/// acknowledgement floor passes the last one. Without the reader's recovery the partition stalls (JetStream delivers the
 /// message again only after its acknowledgement wait, with the same result) and the first
 /// bounded wait fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -870,6 +872,17 @@ async fn a_header_of_raw_bytes_is_dead_lettered_and_the_partition_goes_on() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     order(6).await;
     wait_for_invoices(&db, 5, Duration::from_secs(30)).await;
+    // Header blocks with a status, which async-nats's pull takes for the server's own (a
+    // timeout it passes over, "no responders" an error): valid orders otherwise.
+    for status in ["408 Request Timeout", "503"] {
+        let headers = format!(
+            "NATS/1.0 {status}\r\nce_id: {}\r\nce_source: tests\r\nce_type: OrderCreated\r\n\r\n",
+            Uuid::new_v4()
+        );
+        let order = format!("{{\"order_id\":\"{}\",\"total_cents\":7}}", Uuid::new_v4());
+        publish_raw_headers(&server, &p0, headers.as_bytes(), order.as_bytes());
+    }
+    wait_for_invoices(&db, 7, Duration::from_secs(30)).await;
     hostiles.push(hostile(2));
     let deadline = Instant::now() + Duration::from_secs(30);
     while dead_letters(&db).await.len() < 3 {
@@ -877,8 +890,8 @@ async fn a_header_of_raw_bytes_is_dead_lettered_and_the_partition_goes_on() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     consumer.stop().await;
-    assert_eq!(distinct_invoices(&db).await, 5, "every valid order applied");
-    assert_eq!(db.invoices().await, 5, "none applied twice");
+    assert_eq!(distinct_invoices(&db).await, 7, "every valid order applied");
+    assert_eq!(db.invoices().await, 7, "none applied twice");
     let dead = dead_letters(&db).await;
     assert_eq!(dead.len(), 3, "{dead:?}");
     for ((offset, payload, error), (sequence, sent)) in

@@ -126,10 +126,12 @@ struct Seen {
 impl Reader {
     /// Hands the partition's messages to its run in stream order, each once (JetStream's
     /// repeats after its acknowledgement wait are dropped), until stopped or until a delivery
-    /// was lost. A message async-nats cannot read drops its connection and never arrives: when
+    /// was lost. A message async-nats cannot read never arrives (raw bytes in its headers drop
+    /// the connection; a status in its header block makes it one of the server's own): when
     /// the consumer delivered past what the reader received (a delivery sequence skipped, or,
-    /// once idle after a reconnection, the consumer's last delivery), the lost messages are
-    /// read from the stream (`lost`) and handed on in order, their headers as they are.
+    /// idle after a reconnection or after an error of the pull, the consumer's last delivery),
+    /// the lost messages are read from the stream (`lost`) and handed on in order, their
+    /// headers as they are.
     pub(super) async fn run(self) -> Ended {
         let mut messages = match self
             .consumer
@@ -154,7 +156,7 @@ impl Reader {
                 () = tokio::time::sleep(IDLE) => {
                     let now = self.connects();
                     if now != connects {
-                        match self.after_reconnection(&mut seen).await {
+                        match self.check_delivered(&mut seen).await {
                             Ok(true) => connects = now,
                             Ok(false) => {}
                             Err(ended) => return ended,
@@ -165,7 +167,16 @@ impl Reader {
             };
             let message = match next {
                 None => return Ended::Failed("the pull ended".to_owned()),
-                Some(Err(e)) => return Ended::Failed(e.to_string()),
+                // A message whose header block holds a status (`NATS/1.0 503`) is an error
+                // of the pull: read from the stream, it is handed on and the pull goes on.
+                Some(Err(e)) => {
+                    let before = seen.stream;
+                    match self.check_delivered(&mut seen).await {
+                        Ok(true) if seen.stream > before => continue,
+                        Err(ended) => return ended,
+                        _ => return Ended::Failed(e.to_string()),
+                    }
+                }
                 Some(Ok(message)) => message,
             };
             let Ok(info) = message.info() else {
@@ -207,15 +218,15 @@ impl Reader {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Idle after a reconnection: what the consumer delivered past what the reader received
-    /// was lost on the way. `false`: the server did not answer yet (asked again at the next
-    /// idle moment).
-    async fn after_reconnection(&self, seen: &mut Seen) -> Result<bool, Ended> {
+    /// Idle after a reconnection, or after an error of the pull: what the consumer delivered
+    /// past what the reader received was lost on the way. `false`: the server did not answer
+    /// (asked again at the next idle moment).
+    async fn check_delivered(&self, seen: &mut Seen) -> Result<bool, Ended> {
         let info = match self.consumer.get_info().await {
             Ok(info) => info,
             Err(e) => {
                 tracing::debug!(target: "inoutbox::nats", topic = %self.topic, partition = self.partition, error = %e,
-                    "consumer info after a reconnection failed; asking again");
+                    "consumer info failed; asking again");
                 return Ok(false);
             }
         };
@@ -250,7 +261,7 @@ impl Reader {
         for (n, message) in (1u64..).zip(lost) {
             if !message.readable {
                 tracing::warn!(target: "inoutbox::nats", topic = %self.topic, partition = self.partition,
-                    offset = message.sequence, "a message whose headers async-nats cannot read (not UTF-8) was read from the stream");
+                    offset = message.sequence, "a message async-nats does not hand on (raw bytes in its headers, a status in its header block) was read from the stream");
             }
             let acker = lost::acker(
                 &self.js,
