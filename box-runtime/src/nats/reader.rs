@@ -51,7 +51,13 @@ pub(super) async fn consumer(
             .consumer_info(name)
             .await
             .map_err(|e| format!("consumer {name}: {e}"))?;
-        floor = floor.max(info.ack_floor.stream_sequence);
+        // A consumer that acknowledged nothing yet reports a floor of 0: it started where its
+        // own predecessors had acknowledged up to.
+        let start = match info.config.deliver_policy {
+            DeliverPolicy::ByStartSequence { start_sequence } => start_sequence.saturating_sub(1),
+            _ => 0,
+        };
+        floor = floor.max(info.ack_floor.stream_sequence).max(start);
     }
     let name = format!("{prefix}{revision}");
     let deliver_policy = if floor == 0 {
