@@ -1,9 +1,8 @@
 //! One partition's reading: a durable pull consumer per lease, started where the previous
 //! leases' consumers were acknowledged up to, and the task that hands its messages to the
-//! partition's run in order.
+//! partition's run in order (those async-nats does not hand on read from the stream: `lost`).
 
 use std::sync::Arc;
-
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
