@@ -50,6 +50,7 @@ struct Member<P> {
     shutdown: CancellationToken,
     config: NatsConfig,
     kv: kv::Store,
+    js: jetstream::Context,
     streams: HashMap<Arc<str>, jetstream::stream::Stream>,
     /// This member's value in the leases it holds.
     id: String,
@@ -97,6 +98,7 @@ impl Transport for NatsConfig {
             shutdown,
             config: self,
             kv,
+            js,
             streams,
             id: uuid::Uuid::new_v4().to_string(),
             owned: HashMap::new(),
@@ -441,6 +443,7 @@ impl<P: Partitions> Member<P> {
         let reader = tokio::spawn(
             Reader {
                 consumer,
+                js: self.js.clone(),
                 lease: lease.clone(),
                 deliveries: sender,
                 stop: stop.clone(),

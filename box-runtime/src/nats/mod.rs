@@ -12,6 +12,8 @@
 //!   acknowledges only while its lease holds;
 //! - `reader`: one partition's durable pull consumer, per lease, started at the acknowledgement
 //!   floor of the previous one;
+//! - `lost`: deliveries lost on the way (a header async-nats cannot read drops its connection),
+//!   read from the stream itself through its message-get API;
 //! - `publisher`: [`NatsPublisher`], the relay's side (`Nats-Msg-Id` = the event id);
 //! - `dead_letter`: the optional dead-letter subject;
 //! - `lag`: each partition's lag (its consumer's pending and unacknowledged messages): the
@@ -24,6 +26,7 @@ mod dead_letter;
 mod headers;
 mod lag;
 mod lease;
+mod lost;
 mod member;
 mod publisher;
 mod reader;

@@ -1,16 +1,20 @@
 //! One partition's reading: a durable pull consumer per lease, started where the previous
 //! leases' consumers were acknowledged up to, and the task that hands its messages to the
-//! partition's run in order.
+//! partition's run in order (those async-nats does not hand on read from the stream: `lost`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::message::Acker;
 use async_nats::jetstream::stream::Stream;
+use async_nats::jetstream::Context;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use super::headers::{self, Headers};
 use super::lease::Lease;
-use super::{headers, token, NatsConfig, HEADER_KEY};
+use super::{lost, token, NatsConfig, HEADER_KEY};
 use crate::message::Delivery;
 use crate::shutdown::CancellationToken;
 
@@ -46,7 +50,13 @@ pub(super) async fn consumer(
             .consumer_info(name)
             .await
             .map_err(|e| format!("consumer {name}: {e}"))?;
-        floor = floor.max(info.ack_floor.stream_sequence);
+        // A consumer that acknowledged nothing yet reports a floor of 0: it started where its
+        // own predecessors had acknowledged up to.
+        let start = match info.config.deliver_policy {
+            DeliverPolicy::ByStartSequence { start_sequence } => start_sequence.saturating_sub(1),
+            _ => 0,
+        };
+        floor = floor.max(info.ack_floor.stream_sequence).max(start);
     }
     let name = format!("{prefix}{revision}");
     let deliver_policy = if floor == 0 {
@@ -83,16 +93,26 @@ pub(super) enum Ended {
     /// Its stop token was cancelled, or the run stopped taking messages.
     Stopped,
     /// A delivery was lost on the way (the consumer's delivery sequence skipped one, after a
-    /// reconnection): the partition restarts from its acknowledgement floor, so that nothing
-    /// is read out of order.
+    /// reconnection) and every lost message was one async-nats can read: the partition
+    /// restarts from its acknowledgement floor, so that nothing is read out of order.
     Gap,
     /// The pull failed (a server restart, a deleted consumer).
     Failed(String),
 }
 
+/// How long the reader waits for a message before it looks whether the connection was
+/// established again meanwhile (a local counter; the server is asked only then).
+const IDLE: Duration = Duration::from_secs(1);
+
+/// The most lost messages read from the stream at once; beyond, the partition restarts from
+/// its acknowledgement floor, which brings fewer.
+const MOST_LOST: usize = 1_000;
+
 /// Where a partition is read from, and where its messages go.
 pub(super) struct Reader {
     pub(super) consumer: PullConsumer,
+    /// For what it reads from the stream itself and its acknowledgements (see `lost`).
+    pub(super) js: Context,
     pub(super) lease: Arc<Lease>,
     pub(super) deliveries: mpsc::Sender<Arc<Delivery>>,
     pub(super) stop: CancellationToken,
@@ -101,60 +121,183 @@ pub(super) struct Reader {
     pub(super) batch: usize,
 }
 
+/// What the reader has handed on: the last stream sequence, and the last delivery sequence of
+/// its consumer it received.
+struct Seen {
+    stream: u64,
+    delivery: u64,
+}
+
 impl Reader {
     /// Hands the partition's messages to its run in stream order, each once (JetStream's
     /// repeats after its acknowledgement wait are dropped), until stopped or until a delivery
-    /// was lost.
+    /// was lost. A message async-nats cannot read never arrives (raw bytes in its headers drop
+    /// the connection; a status in its header block makes it one of the server's own): when
+    /// the consumer delivered past what the reader received (a delivery sequence skipped, or,
+    /// idle after a reconnection or after an error of the pull, the consumer's last delivery),
+    /// the lost messages are read from the stream (`lost`) and handed on in order, their
+    /// headers as they are.
     pub(super) async fn run(self) -> Ended {
         let mut messages = match self
             .consumer
             .stream()
             .max_messages_per_batch(self.batch.max(1))
-            .heartbeat(std::time::Duration::from_secs(5))
+            .heartbeat(Duration::from_secs(5))
             .messages()
             .await
         {
             Ok(messages) => messages,
             Err(e) => return Ended::Failed(e.to_string()),
         };
-        let (mut last_stream, mut last_delivery) = (0u64, 0u64);
+        let mut seen = Seen {
+            stream: self.start().saturating_sub(1),
+            delivery: 0,
+        };
+        let mut connects = self.connects();
         loop {
             let next = tokio::select! {
                 () = self.stop.cancelled() => return Ended::Stopped,
                 next = messages.next() => next,
+                () = tokio::time::sleep(IDLE) => {
+                    let now = self.connects();
+                    if now != connects {
+                        match self.check_delivered(&mut seen).await {
+                            Ok(true) => connects = now,
+                            Ok(false) => {}
+                            Err(ended) => return ended,
+                        }
+                    }
+                    continue;
+                }
             };
             let message = match next {
                 None => return Ended::Failed("the pull ended".to_owned()),
-                Some(Err(e)) => return Ended::Failed(e.to_string()),
+                // A message whose header block holds a status (`NATS/1.0 503`) is an error
+                // of the pull: read from the stream, it is handed on and the pull goes on.
+                Some(Err(e)) => {
+                    let before = seen.stream;
+                    match self.check_delivered(&mut seen).await {
+                        Ok(true) if seen.stream > before => continue,
+                        Err(ended) => return ended,
+                        _ => return Ended::Failed(e.to_string()),
+                    }
+                }
                 Some(Ok(message)) => message,
             };
             let Ok(info) = message.info() else {
                 continue;
             };
             let (stream_seq, delivery_seq) = (info.stream_sequence, info.consumer_sequence);
-            if last_delivery != 0 && delivery_seq > last_delivery + 1 {
-                return Ended::Gap;
+            if delivery_seq > seen.delivery + 1 {
+                if let Err(ended) = self.recover(&mut seen, stream_seq.saturating_sub(1)).await {
+                    return ended;
+                }
             }
-            last_delivery = delivery_seq;
-            if stream_seq <= last_stream {
+            seen.delivery = delivery_seq;
+            if stream_seq <= seen.stream {
                 continue;
             }
-            last_stream = stream_seq;
-            let offset = i64::try_from(stream_seq).unwrap_or(i64::MAX);
             let (message, acker) = message.split();
-            self.lease.delivered(offset, acker);
-            let delivery = Arc::new(self.delivery(message, offset));
-            tokio::select! {
-                () = self.stop.cancelled() => return Ended::Stopped,
-                sent = self.deliveries.send(delivery) => if sent.is_err() {
-                    return Ended::Stopped;
-                },
+            let (headers, payload) = (headers::incoming(message.headers.as_ref()), message.payload);
+            let delivery = self.delivery(stream_seq, headers, payload.to_vec());
+            if let Err(ended) = self.hand_on(&mut seen, acker, delivery).await {
+                return ended;
             }
         }
     }
 
-    fn delivery(&self, message: async_nats::Message, offset: i64) -> Delivery {
-        let headers = headers::incoming(message.headers.as_ref());
+    /// The first stream sequence of the consumer.
+    fn start(&self) -> u64 {
+        match self.consumer.cached_info().config.deliver_policy {
+            DeliverPolicy::ByStartSequence { start_sequence } => start_sequence,
+            _ => 1,
+        }
+    }
+
+    /// How many times the client connected (the first time included).
+    fn connects(&self) -> u64 {
+        self.js
+            .client()
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Idle after a reconnection, or after an error of the pull: what the consumer delivered
+    /// past what the reader received was lost on the way. `false`: the server did not answer
+    /// (asked again at the next idle moment).
+    async fn check_delivered(&self, seen: &mut Seen) -> Result<bool, Ended> {
+        let info = match self.consumer.get_info().await {
+            Ok(info) => info,
+            Err(e) => {
+                tracing::debug!(target: "inoutbox::nats", topic = %self.topic, partition = self.partition, error = %e,
+                    "consumer info failed; asking again");
+                return Ok(false);
+            }
+        };
+        if info.delivered.stream_sequence > seen.stream {
+            self.recover(seen, info.delivered.stream_sequence).await?;
+        }
+        seen.delivery = seen.delivery.max(info.delivered.consumer_sequence);
+        Ok(true)
+    }
+
+    /// Deliveries were lost up to the stream sequence `until`: when one of them is a message
+    /// async-nats cannot read, they are read from the stream and handed on in order (each
+    /// acknowledged with the lowest delivery sequence it can have had); otherwise the
+    /// partition restarts from its acknowledgement floor.
+    async fn recover(&self, seen: &mut Seen, until: u64) -> Result<(), Ended> {
+        let info = self.consumer.cached_info();
+        let subject = &info.config.filter_subject;
+        let lost = lost::read(
+            &self.js,
+            &info.stream_name,
+            subject,
+            seen.stream,
+            until,
+            MOST_LOST,
+        );
+        let lost = match lost.await {
+            Ok(Some(lost)) if lost.iter().any(|m| !m.readable) => lost,
+            Ok(_) => return Err(Ended::Gap),
+            Err(e) => return Err(Ended::Failed(e)),
+        };
+        let first_delivery = seen.delivery;
+        for (n, message) in (1u64..).zip(lost) {
+            if !message.readable {
+                tracing::warn!(target: "inoutbox::nats", topic = %self.topic, partition = self.partition,
+                    offset = message.sequence, "a message async-nats does not hand on (raw bytes in its headers, a status in its header block) was read from the stream");
+            }
+            let acker = lost::acker(
+                &self.js,
+                &info.stream_name,
+                &info.name,
+                message.sequence,
+                first_delivery + n,
+            );
+            let delivery = self.delivery(message.sequence, message.headers, message.payload);
+            self.hand_on(seen, acker, delivery).await?;
+        }
+        Ok(())
+    }
+
+    /// Hands one message on to the run; its acknowledgement waits in the lease for a commit
+    /// past it.
+    async fn hand_on(
+        &self,
+        seen: &mut Seen,
+        acker: Acker,
+        delivery: Delivery,
+    ) -> Result<(), Ended> {
+        seen.stream = u64::try_from(delivery.offset).unwrap_or(0);
+        self.lease.delivered(delivery.offset, acker);
+        tokio::select! {
+            () = self.stop.cancelled() => Err(Ended::Stopped),
+            sent = self.deliveries.send(Arc::new(delivery)) => sent.map_err(|_| Ended::Stopped),
+        }
+    }
+
+    fn delivery(&self, sequence: u64, headers: Headers, payload: Vec<u8>) -> Delivery {
         let key = headers
             .iter()
             .find(|(name, _)| name == HEADER_KEY)
@@ -162,9 +305,9 @@ impl Reader {
         Delivery {
             topic: self.topic.clone(),
             partition: self.partition,
-            offset,
+            offset: i64::try_from(sequence).unwrap_or(i64::MAX),
             key,
-            payload: Some(message.payload.to_vec()),
+            payload: Some(payload),
             headers,
         }
     }
