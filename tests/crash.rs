@@ -5,6 +5,11 @@
 
 mod support;
 
+#[cfg(feature = "nats")]
+#[allow(dead_code)] // each test file uses only some of the fixtures
+#[path = "support/nats.rs"]
+mod nats_support;
+
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{Header, OwnedHeaders};
@@ -24,35 +29,152 @@ async fn wait_until(db: &TestDb, sql: &str, target: i64, within: Duration) -> i6
     }
 }
 
+/// The broker of a crash test: Kafka (Tansu) or NATS JetStream, each a process of the test's
+/// own, with the topic the billing example reads.
+enum Bus {
+    Kafka {
+        broker: Broker,
+        topic: String,
+    },
+    #[cfg(feature = "nats")]
+    Nats {
+        server: nats_support::NatsServer,
+        js: async_nats::jetstream::Context,
+        topic: String,
+        /// The stream sequence of the last message sent.
+        last: u64,
+    },
+}
+
+impl Bus {
+    async fn kafka(prefix: &str) -> Self {
+        let broker = Broker::start();
+        let topic = support::unique(prefix);
+        broker.create_topic(&topic, 1).await;
+        Self::Kafka { broker, topic }
+    }
+
+    #[cfg(feature = "nats")]
+    async fn nats(prefix: &str) -> Self {
+        let server = nats_support::NatsServer::start();
+        let js = server.js().await;
+        let topic = support::unique(prefix);
+        nats_support::create_stream(&js, &topic).await;
+        Self::Nats {
+            server,
+            js,
+            topic,
+            last: 0,
+        }
+    }
+
+    /// Sends one `OrderCreated` per order, all under one key (one partition): in the default
+    /// order (per key) they stay one lane's batch.
+    async fn send_one_key(&mut self, orders: &[Uuid]) {
+        match self {
+            Self::Kafka { broker, topic } => {
+                let producer = support::producer(&broker.brokers);
+                for (i, order) in orders.iter().enumerate() {
+                    let mut msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+                    msg.key = Some("one-key".into());
+                    send(&producer, topic, msg).await;
+                }
+            }
+            #[cfg(feature = "nats")]
+            Self::Nats {
+                js, topic, last, ..
+            } => {
+                for (i, order) in orders.iter().enumerate() {
+                    let payload = serde_json::to_vec(
+                        &serde_json::json!({"order_id": order, "total_cents": i}),
+                    )
+                    .expect("json");
+                    let id = Uuid::new_v4().to_string();
+                    let headers = [
+                        ("ce_id", id.as_str()),
+                        ("ce_type", "OrderCreated"),
+                        ("ce_source", "tests"),
+                        ("ce_specversion", "1.0"),
+                        ("content-type", "application/json"),
+                        ("ce_partitionkey", "one-key"),
+                    ];
+                    let subject = inoutbox::nats::subject(topic, 0);
+                    *last = nats_support::publish(js, &subject, &headers, payload).await;
+                }
+            }
+        }
+    }
+
+    /// The billing example on this broker (on NATS: one partition, a 2 s lease), with
+    /// `failpoint` armed if given.
+    fn billing(&self, db: &TestDb, failpoint: Option<&str>) -> ChildConsumer {
+        match self {
+            Self::Kafka { broker, topic } => ChildConsumer::start(
+                "billing",
+                db,
+                &broker.brokers,
+                &["--topic", topic],
+                failpoint,
+            ),
+            #[cfg(feature = "nats")]
+            Self::Nats { server, topic, .. } => ChildConsumer::start_with_env(
+                "billing",
+                db,
+                "",
+                &[
+                    "--topic",
+                    topic,
+                    "--partitions",
+                    "1",
+                    "--lease-ttl-ms",
+                    "2000",
+                ],
+                failpoint,
+                &[("NATS_URL", server.url.as_str())],
+            ),
+        }
+    }
+
+    /// Waits until the group `billing` has committed (Kafka) or acknowledged (NATS) the `n`
+    /// messages sent, and says whether it has.
+    async fn wait_acknowledged(&self, n: usize) -> bool {
+        match self {
+            Self::Kafka { broker, topic } => {
+                support::wait_committed(&broker.brokers, "billing", topic, 0, n as i64).await
+                    == Some(n as i64)
+            }
+            #[cfg(feature = "nats")]
+            Self::Nats {
+                js, topic, last, ..
+            } => {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let floor = nats_support::ack_floor(js, topic, "billing", 0).await;
+                    if floor >= *last || Instant::now() > deadline {
+                        return floor >= *last;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
 /// Five messages wait in the topic, so the consumer takes them as one batch (one transaction).
 /// The failpoint counts per message for `after_handler` (the third handler of the batch) and
 /// per transaction for the others: the batch is killed after its inbox rows were written,
-/// after its third handler, or after its commit and before the offset commit.
-async fn crash_at(failpoint: &str) {
-    let broker = Broker::start();
+/// after its third handler, or after its commit and before the offset commit (on NATS, the
+/// acknowledgement).
+async fn crash_at(mut bus: Bus, failpoint: &str) {
     let db = TestDb::new("crash").await;
     db.migrated_store().await;
-    let topic = support::unique("crash");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
     let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
-    for (i, order) in orders.iter().enumerate() {
-        // One key: in the default order (per key) the five stay one lane's batch.
-        let mut msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
-        msg.key = Some("one-key".into());
-        send(&producer, &topic, msg).await;
-    }
+    bus.send_one_key(&orders).await;
 
     // The process is killed right at the failpoint.
     let hit = if failpoint == "after_handler" { 3 } else { 1 };
     let spec = format!("{failpoint}:{hit}");
-    let mut first = ChildConsumer::start(
-        "billing",
-        &db,
-        &broker.brokers,
-        &["--topic", &topic],
-        Some(&spec),
-    );
+    let mut first = bus.billing(&db, Some(&spec));
     first.wait_for(
         &format!("inoutbox failpoint {failpoint} reached"),
         Duration::from_secs(60),
@@ -62,8 +184,7 @@ async fn crash_at(failpoint: &str) {
         .count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL")
         .await;
 
-    let mut second =
-        ChildConsumer::start("billing", &db, &broker.brokers, &["--topic", &topic], None);
+    let mut second = bus.billing(&db, None);
     let processed = wait_until(
         &db,
         "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL",
@@ -72,7 +193,7 @@ async fn crash_at(failpoint: &str) {
     )
     .await;
     // Let the restarted consumer read everything it will be given before stopping it.
-    support::wait_committed(&broker.brokers, "billing", &topic, 0, orders.len() as i64).await;
+    let acknowledged = bus.wait_acknowledged(orders.len()).await;
     let status = second.terminate();
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
 
@@ -97,6 +218,10 @@ async fn crash_at(failpoint: &str) {
             "order {order} invoiced exactly once after a SIGKILL at {failpoint}"
         );
     }
+    assert!(
+        acknowledged,
+        "the restarted consumer committed (acknowledged) past every message"
+    );
     if failpoint == "after_db_commit" {
         assert!(
             committed_before_restart >= 3,
@@ -118,17 +243,17 @@ async fn crash_at(failpoint: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_inbox_insert_applies_each_event_once() {
-    crash_at("after_inbox_insert").await;
+    crash_at(Bus::kafka("crash").await, "after_inbox_insert").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_handler_applies_each_event_once() {
-    crash_at("after_handler").await;
+    crash_at(Bus::kafka("crash").await, "after_handler").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_db_commit_before_offset_commit_applies_each_event_once() {
-    crash_at("after_db_commit").await;
+    crash_at(Bus::kafka("crash").await, "after_db_commit").await;
 }
 
 /// [`crash_at`] on MariaDB: the billing example on `mysql://`, killed at `failpoint` in its
@@ -757,5 +882,207 @@ mod mysql_relays {
         let lost = committed.difference(&seen).count();
         assert_eq!(lost, 0, "{lost} committed events never reached the topic");
         duplicates
+    }
+}
+
+/// The crash tests on NATS JetStream: the billing example on a `nats-server -js` of the test's
+/// own (`NATS_URL`), killed at each failpoint and restarted; and a group of three billing
+/// processes on six partitions, one SIGKILLed and one SIGSTOPped past its lease, over a steady
+/// stream of orders.
+#[cfg(feature = "nats")]
+mod nats {
+    use std::collections::HashMap;
+
+    use uuid::Uuid;
+
+    use super::nats_support::{ack_floor, create_stream, publish_order, NatsServer};
+    use super::support::child::ChildProcess;
+    use super::support::{unique, TestDb};
+    use super::{crash_at, Bus, Duration, Instant};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_after_inbox_insert_applies_each_event_once() {
+        crash_at(Bus::nats("ncrash").await, "after_inbox_insert").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_after_handler_applies_each_event_once() {
+        crash_at(Bus::nats("ncrash").await, "after_handler").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_after_db_commit_before_acknowledgement_applies_each_event_once() {
+        crash_at(Bus::nats("ncrash").await, "after_db_commit").await;
+    }
+
+    const PARTITIONS: u32 = 6;
+    const KEYS: usize = 24;
+    const EVENTS: usize = 360;
+    /// The lease TTL of the group's members.
+    const TTL_MS: u64 = 2000;
+
+    /// A member of the group `billing`: the billing example on NATS, six partitions, a 2 s
+    /// lease, its lease and acknowledgement decisions logged (`inoutbox::nats` at debug);
+    /// its handler waits `slowly_ms` after each invoice.
+    fn member(db: &TestDb, server: &NatsServer, topic: &str, slowly_ms: u64) -> ChildProcess {
+        let (partitions, ttl, slowly) = (
+            PARTITIONS.to_string(),
+            TTL_MS.to_string(),
+            slowly_ms.to_string(),
+        );
+        let args = [
+            "--topic",
+            topic,
+            "--partitions",
+            partitions.as_str(),
+            "--lease-ttl-ms",
+            ttl.as_str(),
+            "--finish-slowly-ms",
+            slowly.as_str(),
+        ];
+        let env = [
+            ("NATS_URL", server.url.as_str()),
+            (
+                "RUST_LOG",
+                "info,inoutbox::engine=debug,inoutbox::nats=debug",
+            ),
+        ];
+        let child = ChildProcess::start_with_env("billing", db, "", &args, None, &env);
+        child.wait_for("joined", Duration::from_secs(60));
+        child
+    }
+
+    /// Publishes `EVENTS` orders' steps, ~20 ms apart: each the next step (`total_cents` =
+    /// 1, 2, 3, ...) of one of `KEYS` orders drawn at random, keyed by its order. Returns the
+    /// last stream sequence of each partition.
+    async fn publish_steps(
+        js: async_nats::jetstream::Context,
+        topic: String,
+        orders: Vec<Uuid>,
+    ) -> HashMap<u32, u64> {
+        let mut steps = vec![0i64; orders.len()];
+        let mut last = HashMap::new();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..EVENTS {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = (rng % orders.len() as u64) as usize;
+            steps[k] += 1;
+            let id = Uuid::new_v4().to_string();
+            let seq = publish_order(&js, &topic, PARTITIONS, &id, orders[k], steps[k]).await;
+            let key = orders[k].to_string();
+            let partition = inoutbox::nats::partition_for(key.as_bytes(), PARTITIONS);
+            last.insert(partition, seq);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        last
+    }
+
+    /// Three members on six partitions while orders keep coming: one is SIGKILLed (its leases
+    /// expire and the others take its partitions), one is SIGSTOPped in the middle of a
+    /// handler (its transaction open) for three lease TTLs and then SIGCONTed. It resumes with
+    /// its leases taken: it refuses to acknowledge what it finishes (the local fence), and its
+    /// transaction's event, whose inbox row the new owner waited on, counts once. At the end
+    /// every event was applied exactly once, each order's steps in their order, and every
+    /// partition acknowledged to its end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn members_sigkilled_and_sigstopped_apply_every_event_once_in_per_key_order() {
+        let server = NatsServer::start();
+        let js = server.js().await;
+        let db = TestDb::new("ngroup").await;
+        db.migrated_store().await;
+        let topic = unique("ngroup");
+        create_stream(&js, &topic).await;
+        // One after another: each creates the invoices table if it is missing.
+        let mut killed = member(&db, &server, &topic, 0);
+        let mut survivor = member(&db, &server, &topic, 0);
+        // Slow enough that the stop lands in a handler, its transaction open.
+        let mut paused = member(&db, &server, &topic, 100);
+        let orders: Vec<Uuid> = (0..KEYS).map(|_| Uuid::new_v4()).collect();
+        let publisher = tokio::spawn(publish_steps(js.clone(), topic.clone(), orders.clone()));
+
+        super::wait_until(
+            &db,
+            "SELECT count(*) FROM invoices",
+            40,
+            Duration::from_secs(60),
+        )
+        .await;
+        killed.kill9();
+        paused.wait_for_next("finishing in", Duration::from_secs(60));
+        paused.pause();
+        let stopped_at = Instant::now();
+        tokio::time::sleep(Duration::from_millis(3 * TTL_MS)).await;
+        let resumed_from = paused.lines().len();
+        paused.resume();
+        println!("paused for {:?}", stopped_at.elapsed());
+
+        let last = publisher.await.expect("publisher");
+        let processed = super::wait_until(
+            &db,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL",
+            EVENTS as i64,
+            Duration::from_secs(60),
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut behind = Vec::new();
+        for (partition, end) in &last {
+            let floor = loop {
+                let floor = ack_floor(&js, &topic, "billing", *partition).await;
+                if floor >= *end || Instant::now() > deadline {
+                    break floor;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            if floor < *end {
+                behind.push(format!(
+                    "partition {partition}: acknowledged {floor} of {end}"
+                ));
+            }
+        }
+        let late: Vec<String> = paused.lines()[resumed_from..].to_vec();
+        assert!(survivor.terminate().success(), "the survivor exits 0");
+        assert!(paused.terminate().success(), "the resumed member exits 0");
+
+        let refused = late
+            .iter()
+            .filter(|l| l.contains("lease no longer held; not acknowledging"))
+            .count();
+        let revoked = late
+            .iter()
+            .filter(|l| l.contains("lease lost; partition revoked"))
+            .count();
+        println!(
+            "{EVENTS} events on {PARTITIONS} partitions: {processed} processed; after resuming, the \
+             paused member refused {refused} acknowledgements and lost {revoked} leases"
+        );
+        assert_eq!(processed, EVENTS as i64, "every event processed");
+        assert!(
+            behind.is_empty(),
+            "partitions not acknowledged to their end: {behind:?}"
+        );
+        let rows: Vec<(Uuid, i64)> =
+            sqlx::query_as("SELECT order_id, total_cents FROM invoices ORDER BY id")
+                .fetch_all(&db.pool)
+                .await
+                .expect("invoices");
+        assert_eq!(rows.len(), EVENTS, "one invoice per event");
+        let mut applied: HashMap<Uuid, i64> = HashMap::new();
+        for (order, step) in rows {
+            let previous = applied.insert(order, step).unwrap_or(0);
+            assert_eq!(
+                previous + 1,
+                step,
+                "order {order}: step {step} applied after step {previous}"
+            );
+        }
+        assert!(
+            refused >= 1,
+            "the member paused past its lease acknowledged what it finished after resuming \
+             (no refusal logged); its lines since:\n{}",
+            late.join("\n")
+        );
     }
 }

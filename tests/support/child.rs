@@ -17,11 +17,13 @@ pub fn example(name: &str) -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let status = Command::new(cargo)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // The features the suite is run with (`cargo test --all-features`, which holds
+            // `failpoints`, `mysql` and `nats`): the library built for the test binary is
+            // reused, only the examples are linked.
             .args([
                 "build",
                 "--quiet",
-                "--features",
-                "failpoints mysql",
+                "--all-features",
                 "--example",
                 "billing",
                 "--example",
@@ -41,7 +43,7 @@ pub fn example(name: &str) -> PathBuf {
             .expect("run cargo build for the child programs");
         assert!(
             status.success(),
-            "building the examples with --features failpoints failed"
+            "building the examples with --all-features failed"
         );
     });
     // target/<profile>/deps/crash-<hash> -> target/<profile>/examples/<name>
@@ -210,6 +212,32 @@ impl ChildProcess {
     pub fn kill9(&mut self) -> std::process::ExitStatus {
         self.child.kill().expect("SIGKILL");
         self.child.wait().expect("reap")
+    }
+
+    /// SIGSTOP: the whole process paused (its timers, its lease renewals, its open
+    /// transaction), as a stalled VM.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT: a paused process resumes where it stopped.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {}", self.child.id());
+    }
+
+    /// Waits for a line containing `needle` printed from now on (the lines already printed
+    /// are passed over).
+    pub fn wait_for_next(&self, needle: &str, within: Duration) {
+        while self.events.try_recv().is_ok() {}
+        self.wait_for(needle, within);
     }
 
     /// SIGTERM, and the exit status of the graceful shutdown.
