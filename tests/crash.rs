@@ -650,9 +650,10 @@ fn quickstart_runs_the_whole_flow_with_zero_setup() {
 }
 
 /// Relays killed on MariaDB: three relay processes (the `relay` example on `mysql://`) drain an
-/// outbox that concurrent writers fill over many keys; the relays are SIGKILLed and restarted,
-/// one after another, while the writers run. At the end every committed event is on the topic,
-/// nothing else is, each key's events came first in their commit order, and the copies sent
+/// outbox that concurrent writers fill over many keys (some of their transactions rolled back);
+/// the relays are SIGKILLed and restarted, one after another, while the writers run. At the end
+/// every committed event is on the topic (Kafka) or the stream (NATS), nothing else is (no
+/// rolled-back event), each key's events came first in their commit order, and the copies sent
 /// twice are no more than the rows a killed relay can have had in flight.
 #[cfg(feature = "mysql")]
 mod mysql_relays {
@@ -684,32 +685,128 @@ mod mysql_relays {
         pub n: i64,
     }
 
-    fn start_relay(url: &str, brokers: &str) -> ChildProcess {
-        let batch = BATCH.to_string();
-        let args = [
-            "--no-idempotence",
-            "--poll-ms",
-            "100",
-            "--workers",
-            "1",
-            "--batch",
-            batch.as_str(),
-            "--source",
-            "relay-crash",
-        ];
-        ChildProcess::start_on("relay", url, brokers, &args, None)
+    /// Where the relays publish: Kafka (Tansu) or NATS JetStream, a process of the test's own.
+    enum Target {
+        Kafka(Broker),
+        #[cfg(feature = "nats")]
+        Nats(
+            super::nats_support::NatsServer,
+            async_nats::jetstream::Context,
+        ),
+    }
+
+    /// One copy of an event as the broker holds it.
+    struct Copy {
+        id: Uuid,
+        key: String,
+        n: i64,
+        /// Where it is (partition and offset, or the stream sequence).
+        at: String,
+    }
+
+    impl Target {
+        async fn kafka() -> Self {
+            let broker = Broker::start();
+            broker.create_topic(TOPIC, PARTITIONS).await;
+            Self::Kafka(broker)
+        }
+
+        #[cfg(feature = "nats")]
+        async fn nats() -> Self {
+            let server = super::nats_support::NatsServer::start();
+            let js = server.js().await;
+            super::nats_support::create_stream(&js, TOPIC).await;
+            Self::Nats(server, js)
+        }
+
+        fn start_relay(&self, url: &str) -> ChildProcess {
+            let batch = BATCH.to_string();
+            let mut args = vec![
+                "--poll-ms",
+                "100",
+                "--workers",
+                "1",
+                "--batch",
+                batch.as_str(),
+                "--source",
+                "relay-crash",
+            ];
+            match self {
+                Self::Kafka(broker) => {
+                    args.push("--no-idempotence");
+                    ChildProcess::start_on("relay", url, &broker.brokers, &args, None)
+                }
+                #[cfg(feature = "nats")]
+                Self::Nats(server, _) => {
+                    let partitions = PARTITIONS.to_string();
+                    args.extend(["--partitions", partitions.as_str()]);
+                    let env = [("NATS_URL", server.url.as_str())];
+                    ChildProcess::start_with("relay", url, "", &args, &env)
+                }
+            }
+        }
+
+        /// Every copy on the topic (the stream), in each partition's (subject's) order.
+        async fn read(&self) -> Vec<Copy> {
+            match self {
+                Self::Kafka(broker) => read_topic_until_quiet(
+                    &broker.brokers,
+                    TOPIC,
+                    PARTITIONS,
+                    Duration::from_secs(3),
+                    Duration::from_secs(120),
+                )
+                .await
+                .into_iter()
+                .map(|m| Copy {
+                    id: m
+                        .header("ce_id")
+                        .and_then(|v| v.parse().ok())
+                        .expect("ce_id"),
+                    key: m.payload["key"].as_str().expect("key").to_owned(),
+                    n: m.payload["n"].as_i64().expect("n"),
+                    at: format!("{}@{}", m.partition, m.offset),
+                })
+                .collect(),
+                #[cfg(feature = "nats")]
+                Self::Nats(_, js) => {
+                    super::nats_support::read_stream(js, TOPIC, Duration::from_secs(3))
+                        .await
+                        .into_iter()
+                        .map(|m| {
+                            let id = m
+                                .headers
+                                .as_ref()
+                                .and_then(|h| h.get("ce_id"))
+                                .and_then(|v| v.as_str().parse().ok())
+                                .expect("ce_id");
+                            let payload: serde_json::Value =
+                                serde_json::from_slice(&m.payload).expect("json");
+                            let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                            Copy {
+                                id,
+                                key: payload["key"].as_str().expect("key").to_owned(),
+                                n: payload["n"].as_i64().expect("n"),
+                                at: format!("{}#{seq}", m.subject),
+                            }
+                        })
+                        .collect()
+                }
+            }
+        }
     }
 
     /// `events` transactions, each the next step of a key drawn at random: the key's counter
-    /// row, then the event. Returns the ids committed.
+    /// row, then the event; one in five is rolled back instead of committed. Returns the ids
+    /// committed and the ids rolled back.
     async fn write_steps(
         pool: MySqlPool,
         keys: Vec<String>,
         events: usize,
         seed: u64,
-    ) -> Vec<Uuid> {
+    ) -> (Vec<Uuid>, Vec<Uuid>) {
         let mut rng = seed | 1;
-        let mut ids = Vec::with_capacity(events);
+        let (mut ids, mut rolled_back) = (Vec::with_capacity(events), Vec::new());
         while ids.len() < events {
             rng ^= rng << 13;
             rng ^= rng >> 7;
@@ -733,27 +830,32 @@ mod mysql_relays {
             let id = inoutbox::outbox::enqueue(&mut tx, &step)
                 .await
                 .expect("enqueue");
-            tx.commit().await.expect("commit");
-            ids.push(id);
+            if (rng >> 32) % 5 == 0 {
+                tx.rollback().await.expect("rollback");
+                rolled_back.push(id);
+            } else {
+                tx.commit().await.expect("commit");
+                ids.push(id);
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        ids
+        (ids, rolled_back)
     }
 
     /// Kills relay `turn % 3` and starts another in its place, every 300 to 700 ms, until the
     /// writers are done; returns how many were killed.
     async fn churn(
         relays: &mut [ChildProcess],
-        writers: &[tokio::task::JoinHandle<Vec<Uuid>>],
+        writers: &[tokio::task::JoinHandle<(Vec<Uuid>, Vec<Uuid>)>],
         url: &str,
-        brokers: &str,
+        target: &Target,
     ) -> usize {
         let mut kills = 0;
         while !writers.iter().all(|w| w.is_finished()) {
             tokio::time::sleep(Duration::from_millis(300 + (kills as u64 * 137) % 400)).await;
             let i = kills % relays.len();
             relays[i].kill9();
-            relays[i] = start_relay(url, brokers);
+            relays[i] = target.start_relay(url);
             kills += 1;
         }
         kills
@@ -761,8 +863,16 @@ mod mysql_relays {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn relays_sigkilled_and_restarted_publish_every_event_in_per_key_order() {
-        let broker = Broker::start();
-        broker.create_topic(TOPIC, PARTITIONS).await;
+        relays_sigkilled_and_restarted(Target::kafka().await).await;
+    }
+
+    #[cfg(feature = "nats")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relays_sigkilled_and_restarted_publish_every_event_in_per_key_order_on_nats() {
+        relays_sigkilled_and_restarted(Target::nats().await).await;
+    }
+
+    async fn relays_sigkilled_and_restarted(target: Target) {
         let (_db, url) = super::support::kit::mysql_database("relays").await;
         let store = inoutbox::MySqlStore::connect(&url).await.expect("MariaDB");
         store.migrate().await.expect("migrate");
@@ -779,8 +889,7 @@ mod mysql_relays {
                 .await
                 .expect("a counter");
         }
-        let mut relays: Vec<ChildProcess> =
-            (0..3).map(|_| start_relay(&url, &broker.brokers)).collect();
+        let mut relays: Vec<ChildProcess> = (0..3).map(|_| target.start_relay(&url)).collect();
         for r in &relays {
             r.wait_for("relay started", Duration::from_secs(60));
         }
@@ -794,10 +903,12 @@ mod mysql_relays {
                 ))
             })
             .collect();
-        let kills = churn(&mut relays, &writers, &url, &broker.brokers).await;
-        let mut committed = HashSet::new();
+        let kills = churn(&mut relays, &writers, &url, &target).await;
+        let (mut committed, mut rolled_back) = (HashSet::new(), HashSet::new());
         for w in writers {
-            committed.extend(w.await.expect("writer"));
+            let (ids, undone) = w.await.expect("writer");
+            committed.extend(ids);
+            rolled_back.extend(undone);
         }
         assert!(
             kills >= 3,
@@ -820,14 +931,7 @@ mod mysql_relays {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let messages = read_topic_until_quiet(
-            &broker.brokers,
-            TOPIC,
-            PARTITIONS,
-            Duration::from_secs(3),
-            Duration::from_secs(120),
-        )
-        .await;
+        let copies = target.read().await;
         for r in &mut relays {
             assert!(
                 r.is_running(),
@@ -835,11 +939,12 @@ mod mysql_relays {
                 r.lines().join("\n")
             );
         }
-        let duplicates = check_steps(&messages, &committed);
+        let duplicates = check_steps(&copies, &committed, &rolled_back);
         println!(
-            "{} events, {} messages, {kills} relays killed, {duplicates} sent twice",
+            "{} events committed, {} rolled back, {} copies, {kills} relays killed, {duplicates} sent twice",
             committed.len(),
-            messages.len()
+            rolled_back.len(),
+            copies.len()
         );
         let bound = (kills + 1) * 2 * BATCH;
         assert!(
@@ -849,34 +954,42 @@ mod mysql_relays {
         );
     }
 
-    /// Every committed event is on the topic and nothing else; per key, the first copy of each
-    /// step comes in commit order (`n` = 1, 2, 3, ...). Returns how many copies were repeats.
-    fn check_steps(messages: &[super::support::Received], committed: &HashSet<Uuid>) -> usize {
+    /// Every committed event is on the topic and nothing else (no rolled-back one); per key,
+    /// the first copy of each step comes in commit order (`n` = 1, 2, 3, ...). Returns how many
+    /// copies were repeats.
+    fn check_steps(
+        copies: &[Copy],
+        committed: &HashSet<Uuid>,
+        rolled_back: &HashSet<Uuid>,
+    ) -> usize {
         let mut seen = HashSet::new();
-        let mut last: HashMap<String, i64> = HashMap::new();
+        let mut last: HashMap<&str, i64> = HashMap::new();
         let mut duplicates = 0;
-        for m in messages {
-            let id: Uuid = m
-                .header("ce_id")
-                .and_then(|v| v.parse().ok())
-                .expect("ce_id");
+        for c in copies {
             assert!(
-                committed.contains(&id),
-                "event {id} on the topic was never committed"
+                !rolled_back.contains(&c.id),
+                "event {} at {} was rolled back, yet published",
+                c.id,
+                c.at
             );
-            if !seen.insert(id) {
+            assert!(
+                committed.contains(&c.id),
+                "event {} at {} was never committed",
+                c.id,
+                c.at
+            );
+            if !seen.insert(c.id) {
                 duplicates += 1;
                 continue;
             }
-            let key = m.payload["key"].as_str().expect("key").to_owned();
-            let n = m.payload["n"].as_i64().expect("n");
-            let previous = last.insert(key.clone(), n);
+            let previous = last.insert(&c.key, c.n);
             assert_eq!(
                 previous.unwrap_or(0) + 1,
-                n,
-                "key {key}: step {n} at {}@{} came after step {previous:?}",
-                m.partition,
-                m.offset
+                c.n,
+                "key {}: step {} at {} came after step {previous:?}",
+                c.key,
+                c.n,
+                c.at
             );
         }
         let lost = committed.difference(&seen).count();
