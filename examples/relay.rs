@@ -5,7 +5,7 @@
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --example relay -- [--source orders-service] [--poll-ms 1000] [--no-idempotence] \
-//!         [--workers 2] [--batch 1000] [--grace-ms 10000]
+//!         [--workers 2] [--batch 1000] [--grace-ms 10000] [--print-published]
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test NATS_URL=nats://127.0.0.1:4222 \
 //!     cargo run --example relay --features nats -- [--partitions 3] [...]
 //! ```
@@ -14,7 +14,9 @@
 //! `--no-idempotence` turns the idempotent producer off (Tansu rejects it). With `NATS_URL` set
 //! (feature `nats`) it publishes to JetStream with `NatsPublisher`, each message to the subject
 //! `<topic>.<partition>` of its key among `--partitions` (the consumers' number; default 3);
-//! `KAFKA_BROKERS` and `--no-idempotence` are then not read. The relay applies inoutbox's
+//! `KAFKA_BROKERS` and `--no-idempotence` are then not read. `--print-published` prints a line
+//! per row the broker acknowledged (`relay: published <event id> at <partition>@<offset>`; on
+//! NATS the offset is the stream sequence), repeats included: the crash tests count them. The relay applies inoutbox's
 //! migrations on start, so it also works before any producer ran. SIGTERM or SIGINT stop it:
 //! batches in flight are acknowledged and marked (for at most `--grace-ms`), then it exits.
 
@@ -39,6 +41,8 @@ struct Settings {
     idempotence: bool,
     /// Partitions per topic on NATS.
     partitions: u32,
+    /// Print a line per row the broker acknowledged (`--print-published`).
+    print_published: bool,
 }
 
 #[tokio::main]
@@ -53,6 +57,7 @@ async fn main() -> Result<(), common::Failure> {
         grace_ms: flag(&args, "--grace-ms", "10000")?.parse()?,
         idempotence: !args.iter().any(|a| a == "--no-idempotence"),
         partitions: flag(&args, "--partitions", "3")?.parse()?,
+        print_published: args.iter().any(|a| a == "--print-published"),
     };
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
     if database_url.starts_with("mysql:") || database_url.starts_with("mariadb:") {
@@ -109,6 +114,25 @@ where
     S: inoutbox::relay::RelayStore,
     I: inoutbox::transport::IntoPublisher,
 {
+    let relay = if s.print_published {
+        let (reports, mut published) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(report) = published.recv().await {
+                if let inoutbox::relay::RelayReport::Published {
+                    id,
+                    partition,
+                    offset,
+                    ..
+                } = report
+                {
+                    println!("relay: published {id} at {partition}@{offset}");
+                }
+            }
+        });
+        relay.reports(reports)
+    } else {
+        relay
+    };
     relay
         .source(s.source.clone())
         .poll_interval(Duration::from_millis(s.poll_ms))
