@@ -38,7 +38,7 @@ enum Bus {
     },
     #[cfg(feature = "nats")]
     Nats {
-        server: nats_support::NatsServer,
+        server: Box<nats_support::NatsServer>,
         js: async_nats::jetstream::Context,
         topic: String,
         /// The stream sequence of the last message sent.
@@ -61,7 +61,7 @@ impl Bus {
         let topic = support::unique(prefix);
         nats_support::create_stream(&js, &topic).await;
         Self::Nats {
-            server,
+            server: Box::new(server),
             js,
             topic,
             last: 0,
@@ -690,7 +690,7 @@ mod mysql_relays {
         Kafka(Broker),
         #[cfg(feature = "nats")]
         Nats(
-            super::nats_support::NatsServer,
+            Box<super::nats_support::NatsServer>,
             async_nats::jetstream::Context,
         ),
     }
@@ -725,7 +725,7 @@ mod mysql_relays {
             })
             .await
             .expect("create the stream");
-            Self::Nats(server, js)
+            Self::Nats(Box::new(server), js)
         }
 
         fn start_relay(&self, url: &str) -> ChildProcess {
@@ -840,7 +840,7 @@ mod mysql_relays {
             let id = inoutbox::outbox::enqueue(&mut tx, &step)
                 .await
                 .expect("enqueue");
-            if (rng >> 32) % 5 == 0 {
+            if (rng >> 32).is_multiple_of(5) {
                 tx.rollback().await.expect("rollback");
                 rolled_back.push(id);
             } else {
