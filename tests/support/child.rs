@@ -69,7 +69,9 @@ pub struct ChildProcess {
 
 impl ChildProcess {
     /// Starts example `program` with `args`, on the test's database and broker, with
-    /// `failpoint` (`<name>:<n>`) armed if given.
+    /// `failpoint` (`<name>:<n>`) armed if given. A `NATS_URL` in the test's own environment is
+    /// never passed on (the examples would run on NATS): only one given in `env`
+    /// ([`ChildProcess::start_with_env`], [`ChildProcess::start_with`]).
     pub fn start(
         program: &str,
         db: &TestDb,
@@ -91,6 +93,7 @@ impl ChildProcess {
     ) -> Self {
         let mut cmd = Command::new(example(program));
         cmd.args(args)
+            .env_remove("NATS_URL")
             .envs(env.iter().copied())
             .env("DATABASE_URL", db.url())
             .env("KAFKA_BROKERS", brokers)
@@ -119,6 +122,7 @@ impl ChildProcess {
         cmd.args(args)
             .env("DATABASE_URL", database_url)
             .env("KAFKA_BROKERS", brokers)
+            .env_remove("NATS_URL")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -284,6 +288,7 @@ impl ChildProcess {
             .env("KAFKA_BROKERS", brokers)
             .env("NO_COLOR", "1")
             .env_remove("INOUTBOX_FAILPOINT")
+            .env_remove("NATS_URL")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
