@@ -1,7 +1,10 @@
 //! Crashes: the consumer runs as a real child process (the `billing` and `soak_consumer`
 //! examples, built with the `failpoints` feature) and is killed with SIGKILL at each step
 //! between receiving a message and committing its offset, then restarted. Every event's effect
-//! must happen exactly once.
+//! must happen exactly once. The same on NATS JetStream (module `nats`: the billing example
+//! killed at each step, and a group of three on six partitions with one member killed and one
+//! paused past its lease), and relays killed while writers fill the outbox, on Kafka and on
+//! NATS (module `mysql_relays`).
 
 mod support;
 
