@@ -1239,12 +1239,22 @@ mod nats {
         line[at..].split(' ').next()
     }
 
+    /// The partition and offset of a line's message (`at=<topic>/<partition>@<offset>`).
+    fn message_at(line: &str) -> Option<(String, i64)> {
+        let (_, rest) = field(line, "at")?.rsplit_once('/')?;
+        let (partition, offset) = rest.split_once('@')?;
+        Some((partition.to_owned(), offset.parse().ok()?))
+    }
+
     /// What a member applied after resuming on a partition before taking it again
-    /// (`processed` at `<topic>/<partition>@<offset>`) and did not refuse to acknowledge (a
-    /// `not acknowledging` line of that partition at a position past it).
+    /// (`processed` at `<topic>/<partition>@<offset>`) that may have been acknowledged by it:
+    /// neither refused (a `not acknowledging` line of that partition at a position past it) nor
+    /// held back by a message before it left unresolved (`abandoned`: the position never
+    /// passes one).
     fn unfenced_late_work(late: &[String]) -> Vec<String> {
         let mut retaken = std::collections::HashSet::new();
         let mut refused: HashMap<String, i64> = HashMap::new();
+        let mut abandoned: HashMap<String, i64> = HashMap::new();
         let mut applied = Vec::new();
         for line in late {
             let partition = field(line, "partition").map(str::to_owned);
@@ -1256,21 +1266,25 @@ mod nats {
                     let max = refused.entry(p).or_insert(position);
                     *max = (*max).max(position);
                 }
-            } else if line.contains(" processed ") {
-                let at = field(line, "at").expect("a processed line names its message");
-                let (partition, offset) = at
-                    .rsplit_once('/')
-                    .and_then(|(_, rest)| rest.split_once('@'))
-                    .expect("<topic>/<partition>@<offset>");
-                if !retaken.contains(partition) {
-                    let offset: i64 = offset.parse().expect("offset");
-                    applied.push((partition.to_owned(), offset, line.clone()));
+            } else if let Some((partition, offset)) = message_at(line) {
+                if retaken.contains(&partition) {
+                    continue;
+                }
+                if line.contains(" abandoned ") {
+                    let min = abandoned.entry(partition).or_insert(offset);
+                    *min = (*min).min(offset);
+                } else if line.contains(" processed ") {
+                    applied.push((partition, offset, line.clone()));
                 }
             }
         }
         applied
             .into_iter()
-            .filter(|(p, offset, _)| refused.get(p).is_none_or(|position| offset >= position))
+            .filter(|(p, offset, _)| {
+                let refused = refused.get(p).is_some_and(|position| offset < position);
+                let held = abandoned.get(p).is_some_and(|first| first < offset);
+                !refused && !held
+            })
             .map(|(_, _, line)| line)
             .collect()
     }
