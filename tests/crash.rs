@@ -152,7 +152,7 @@ impl Bus {
             } => {
                 let deadline = Instant::now() + Duration::from_secs(30);
                 loop {
-                    let floor = nats_support::ack_floor(js, topic, "billing", 0).await;
+                    let floor = nats_support::acknowledged_through(js, topic, "billing", 0).await;
                     if floor >= *last || Instant::now() > deadline {
                         return floor >= *last;
                     }
@@ -1041,7 +1041,7 @@ mod nats {
 
     use uuid::Uuid;
 
-    use super::nats_support::{ack_floor, create_stream, publish_order, NatsServer};
+    use super::nats_support::{acknowledged_through, create_stream, publish_order, NatsServer};
     use super::support::child::ChildProcess;
     use super::support::{unique, TestDb};
     use super::{crash_at, Bus, Duration, Instant};
@@ -1176,7 +1176,7 @@ mod nats {
         let mut behind = Vec::new();
         for (partition, end) in &last {
             let floor = loop {
-                let floor = ack_floor(&js, &topic, "billing", *partition).await;
+                let floor = acknowledged_through(&js, &topic, "billing", *partition).await;
                 if floor >= *end || Instant::now() > deadline {
                     break floor;
                 }

@@ -268,3 +268,50 @@ pub async fn read_stream(
     }
     out
 }
+
+/// What one group has acknowledged on one partition: the highest, over the partition's
+/// consumers, of each one's acknowledgement floor and of the sequence before its start.
+/// nats-server 2.9 reports a floor of 0 for a consumer that has acknowledged nothing yet, even
+/// one created to start after a sequence (the floor of the leases before it), so
+/// [`ack_floor`] reads 0 for a partition handed over after its last message.
+pub async fn acknowledged_through(
+    js: &jetstream::Context,
+    topic: &str,
+    group: &str,
+    partition: u32,
+) -> u64 {
+    let token: String = format!("{group}-{topic}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let prefix = format!("{token}_p{partition}_");
+    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let mut names = stream.consumer_names();
+    let mut through = 0;
+    while let Some(name) = names.next().await {
+        let name = name.expect("consumer name");
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        // A consumer deleted meanwhile (a lease handed over) has nothing to add.
+        let Ok(info) = stream.consumer_info(&name).await else {
+            continue;
+        };
+        let started_after = match info.config.deliver_policy {
+            jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence } => {
+                start_sequence.saturating_sub(1)
+            }
+            _ => 0,
+        };
+        through = through
+            .max(info.ack_floor.stream_sequence)
+            .max(started_after);
+    }
+    through
+}
