@@ -108,8 +108,8 @@ impl Bus {
         }
     }
 
-    /// The billing example on this broker (on NATS: one partition, a 2 s lease), with
-    /// `failpoint` armed if given.
+    /// The billing example on this broker (on NATS: one partition, a 2 s lease, its leases and
+    /// consumers logged), with `failpoint` armed if given.
     fn billing(&self, db: &TestDb, failpoint: Option<&str>) -> ChildConsumer {
         match self {
             Self::Kafka { broker, topic } => ChildConsumer::start(
@@ -133,7 +133,13 @@ impl Bus {
                     "2000",
                 ],
                 failpoint,
-                &[("NATS_URL", server.url.as_str())],
+                &[
+                    ("NATS_URL", server.url.as_str()),
+                    (
+                        "RUST_LOG",
+                        "info,inoutbox::engine=debug,inoutbox::nats=debug",
+                    ),
+                ],
             ),
         }
     }
@@ -1032,9 +1038,9 @@ mod mysql_relays {
 }
 
 /// The crash tests on NATS JetStream: the billing example on a `nats-server -js` of the test's
-/// own (`NATS_URL`), killed at each failpoint and restarted; and a group of three billing
-/// processes on six partitions, one SIGKILLed and one SIGSTOPped past its lease, over a steady
-/// stream of orders.
+/// own (`NATS_URL`), killed at each failpoint and restarted; a partition handed on by an owner
+/// killed before it acknowledged anything; and a group of three billing processes on six
+/// partitions, one SIGKILLed and one SIGSTOPped past its lease, over a steady stream of orders.
 #[cfg(feature = "nats")]
 mod nats {
     use std::collections::HashMap;
@@ -1059,6 +1065,54 @@ mod nats {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn sigkill_after_db_commit_before_acknowledgement_applies_each_event_once() {
         crash_at(Bus::nats("ncrash").await, "after_db_commit").await;
+    }
+
+    /// Three owners of one partition, one after another: the first acknowledges five orders
+    /// and is SIGKILLed; the second takes the lease when it expires, creates its consumer (to
+    /// start after the five) and is SIGKILLed before it acknowledges anything (nothing new came);
+    /// the third starts after the five too, not at the stream's beginning: it gets the next
+    /// order and none of the five again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owner_killed_before_acknowledging_hands_on_its_predecessors_position() {
+        let mut bus = Bus::nats("nhandover").await;
+        let db = TestDb::new("nhandover").await;
+        db.migrated_store().await;
+        let orders: Vec<Uuid> = (0..6).map(|_| Uuid::new_v4()).collect();
+        bus.send_one_key(&orders[..5]).await;
+        let mut first = bus.billing(&db, None);
+        assert!(
+            bus.wait_acknowledged(5).await,
+            "the first owner acknowledged the five orders"
+        );
+        first.kill9();
+        let mut second = bus.billing(&db, None);
+        second.wait_for("partition consumer created", Duration::from_secs(60));
+        second.kill9();
+        let mut third = bus.billing(&db, None);
+        third.wait_for("partition consumer created", Duration::from_secs(60));
+        bus.send_one_key(&orders[5..]).await;
+        let invoiced = super::wait_until(
+            &db,
+            "SELECT count(*) FROM invoices",
+            6,
+            Duration::from_secs(60),
+        )
+        .await;
+        let acknowledged = bus.wait_acknowledged(6).await;
+        assert!(third.terminate().success(), "the third owner exits 0");
+        let created: Vec<String> = [&second, &third]
+            .iter()
+            .flat_map(|c| c.lines())
+            .filter(|l| l.contains("partition consumer created"))
+            .collect();
+        println!("{}", created.join("\n"));
+        assert_eq!(invoiced, 6, "every order invoiced once");
+        assert!(acknowledged, "the third owner acknowledged the sixth order");
+        assert_eq!(
+            third.count(" duplicate "),
+            0,
+            "the third owner read the partition again from its beginning: {created:?}"
+        );
     }
 
     const PARTITIONS: u32 = 6;
