@@ -274,6 +274,7 @@ pub async fn read_stream(
 /// nats-server 2.9 reports a floor of 0 for a consumer that has acknowledged nothing yet, even
 /// one created to start after a sequence (the floor of the leases before it), so
 /// [`ack_floor`] reads 0 for a partition handed over after its last message.
+#[allow(dead_code)] // the crash tests' (tests/nats.rs includes this file too)
 pub async fn acknowledged_through(
     js: &jetstream::Context,
     topic: &str,
