@@ -5,12 +5,14 @@
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --example billing -- [--topic orders] [--group billing]
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
-//!     cargo run --example billing --features nats -- [--topic orders] [--partitions 3]
+//!     cargo run --example billing --features nats -- [--topic orders] [--partitions 3] \
+//!         [--lease-ttl-ms 10000]
 //! ```
 //!
 //! With `NATS_URL` set (feature `nats`) it reads the topic's stream of `--partitions`
-//! partitioned subjects (`orders.0`, ...; the relay's publisher must use the same number);
-//! `KAFKA_BROKERS` is then not read.
+//! partitioned subjects (`orders.0`, ...; the relay's publisher must use the same number),
+//! holding each partition by a lease of `--lease-ttl-ms` (`NatsConfig::lease_ttl`; the crash
+//! tests shorten it); `KAFKA_BROKERS` is then not read.
 //!
 //! Messages are JSON (`{"order_id": "<uuid>", "total_cents": 1200}`) in CloudEvents binary mode:
 //! headers `ce_id`, `ce_type = OrderCreated`, `ce_source`, `ce_specversion = 1.0`,
@@ -108,6 +110,11 @@ async fn main() -> Result<(), common::Failure> {
     let slowly: u64 = flag(&args, "--finish-slowly-ms", "0")?.parse()?;
     FINISH_SLOWLY.get_or_init(|| Duration::from_millis(slowly));
     let partitions: u32 = flag(&args, "--partitions", "3")?.parse()?;
+    let lease_ttl = Duration::from_millis(flag(&args, "--lease-ttl-ms", "10000")?.parse()?);
+    let nats = NatsSettings {
+        partitions,
+        lease_ttl,
+    };
     let database_url = env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?;
 
     #[cfg(feature = "mysql")]
@@ -115,7 +122,7 @@ async fn main() -> Result<(), common::Failure> {
         let store = inoutbox::MySqlStore::connect(&database_url).await?;
         sqlx::query(MYSQL_INVOICES).execute(store.pool()).await?;
         store.migrate().await?;
-        return run(&group, store, &topic, partitions).await;
+        return run(&group, store, &topic, &nats).await;
     }
 
     // Refuses a URL of another database, and names the target (password hidden) if it
@@ -123,7 +130,13 @@ async fn main() -> Result<(), common::Failure> {
     let store = inoutbox::PgStore::connect(&database_url, 8).await?;
     sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
-    run(&group, store, &topic, partitions).await
+    run(&group, store, &topic, &nats).await
+}
+
+/// What only NATS reads: partitions per topic and the lease TTL.
+struct NatsSettings {
+    partitions: u32,
+    lease_ttl: Duration,
 }
 
 /// Runs the group on `store` until SIGTERM: on NATS when `NATS_URL` is set (feature `nats`),
@@ -132,18 +145,20 @@ async fn run<S: inoutbox::store::InboxStore>(
     group: &str,
     store: S,
     topic: &str,
-    partitions: u32,
+    nats: &NatsSettings,
 ) -> Result<(), common::Failure> {
     #[cfg(feature = "nats")]
     if let Ok(url) = std::env::var("NATS_URL") {
-        let nats = inoutbox::nats::NatsConfig::new(url, [topic]).partitions(partitions);
+        let nats = inoutbox::nats::NatsConfig::new(url, [topic])
+            .partitions(nats.partitions)
+            .lease_ttl(nats.lease_ttl);
         inoutbox::Consumer::builder(group, store, nats)
             .build()?
             .run_until_signal()
             .await?;
         return Ok(());
     }
-    let _ = partitions;
+    let _ = (nats.partitions, nats.lease_ttl);
     let brokers = env("KAFKA_BROKERS", "127.0.0.1:9092")?;
     let kafka = inoutbox::KafkaConfig::new(brokers, [topic]).quick_join();
     inoutbox::Consumer::builder(group, store, kafka)

@@ -16,7 +16,12 @@
 //! cargo run --example inventory                      # SQLite in a temp dir + in-process Kafka
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test KAFKA_BROKERS=127.0.0.1:9092 \
 //!     cargo run --example inventory -- --no-idempotence
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --features nats --example inventory    # PostgreSQL + NATS JetStream
 //! ```
+//!
+//! With `NATS_URL` set (feature `nats`) the app runs on NATS JetStream (`App::connect_nats`:
+//! its topics are streams of three partitions; `KAFKA_BROKERS` is then not read).
 //!
 //! On PostgreSQL the tables go to a schema `inoutbox_inventory`, recreated on each run.
 
@@ -205,13 +210,24 @@ async fn main() {
     }
 }
 
-/// The service and its demo driver, side by side: the driver stops the app when it is done.
-async fn service(no_idempotence: bool) -> Result<(), Error> {
-    let database_url = common::database_url_in_schema("inoutbox_inventory").await?;
+/// The app on the database (SQLite in a temp dir when none) and on NATS JetStream when
+/// `NATS_URL` is set (feature `nats`), else on the Kafka of `KAFKA_BROKERS` (the in-process one
+/// when unset).
+async fn connect(database_url: Option<&str>) -> Result<App, Error> {
+    #[cfg(feature = "nats")]
+    if let Some(url) = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty()) {
+        return Ok(App::connect_nats(database_url, &url).await?);
+    }
     let brokers = std::env::var("KAFKA_BROKERS")
         .ok()
         .filter(|b| !b.is_empty());
-    let app = App::connect(database_url.as_deref(), brokers.as_deref()).await?;
+    Ok(App::connect(database_url, brokers.as_deref()).await?)
+}
+
+/// The service and its demo driver, side by side: the driver stops the app when it is done.
+async fn service(no_idempotence: bool) -> Result<(), Error> {
+    let database_url = common::database_url_in_schema("inoutbox_inventory").await?;
+    let app = connect(database_url.as_deref()).await?;
     println!("inoutbox inventory: {}", app.describe());
     for topic in ["shop-orders", "stock"] {
         app.create_topic(topic, 3).await?;

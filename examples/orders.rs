@@ -6,8 +6,9 @@
 //!     cargo run --example orders -- [--rate 5] [--count 0]
 //! ```
 //!
-//! `--rate` is orders per second; `--count 0` means no limit. Nothing here talks to Kafka: the
-//! relay (`examples/relay.rs`) publishes what commits.
+//! `--rate` is orders per second; `--count 0` means no limit. Nothing here talks to a broker:
+//! the relay (`examples/relay.rs`) publishes what commits, to Kafka, or to NATS JetStream when
+//! it runs with `NATS_URL` set.
 
 use std::time::Duration;
 

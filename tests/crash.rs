@@ -1,9 +1,17 @@
 //! Crashes: the consumer runs as a real child process (the `billing` and `soak_consumer`
 //! examples, built with the `failpoints` feature) and is killed with SIGKILL at each step
 //! between receiving a message and committing its offset, then restarted. Every event's effect
-//! must happen exactly once.
+//! must happen exactly once. The same on NATS JetStream (module `nats`: the billing example
+//! killed at each step, and a group of three on six partitions with one member killed and one
+//! paused past its lease), and relays killed while writers fill the outbox, on Kafka and on
+//! NATS (module `mysql_relays`).
 
 mod support;
+
+#[cfg(feature = "nats")]
+#[allow(dead_code)] // each test file uses only some of the fixtures
+#[path = "support/nats.rs"]
+mod nats_support;
 
 use std::time::{Duration, Instant};
 
@@ -24,35 +32,158 @@ async fn wait_until(db: &TestDb, sql: &str, target: i64, within: Duration) -> i6
     }
 }
 
+/// The broker of a crash test: Kafka (Tansu) or NATS JetStream, each a process of the test's
+/// own, with the topic the billing example reads.
+enum Bus {
+    Kafka {
+        broker: Broker,
+        topic: String,
+    },
+    #[cfg(feature = "nats")]
+    Nats {
+        server: Box<nats_support::NatsServer>,
+        js: async_nats::jetstream::Context,
+        topic: String,
+        /// The stream sequence of the last message sent.
+        last: u64,
+    },
+}
+
+impl Bus {
+    async fn kafka(prefix: &str) -> Self {
+        let broker = Broker::start();
+        let topic = support::unique(prefix);
+        broker.create_topic(&topic, 1).await;
+        Self::Kafka { broker, topic }
+    }
+
+    #[cfg(feature = "nats")]
+    async fn nats(prefix: &str) -> Self {
+        let server = nats_support::NatsServer::start();
+        let js = server.js().await;
+        let topic = support::unique(prefix);
+        nats_support::create_stream(&js, &topic).await;
+        Self::Nats {
+            server: Box::new(server),
+            js,
+            topic,
+            last: 0,
+        }
+    }
+
+    /// Sends one `OrderCreated` per order, all under one key (one partition): in the default
+    /// order (per key) they stay one lane's batch.
+    async fn send_one_key(&mut self, orders: &[Uuid]) {
+        match self {
+            Self::Kafka { broker, topic } => {
+                let producer = support::producer(&broker.brokers);
+                for (i, order) in orders.iter().enumerate() {
+                    let mut msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
+                    msg.key = Some("one-key".into());
+                    send(&producer, topic, msg).await;
+                }
+            }
+            #[cfg(feature = "nats")]
+            Self::Nats {
+                js, topic, last, ..
+            } => {
+                for (i, order) in orders.iter().enumerate() {
+                    let payload = serde_json::to_vec(
+                        &serde_json::json!({"order_id": order, "total_cents": i}),
+                    )
+                    .expect("json");
+                    let id = Uuid::new_v4().to_string();
+                    let headers = [
+                        ("ce_id", id.as_str()),
+                        ("ce_type", "OrderCreated"),
+                        ("ce_source", "tests"),
+                        ("ce_specversion", "1.0"),
+                        ("content-type", "application/json"),
+                        ("ce_partitionkey", "one-key"),
+                    ];
+                    let subject = inoutbox::nats::subject(topic, 0);
+                    *last = nats_support::publish(js, &subject, &headers, payload).await;
+                }
+            }
+        }
+    }
+
+    /// The billing example on this broker (on NATS: one partition, a 2 s lease, its leases and
+    /// consumers logged), with `failpoint` armed if given.
+    fn billing(&self, db: &TestDb, failpoint: Option<&str>) -> ChildConsumer {
+        match self {
+            Self::Kafka { broker, topic } => ChildConsumer::start(
+                "billing",
+                db,
+                &broker.brokers,
+                &["--topic", topic],
+                failpoint,
+            ),
+            #[cfg(feature = "nats")]
+            Self::Nats { server, topic, .. } => ChildConsumer::start_with_env(
+                "billing",
+                db,
+                "",
+                &[
+                    "--topic",
+                    topic,
+                    "--partitions",
+                    "1",
+                    "--lease-ttl-ms",
+                    "2000",
+                ],
+                failpoint,
+                &[
+                    ("NATS_URL", server.url.as_str()),
+                    (
+                        "RUST_LOG",
+                        "info,inoutbox::engine=debug,inoutbox::nats=debug",
+                    ),
+                ],
+            ),
+        }
+    }
+
+    /// Waits until the group `billing` has committed (Kafka) or acknowledged (NATS) the `n`
+    /// messages sent, and says whether it has.
+    async fn wait_acknowledged(&self, n: usize) -> bool {
+        match self {
+            Self::Kafka { broker, topic } => {
+                support::wait_committed(&broker.brokers, "billing", topic, 0, n as i64).await
+                    == Some(n as i64)
+            }
+            #[cfg(feature = "nats")]
+            Self::Nats {
+                js, topic, last, ..
+            } => {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let floor = nats_support::acknowledged(js, topic, "billing", 0).await;
+                    if floor >= *last || Instant::now() > deadline {
+                        return floor >= *last;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
 /// Five messages wait in the topic, so the consumer takes them as one batch (one transaction).
 /// The failpoint counts per message for `after_handler` (the third handler of the batch) and
 /// per transaction for the others: the batch is killed after its inbox rows were written,
-/// after its third handler, or after its commit and before the offset commit.
-async fn crash_at(failpoint: &str) {
-    let broker = Broker::start();
+/// after its third handler, or after its commit and before the offset commit (on NATS, the
+/// acknowledgement).
+async fn crash_at(mut bus: Bus, failpoint: &str) {
     let db = TestDb::new("crash").await;
     db.migrated_store().await;
-    let topic = support::unique("crash");
-    broker.create_topic(&topic, 1).await;
-    let producer = support::producer(&broker.brokers);
     let orders: Vec<Uuid> = (0..5).map(|_| Uuid::new_v4()).collect();
-    for (i, order) in orders.iter().enumerate() {
-        // One key: in the default order (per key) the five stay one lane's batch.
-        let mut msg = Msg::order(&Uuid::new_v4().to_string(), *order, i as i64);
-        msg.key = Some("one-key".into());
-        send(&producer, &topic, msg).await;
-    }
+    bus.send_one_key(&orders).await;
 
     // The process is killed right at the failpoint.
     let hit = if failpoint == "after_handler" { 3 } else { 1 };
     let spec = format!("{failpoint}:{hit}");
-    let mut first = ChildConsumer::start(
-        "billing",
-        &db,
-        &broker.brokers,
-        &["--topic", &topic],
-        Some(&spec),
-    );
+    let mut first = bus.billing(&db, Some(&spec));
     first.wait_for(
         &format!("inoutbox failpoint {failpoint} reached"),
         Duration::from_secs(60),
@@ -62,8 +193,7 @@ async fn crash_at(failpoint: &str) {
         .count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL")
         .await;
 
-    let mut second =
-        ChildConsumer::start("billing", &db, &broker.brokers, &["--topic", &topic], None);
+    let mut second = bus.billing(&db, None);
     let processed = wait_until(
         &db,
         "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL",
@@ -72,7 +202,7 @@ async fn crash_at(failpoint: &str) {
     )
     .await;
     // Let the restarted consumer read everything it will be given before stopping it.
-    support::wait_committed(&broker.brokers, "billing", &topic, 0, orders.len() as i64).await;
+    let acknowledged = bus.wait_acknowledged(orders.len()).await;
     let status = second.terminate();
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
 
@@ -97,6 +227,10 @@ async fn crash_at(failpoint: &str) {
             "order {order} invoiced exactly once after a SIGKILL at {failpoint}"
         );
     }
+    assert!(
+        acknowledged,
+        "the restarted consumer committed (acknowledged) past every message"
+    );
     if failpoint == "after_db_commit" {
         assert!(
             committed_before_restart >= 3,
@@ -118,17 +252,17 @@ async fn crash_at(failpoint: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_inbox_insert_applies_each_event_once() {
-    crash_at("after_inbox_insert").await;
+    crash_at(Bus::kafka("crash").await, "after_inbox_insert").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_handler_applies_each_event_once() {
-    crash_at("after_handler").await;
+    crash_at(Bus::kafka("crash").await, "after_handler").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_after_db_commit_before_offset_commit_applies_each_event_once() {
-    crash_at("after_db_commit").await;
+    crash_at(Bus::kafka("crash").await, "after_db_commit").await;
 }
 
 /// [`crash_at`] on MariaDB: the billing example on `mysql://`, killed at `failpoint` in its
@@ -525,9 +659,10 @@ fn quickstart_runs_the_whole_flow_with_zero_setup() {
 }
 
 /// Relays killed on MariaDB: three relay processes (the `relay` example on `mysql://`) drain an
-/// outbox that concurrent writers fill over many keys; the relays are SIGKILLed and restarted,
-/// one after another, while the writers run. At the end every committed event is on the topic,
-/// nothing else is, each key's events came first in their commit order, and the copies sent
+/// outbox that concurrent writers fill over many keys (some of their transactions rolled back);
+/// the relays are SIGKILLed and restarted, one after another, while the writers run. At the end
+/// every committed event is on the topic (Kafka) or the stream (NATS), nothing else is (no
+/// rolled-back event), each key's events came first in their commit order, and the copies sent
 /// twice are no more than the rows a killed relay can have had in flight.
 #[cfg(feature = "mysql")]
 mod mysql_relays {
@@ -559,32 +694,138 @@ mod mysql_relays {
         pub n: i64,
     }
 
-    fn start_relay(url: &str, brokers: &str) -> ChildProcess {
-        let batch = BATCH.to_string();
-        let args = [
-            "--no-idempotence",
-            "--poll-ms",
-            "100",
-            "--workers",
-            "1",
-            "--batch",
-            batch.as_str(),
-            "--source",
-            "relay-crash",
-        ];
-        ChildProcess::start_on("relay", url, brokers, &args, None)
+    /// Where the relays publish: Kafka (Tansu) or NATS JetStream, a process of the test's own.
+    enum Target {
+        Kafka(Broker),
+        #[cfg(feature = "nats")]
+        Nats(
+            Box<super::nats_support::NatsServer>,
+            async_nats::jetstream::Context,
+        ),
+    }
+
+    /// One copy of an event as the broker holds it.
+    struct Copy {
+        id: Uuid,
+        key: String,
+        n: i64,
+        /// Where it is (partition and offset, or the stream sequence).
+        at: String,
+    }
+
+    impl Target {
+        async fn kafka() -> Self {
+            let broker = Broker::start();
+            broker.create_topic(TOPIC, PARTITIONS).await;
+            Self::Kafka(broker)
+        }
+
+        #[cfg(feature = "nats")]
+        async fn nats() -> Self {
+            let server = super::nats_support::NatsServer::start();
+            let js = server.js().await;
+            // JetStream's duplicate window (`Nats-Msg-Id`) would drop a relay's repeats and
+            // hide them: its shortest window (100 ms) leaves the relays' own guarantees to be seen.
+            js.create_stream(async_nats::jetstream::stream::Config {
+                name: inoutbox::nats::stream_name(TOPIC),
+                subjects: vec![format!("{TOPIC}.*")],
+                duplicate_window: Duration::from_millis(100),
+                ..Default::default()
+            })
+            .await
+            .expect("create the stream");
+            Self::Nats(Box::new(server), js)
+        }
+
+        fn start_relay(&self, url: &str) -> ChildProcess {
+            let batch = BATCH.to_string();
+            let mut args = vec![
+                "--poll-ms",
+                "100",
+                "--workers",
+                "1",
+                "--batch",
+                batch.as_str(),
+                "--source",
+                "relay-crash",
+                "--print-published",
+            ];
+            match self {
+                Self::Kafka(broker) => {
+                    args.push("--no-idempotence");
+                    ChildProcess::start_on("relay", url, &broker.brokers, &args, None)
+                }
+                #[cfg(feature = "nats")]
+                Self::Nats(server, _) => {
+                    let partitions = PARTITIONS.to_string();
+                    args.extend(["--partitions", partitions.as_str()]);
+                    let env = [("NATS_URL", server.url.as_str())];
+                    ChildProcess::start_with("relay", url, "", &args, &env)
+                }
+            }
+        }
+
+        /// Every copy on the topic (the stream), in each partition's (subject's) order.
+        async fn read(&self) -> Vec<Copy> {
+            match self {
+                Self::Kafka(broker) => read_topic_until_quiet(
+                    &broker.brokers,
+                    TOPIC,
+                    PARTITIONS,
+                    Duration::from_secs(3),
+                    Duration::from_secs(120),
+                )
+                .await
+                .into_iter()
+                .map(|m| Copy {
+                    id: m
+                        .header("ce_id")
+                        .and_then(|v| v.parse().ok())
+                        .expect("ce_id"),
+                    key: m.payload["key"].as_str().expect("key").to_owned(),
+                    n: m.payload["n"].as_i64().expect("n"),
+                    at: format!("{}@{}", m.partition, m.offset),
+                })
+                .collect(),
+                #[cfg(feature = "nats")]
+                Self::Nats(_, js) => {
+                    super::nats_support::read_stream(js, TOPIC, Duration::from_secs(3))
+                        .await
+                        .into_iter()
+                        .map(|m| {
+                            let id = m
+                                .headers
+                                .as_ref()
+                                .and_then(|h| h.get("ce_id"))
+                                .and_then(|v| v.as_str().parse().ok())
+                                .expect("ce_id");
+                            let payload: serde_json::Value =
+                                serde_json::from_slice(&m.payload).expect("json");
+                            let seq = m.info().map(|i| i.stream_sequence).unwrap_or(0);
+                            Copy {
+                                id,
+                                key: payload["key"].as_str().expect("key").to_owned(),
+                                n: payload["n"].as_i64().expect("n"),
+                                at: format!("{}#{seq}", m.subject),
+                            }
+                        })
+                        .collect()
+                }
+            }
+        }
     }
 
     /// `events` transactions, each the next step of a key drawn at random: the key's counter
-    /// row, then the event. Returns the ids committed.
+    /// row, then the event; one in five is rolled back instead of committed. Returns the ids
+    /// committed and the ids rolled back.
     async fn write_steps(
         pool: MySqlPool,
         keys: Vec<String>,
         events: usize,
         seed: u64,
-    ) -> Vec<Uuid> {
+    ) -> (Vec<Uuid>, Vec<Uuid>) {
         let mut rng = seed | 1;
-        let mut ids = Vec::with_capacity(events);
+        let (mut ids, mut rolled_back) = (Vec::with_capacity(events), Vec::new());
         while ids.len() < events {
             rng ^= rng << 13;
             rng ^= rng >> 7;
@@ -608,36 +849,62 @@ mod mysql_relays {
             let id = inoutbox::outbox::enqueue(&mut tx, &step)
                 .await
                 .expect("enqueue");
-            tx.commit().await.expect("commit");
-            ids.push(id);
+            if (rng >> 32).is_multiple_of(5) {
+                tx.rollback().await.expect("rollback");
+                rolled_back.push(id);
+            } else {
+                tx.commit().await.expect("commit");
+                ids.push(id);
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        ids
+        (ids, rolled_back)
     }
 
     /// Kills relay `turn % 3` and starts another in its place, every 300 to 700 ms, until the
-    /// writers are done; returns how many were killed.
+    /// writers are done; returns how many were killed, and the lines the killed ones printed.
     async fn churn(
         relays: &mut [ChildProcess],
-        writers: &[tokio::task::JoinHandle<Vec<Uuid>>],
+        writers: &[tokio::task::JoinHandle<(Vec<Uuid>, Vec<Uuid>)>],
         url: &str,
-        brokers: &str,
-    ) -> usize {
-        let mut kills = 0;
+        target: &Target,
+    ) -> (usize, Vec<String>) {
+        let (mut kills, mut lines) = (0, Vec::new());
         while !writers.iter().all(|w| w.is_finished()) {
             tokio::time::sleep(Duration::from_millis(300 + (kills as u64 * 137) % 400)).await;
             let i = kills % relays.len();
             relays[i].kill9();
-            relays[i] = start_relay(url, brokers);
+            lines.extend(relays[i].lines());
+            relays[i] = target.start_relay(url);
             kills += 1;
         }
-        kills
+        (kills, lines)
+    }
+
+    /// How many rows the relays published more than once (by their `relay: published <id>`
+    /// lines, whether or not the broker kept the copy).
+    fn sent_again(lines: &[String]) -> usize {
+        let mut sent = HashSet::new();
+        lines
+            .iter()
+            .filter_map(|l| l.split("relay: published ").nth(1))
+            .filter_map(|rest| rest.split(' ').next())
+            .filter(|id| !sent.insert(id.to_owned()))
+            .count()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn relays_sigkilled_and_restarted_publish_every_event_in_per_key_order() {
-        let broker = Broker::start();
-        broker.create_topic(TOPIC, PARTITIONS).await;
+        relays_sigkilled_and_restarted(Target::kafka().await).await;
+    }
+
+    #[cfg(feature = "nats")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn relays_sigkilled_and_restarted_publish_every_event_in_per_key_order_on_nats() {
+        relays_sigkilled_and_restarted(Target::nats().await).await;
+    }
+
+    async fn relays_sigkilled_and_restarted(target: Target) {
         let (_db, url) = super::support::kit::mysql_database("relays").await;
         let store = inoutbox::MySqlStore::connect(&url).await.expect("MariaDB");
         store.migrate().await.expect("migrate");
@@ -654,8 +921,7 @@ mod mysql_relays {
                 .await
                 .expect("a counter");
         }
-        let mut relays: Vec<ChildProcess> =
-            (0..3).map(|_| start_relay(&url, &broker.brokers)).collect();
+        let mut relays: Vec<ChildProcess> = (0..3).map(|_| target.start_relay(&url)).collect();
         for r in &relays {
             r.wait_for("relay started", Duration::from_secs(60));
         }
@@ -669,10 +935,12 @@ mod mysql_relays {
                 ))
             })
             .collect();
-        let kills = churn(&mut relays, &writers, &url, &broker.brokers).await;
-        let mut committed = HashSet::new();
+        let (kills, mut lines) = churn(&mut relays, &writers, &url, &target).await;
+        let (mut committed, mut rolled_back) = (HashSet::new(), HashSet::new());
         for w in writers {
-            committed.extend(w.await.expect("writer"));
+            let (ids, undone) = w.await.expect("writer");
+            committed.extend(ids);
+            rolled_back.extend(undone);
         }
         assert!(
             kills >= 3,
@@ -695,14 +963,7 @@ mod mysql_relays {
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let messages = read_topic_until_quiet(
-            &broker.brokers,
-            TOPIC,
-            PARTITIONS,
-            Duration::from_secs(3),
-            Duration::from_secs(120),
-        )
-        .await;
+        let copies = target.read().await;
         for r in &mut relays {
             assert!(
                 r.is_running(),
@@ -710,52 +971,375 @@ mod mysql_relays {
                 r.lines().join("\n")
             );
         }
-        let duplicates = check_steps(&messages, &committed);
+        let duplicates = check_steps(&copies, &committed, &rolled_back);
+        for r in &relays {
+            lines.extend(r.lines());
+        }
+        let repeats = sent_again(&lines);
         println!(
-            "{} events, {} messages, {kills} relays killed, {duplicates} sent twice",
+            "{} events committed, {} rolled back, {} copies, {kills} relays killed, {duplicates} \
+             copies twice on the broker, {repeats} rows published again",
             committed.len(),
-            messages.len()
+            rolled_back.len(),
+            copies.len()
         );
+        // On NATS the stream's duplicate window drops a repeat published within it: the
+        // relays' own lines count what they sent.
         let bound = (kills + 1) * 2 * BATCH;
         assert!(
-            duplicates <= bound,
-            "{duplicates} copies sent twice: more than {kills} kills can explain ({bound}): \
-             did two relays publish at once?"
+            duplicates.max(repeats) <= bound,
+            "{duplicates} copies on the broker twice, {repeats} rows published again: more than \
+             {kills} kills can explain ({bound}): did two relays publish at once?"
         );
     }
 
-    /// Every committed event is on the topic and nothing else; per key, the first copy of each
-    /// step comes in commit order (`n` = 1, 2, 3, ...). Returns how many copies were repeats.
-    fn check_steps(messages: &[super::support::Received], committed: &HashSet<Uuid>) -> usize {
+    /// Every committed event is on the topic and nothing else (no rolled-back one); per key,
+    /// the first copy of each step comes in commit order (`n` = 1, 2, 3, ...). Returns how many
+    /// copies were repeats.
+    fn check_steps(
+        copies: &[Copy],
+        committed: &HashSet<Uuid>,
+        rolled_back: &HashSet<Uuid>,
+    ) -> usize {
         let mut seen = HashSet::new();
-        let mut last: HashMap<String, i64> = HashMap::new();
+        let mut last: HashMap<&str, i64> = HashMap::new();
         let mut duplicates = 0;
-        for m in messages {
-            let id: Uuid = m
-                .header("ce_id")
-                .and_then(|v| v.parse().ok())
-                .expect("ce_id");
+        for c in copies {
             assert!(
-                committed.contains(&id),
-                "event {id} on the topic was never committed"
+                !rolled_back.contains(&c.id),
+                "event {} at {} was rolled back, yet published",
+                c.id,
+                c.at
             );
-            if !seen.insert(id) {
+            assert!(
+                committed.contains(&c.id),
+                "event {} at {} was never committed",
+                c.id,
+                c.at
+            );
+            if !seen.insert(c.id) {
                 duplicates += 1;
                 continue;
             }
-            let key = m.payload["key"].as_str().expect("key").to_owned();
-            let n = m.payload["n"].as_i64().expect("n");
-            let previous = last.insert(key.clone(), n);
+            let previous = last.insert(&c.key, c.n);
             assert_eq!(
                 previous.unwrap_or(0) + 1,
-                n,
-                "key {key}: step {n} at {}@{} came after step {previous:?}",
-                m.partition,
-                m.offset
+                c.n,
+                "key {}: step {} at {} came after step {previous:?}",
+                c.key,
+                c.n,
+                c.at
             );
         }
         let lost = committed.difference(&seen).count();
         assert_eq!(lost, 0, "{lost} committed events never reached the topic");
         duplicates
+    }
+}
+
+/// The crash tests on NATS JetStream: the billing example on a `nats-server -js` of the test's
+/// own (`NATS_URL`), killed at each failpoint and restarted; a partition handed on by an owner
+/// killed before it acknowledged anything; and a group of three billing processes on six
+/// partitions, one SIGKILLed and one SIGSTOPped past its lease, over a steady stream of orders.
+#[cfg(feature = "nats")]
+mod nats {
+    use std::collections::HashMap;
+
+    use uuid::Uuid;
+
+    use super::nats_support::{acknowledged, create_stream, publish_order, NatsServer};
+    use super::support::child::ChildProcess;
+    use super::support::{unique, TestDb};
+    use super::{crash_at, Bus, Duration, Instant};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_after_inbox_insert_applies_each_event_once() {
+        crash_at(Bus::nats("ncrash").await, "after_inbox_insert").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_after_handler_applies_each_event_once() {
+        crash_at(Bus::nats("ncrash").await, "after_handler").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigkill_after_db_commit_before_acknowledgement_applies_each_event_once() {
+        crash_at(Bus::nats("ncrash").await, "after_db_commit").await;
+    }
+
+    /// Three owners of one partition, one after another: the first acknowledges five orders
+    /// and is SIGKILLed; the second takes the lease when it expires, creates its consumer (to
+    /// start after the five) and is SIGKILLed before it acknowledges anything (nothing new came);
+    /// the third starts after the five too, not at the stream's beginning: it gets the next
+    /// order and none of the five again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_owner_killed_before_acknowledging_hands_on_its_predecessors_position() {
+        let mut bus = Bus::nats("nhandover").await;
+        let db = TestDb::new("nhandover").await;
+        db.migrated_store().await;
+        let orders: Vec<Uuid> = (0..6).map(|_| Uuid::new_v4()).collect();
+        bus.send_one_key(&orders[..5]).await;
+        let mut first = bus.billing(&db, None);
+        assert!(
+            bus.wait_acknowledged(5).await,
+            "the first owner acknowledged the five orders"
+        );
+        first.kill9();
+        let mut second = bus.billing(&db, None);
+        second.wait_for("partition consumer created", Duration::from_secs(60));
+        second.kill9();
+        let mut third = bus.billing(&db, None);
+        third.wait_for("partition consumer created", Duration::from_secs(60));
+        bus.send_one_key(&orders[5..]).await;
+        let invoiced = super::wait_until(
+            &db,
+            "SELECT count(*) FROM invoices",
+            6,
+            Duration::from_secs(60),
+        )
+        .await;
+        let acknowledged = bus.wait_acknowledged(6).await;
+        assert!(third.terminate().success(), "the third owner exits 0");
+        let created: Vec<String> = [&second, &third]
+            .iter()
+            .flat_map(|c| c.lines())
+            .filter(|l| l.contains("partition consumer created"))
+            .collect();
+        println!("{}", created.join("\n"));
+        assert_eq!(invoiced, 6, "every order invoiced once");
+        assert!(acknowledged, "the third owner acknowledged the sixth order");
+        assert_eq!(
+            third.count(" duplicate "),
+            0,
+            "the third owner read the partition again from its beginning: {created:?}"
+        );
+    }
+
+    const PARTITIONS: u32 = 6;
+    const KEYS: usize = 24;
+    const EVENTS: usize = 360;
+    /// The lease TTL of the group's members.
+    const TTL_MS: u64 = 2000;
+
+    /// A member of the group `billing`: the billing example on NATS, six partitions, a 2 s
+    /// lease, its lease and acknowledgement decisions logged (`inoutbox::nats` at debug);
+    /// its handler waits `slowly_ms` after each invoice.
+    fn member(db: &TestDb, server: &NatsServer, topic: &str, slowly_ms: u64) -> ChildProcess {
+        let (partitions, ttl, slowly) = (
+            PARTITIONS.to_string(),
+            TTL_MS.to_string(),
+            slowly_ms.to_string(),
+        );
+        let args = [
+            "--topic",
+            topic,
+            "--partitions",
+            partitions.as_str(),
+            "--lease-ttl-ms",
+            ttl.as_str(),
+            "--finish-slowly-ms",
+            slowly.as_str(),
+        ];
+        let env = [
+            ("NATS_URL", server.url.as_str()),
+            (
+                "RUST_LOG",
+                "info,inoutbox::engine=debug,inoutbox::nats=debug",
+            ),
+        ];
+        let child = ChildProcess::start_with_env("billing", db, "", &args, None, &env);
+        child.wait_for("joined", Duration::from_secs(60));
+        child
+    }
+
+    /// Publishes `EVENTS` orders' steps, ~20 ms apart: each the next step (`total_cents` =
+    /// 1, 2, 3, ...) of one of `KEYS` orders drawn at random, keyed by its order. Returns the
+    /// last stream sequence of each partition.
+    async fn publish_steps(
+        js: async_nats::jetstream::Context,
+        topic: String,
+        orders: Vec<Uuid>,
+    ) -> HashMap<u32, u64> {
+        let mut steps = vec![0i64; orders.len()];
+        let mut last = HashMap::new();
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..EVENTS {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let k = (rng % orders.len() as u64) as usize;
+            steps[k] += 1;
+            let id = Uuid::new_v4().to_string();
+            let seq = publish_order(&js, &topic, PARTITIONS, &id, orders[k], steps[k]).await;
+            let key = orders[k].to_string();
+            let partition = inoutbox::nats::partition_for(key.as_bytes(), PARTITIONS);
+            last.insert(partition, seq);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        last
+    }
+
+    /// Three members on six partitions while orders keep coming: one is SIGKILLed (its leases
+    /// expire and the others take its partitions), one is SIGSTOPped in the middle of a
+    /// handler (its transaction open) for three lease TTLs and then SIGCONTed. It resumes with
+    /// its leases taken: it refuses to acknowledge what it finishes (the local fence), and its
+    /// transaction's event, whose inbox row the new owner waited on, counts once. At the end
+    /// every event was applied exactly once, each order's steps in their order, and every
+    /// partition acknowledged to its end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn members_sigkilled_and_sigstopped_apply_every_event_once_in_per_key_order() {
+        let server = NatsServer::start();
+        let js = server.js().await;
+        let db = TestDb::new("ngroup").await;
+        db.migrated_store().await;
+        let topic = unique("ngroup");
+        create_stream(&js, &topic).await;
+        // One after another: each creates the invoices table if it is missing.
+        let mut killed = member(&db, &server, &topic, 0);
+        let mut survivor = member(&db, &server, &topic, 0);
+        // Slow enough that the stop lands in a handler, its transaction open.
+        let mut paused = member(&db, &server, &topic, 100);
+        let orders: Vec<Uuid> = (0..KEYS).map(|_| Uuid::new_v4()).collect();
+        let publisher = tokio::spawn(publish_steps(js.clone(), topic.clone(), orders.clone()));
+
+        super::wait_until(
+            &db,
+            "SELECT count(*) FROM invoices",
+            40,
+            Duration::from_secs(60),
+        )
+        .await;
+        killed.kill9();
+        paused.wait_for_next("finishing in", Duration::from_secs(60));
+        paused.pause();
+        let stopped_at = Instant::now();
+        tokio::time::sleep(Duration::from_millis(3 * TTL_MS)).await;
+        let resumed_from = paused.lines().len();
+        paused.resume();
+        println!("paused for {:?}", stopped_at.elapsed());
+
+        let last = publisher.await.expect("publisher");
+        let processed = super::wait_until(
+            &db,
+            "SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL",
+            EVENTS as i64,
+            Duration::from_secs(60),
+        )
+        .await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut behind = Vec::new();
+        for (partition, end) in &last {
+            let floor = loop {
+                let floor = acknowledged(&js, &topic, "billing", *partition).await;
+                if floor >= *end || Instant::now() > deadline {
+                    break floor;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            if floor < *end {
+                behind.push(format!(
+                    "partition {partition}: acknowledged {floor} of {end}"
+                ));
+            }
+        }
+        let late: Vec<String> = paused.lines()[resumed_from..].to_vec();
+        assert!(survivor.terminate().success(), "the survivor exits 0");
+        assert!(paused.terminate().success(), "the resumed member exits 0");
+
+        let refused = late
+            .iter()
+            .filter(|l| l.contains("lease no longer held; not acknowledging"))
+            .count();
+        let revoked = late
+            .iter()
+            .filter(|l| l.contains("lease lost; partition revoked"))
+            .count();
+        println!(
+            "{EVENTS} events on {PARTITIONS} partitions: {processed} processed; after resuming, the \
+             paused member refused {refused} acknowledgements and lost {revoked} leases"
+        );
+        assert_eq!(processed, EVENTS as i64, "every event processed");
+        assert!(
+            behind.is_empty(),
+            "partitions not acknowledged to their end: {behind:?}"
+        );
+        let rows: Vec<(Uuid, i64)> =
+            sqlx::query_as("SELECT order_id, total_cents FROM invoices ORDER BY id")
+                .fetch_all(&db.pool)
+                .await
+                .expect("invoices");
+        assert_eq!(rows.len(), EVENTS, "one invoice per event");
+        let mut applied: HashMap<Uuid, i64> = HashMap::new();
+        for (order, step) in rows {
+            let previous = applied.insert(order, step).unwrap_or(0);
+            assert_eq!(
+                previous + 1,
+                step,
+                "order {order}: step {step} applied after step {previous}"
+            );
+        }
+        let unfenced = unfenced_late_work(&late);
+        assert!(
+            refused >= 1 && unfenced.is_empty(),
+            "the member paused past its lease applied, after resuming, messages of a partition it \
+             had lost that it did not refuse to acknowledge: {unfenced:?}; its lines since:\n{}",
+            late.join("\n")
+        );
+    }
+
+    /// The value of `name=` in a log line.
+    fn field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+        let at = line.find(&format!(" {name}="))? + name.len() + 2;
+        line[at..].split(' ').next()
+    }
+
+    /// The partition and offset of a line's message (`at=<topic>/<partition>@<offset>`).
+    fn message_at(line: &str) -> Option<(String, i64)> {
+        let (_, rest) = field(line, "at")?.rsplit_once('/')?;
+        let (partition, offset) = rest.split_once('@')?;
+        Some((partition.to_owned(), offset.parse().ok()?))
+    }
+
+    /// What a member applied after resuming on a partition before taking it again
+    /// (`processed` at `<topic>/<partition>@<offset>`) that may have been acknowledged by it:
+    /// neither refused (a `not acknowledging` line of that partition at a position past it) nor
+    /// held back by a message before it left unresolved (`abandoned`: the position never
+    /// passes one).
+    fn unfenced_late_work(late: &[String]) -> Vec<String> {
+        let mut retaken = std::collections::HashSet::new();
+        let mut refused: HashMap<String, i64> = HashMap::new();
+        let mut abandoned: HashMap<String, i64> = HashMap::new();
+        let mut applied = Vec::new();
+        for line in late {
+            let partition = field(line, "partition").map(str::to_owned);
+            if line.contains("lease taken; partition assigned") {
+                retaken.extend(partition);
+            } else if line.contains("not acknowledging") {
+                let position = field(line, "position").and_then(|p| p.parse().ok());
+                if let (Some(p), Some(position)) = (partition, position) {
+                    let max = refused.entry(p).or_insert(position);
+                    *max = (*max).max(position);
+                }
+            } else if let Some((partition, offset)) = message_at(line) {
+                if retaken.contains(&partition) {
+                    continue;
+                }
+                if line.contains(" abandoned ") {
+                    let min = abandoned.entry(partition).or_insert(offset);
+                    *min = (*min).min(offset);
+                } else if line.contains(" processed ") {
+                    applied.push((partition, offset, line.clone()));
+                }
+            }
+        }
+        applied
+            .into_iter()
+            .filter(|(p, offset, _)| {
+                let refused = refused.get(p).is_some_and(|position| offset < position);
+                let held = abandoned.get(p).is_some_and(|first| first < offset);
+                !refused && !held
+            })
+            .map(|(_, _, line)| line)
+            .collect()
     }
 }

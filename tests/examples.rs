@@ -19,6 +19,7 @@ fn run_example(name: &str, env: &[(&str, &str)], args: &[&str]) -> String {
     command
         .env_remove("DATABASE_URL")
         .env_remove("KAFKA_BROKERS")
+        .env_remove("NATS_URL")
         .args(args);
     for (key, value) in env {
         command.env(key, value);

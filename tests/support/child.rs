@@ -17,11 +17,13 @@ pub fn example(name: &str) -> PathBuf {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let status = Command::new(cargo)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
+            // The features the suite is run with (`cargo test --all-features`, which holds
+            // `failpoints`, `mysql` and `nats`): the library built for the test binary is
+            // reused, only the examples are linked.
             .args([
                 "build",
                 "--quiet",
-                "--features",
-                "failpoints mysql",
+                "--all-features",
                 "--example",
                 "billing",
                 "--example",
@@ -41,7 +43,7 @@ pub fn example(name: &str) -> PathBuf {
             .expect("run cargo build for the child programs");
         assert!(
             status.success(),
-            "building the examples with --features failpoints failed"
+            "building the examples with --all-features failed"
         );
     });
     // target/<profile>/deps/crash-<hash> -> target/<profile>/examples/<name>
@@ -67,7 +69,9 @@ pub struct ChildProcess {
 
 impl ChildProcess {
     /// Starts example `program` with `args`, on the test's database and broker, with
-    /// `failpoint` (`<name>:<n>`) armed if given.
+    /// `failpoint` (`<name>:<n>`) armed if given. A `NATS_URL` in the test's own environment is
+    /// never passed on (the examples would run on NATS): only one given in `env`
+    /// ([`ChildProcess::start_with_env`], [`ChildProcess::start_with`]).
     pub fn start(
         program: &str,
         db: &TestDb,
@@ -89,6 +93,7 @@ impl ChildProcess {
     ) -> Self {
         let mut cmd = Command::new(example(program));
         cmd.args(args)
+            .env_remove("NATS_URL")
             .envs(env.iter().copied())
             .env("DATABASE_URL", db.url())
             .env("KAFKA_BROKERS", brokers)
@@ -117,6 +122,7 @@ impl ChildProcess {
         cmd.args(args)
             .env("DATABASE_URL", database_url)
             .env("KAFKA_BROKERS", brokers)
+            .env_remove("NATS_URL")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -212,6 +218,32 @@ impl ChildProcess {
         self.child.wait().expect("reap")
     }
 
+    /// SIGSTOP: the whole process paused (its timers, its lease renewals, its open
+    /// transaction), as a stalled VM.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT: a paused process resumes where it stopped.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {signal} {}", self.child.id());
+    }
+
+    /// Waits for a line containing `needle` printed from now on (the lines already printed
+    /// are passed over).
+    pub fn wait_for_next(&self, needle: &str, within: Duration) {
+        while self.events.try_recv().is_ok() {}
+        self.wait_for(needle, within);
+    }
+
     /// SIGTERM, and the exit status of the graceful shutdown.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let status = Command::new("kill")
@@ -256,6 +288,7 @@ impl ChildProcess {
             .env("KAFKA_BROKERS", brokers)
             .env("NO_COLOR", "1")
             .env_remove("INOUTBOX_FAILPOINT")
+            .env_remove("NATS_URL")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

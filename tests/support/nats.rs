@@ -364,7 +364,10 @@ pub async fn acknowledged(
     while let Some(name) = names.next().await {
         let name = name.expect("consumer name");
         if name.starts_with(&prefix) {
-            let info = stream.consumer_info(&name).await.expect("consumer info");
+            // A consumer deleted meanwhile (a lease handed over) has nothing to add.
+            let Ok(info) = stream.consumer_info(&name).await else {
+                continue;
+            };
             let before_start = match info.config.deliver_policy {
                 jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence } => {
                     start_sequence.saturating_sub(1)

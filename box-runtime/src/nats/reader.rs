@@ -50,13 +50,7 @@ pub(super) async fn consumer(
             .consumer_info(name)
             .await
             .map_err(|e| format!("consumer {name}: {e}"))?;
-        // A consumer that acknowledged nothing yet reports a floor of 0: it started where its
-        // own predecessors had acknowledged up to.
-        let start = match info.config.deliver_policy {
-            DeliverPolicy::ByStartSequence { start_sequence } => start_sequence.saturating_sub(1),
-            _ => 0,
-        };
-        floor = floor.max(info.ack_floor.stream_sequence).max(start);
+        floor = floor.max(acknowledged_through(&info));
     }
     let name = format!("{prefix}{revision}");
     let deliver_policy = if floor == 0 {
@@ -85,6 +79,18 @@ pub(super) async fn consumer(
     }
     tracing::debug!(target: "inoutbox::nats", consumer = %name, after = floor, "partition consumer created");
     Ok(consumer)
+}
+
+/// How far a previous lease's consumer stands acknowledged: its floor, or, if it acknowledged
+/// nothing, where it started (nats-server reports a floor of 0 for a consumer that has
+/// acknowledged nothing, even one created to start after its predecessors' floor; taken as it
+/// is, the next lease would read the partition again from the stream's beginning).
+fn acknowledged_through(info: &async_nats::jetstream::consumer::Info) -> u64 {
+    let started_after = match info.config.deliver_policy {
+        DeliverPolicy::ByStartSequence { start_sequence } => start_sequence.saturating_sub(1),
+        _ => 0,
+    };
+    info.ack_floor.stream_sequence.max(started_after)
 }
 
 /// Why a reader ended.
