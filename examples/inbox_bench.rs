@@ -53,6 +53,20 @@
 //! (which picks its MySQL handler from the URL), on the pool `MySqlStore::connect` makes (10
 //! connections), shared by A and inoutbox alike. K, E, F, the latency part, `--db-latency-ms` and
 //! `--payload-bytes` are PostgreSQL's only.
+//!
+//! With `NATS_URL=nats://127.0.0.1:4222` (feature `nats`: `cargo run --release --all-features
+//! --example inbox_bench`; a `nats-server -js`) the runs read NATS JetStream instead of Kafka,
+//! on PostgreSQL: the messages are published once, shaped as inoutbox's relay publishes them
+//! (each to the subject of its key's partition, the key in `ce_partitionkey`, `Nats-Msg-Id` =
+//! `ce_id`), onto a fresh stream, then
+//!
+//! * **A, hand-written** (baseline): async-nats and sqlx, one lane per partition, each a pull
+//!   consumer of its partition's subject that, for each message, runs `BEGIN`, the insert of its
+//!   `ce_id` into a dedup table, the invoice's insert, `COMMIT`, and acknowledges it;
+//! * **B, inoutbox batched** (`NatsConfig`, in this process), as B above;
+//! * **G**, the unchanged `billing` example as a child process with `NATS_URL` and
+//!   `--partitions` (its `NatsConfig`), on `--partitions` and 12 partitions and on the
+//!   `--backlog`, each on a stream of its own; ratios against A of the same run.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -1166,35 +1180,76 @@ async fn billing_blackbox(
     events: usize,
     partitions: i32,
 ) -> Result<(f64, u64), BoxError> {
-    let schema = format!(
-        "inoutbox_billing_bench_{}",
-        &Uuid::new_v4().simple().to_string()[..8]
-    );
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(database_url)
-        .await?;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
-        .execute(&admin)
-        .await?;
-    let sep = if database_url.contains('?') { '&' } else { '?' };
-    let url = format!("{database_url}{sep}options=-c%20search_path%3D{schema}");
-    let exact_sql = format!("SELECT count(*) FROM \"{schema}\".invoices");
-    let progress_sql = format!("SELECT coalesce(max(id), 0) FROM \"{schema}\".invoices");
-    let count = async |exact: bool| -> i64 {
-        let sql = if exact { &exact_sql } else { &progress_sql };
-        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.as_str()))
-            .fetch_one(&admin)
+    let schema = BillingSchema::create(database_url).await?;
+    let count = async |exact| schema.invoices(exact).await;
+    let result = run_billing(broker, events, partitions, &schema.url, count).await;
+    schema.remove().await?;
+    result
+}
+
+/// A PostgreSQL schema of a `billing` run's own: the URL that chooses it (`search_path`), and
+/// its invoices.
+struct BillingSchema {
+    name: String,
+    admin: PgPool,
+    url: String,
+}
+
+impl BillingSchema {
+    async fn create(database_url: &str) -> Result<Self, BoxError> {
+        let name = format!(
+            "inoutbox_billing_bench_{}",
+            &Uuid::new_v4().simple().to_string()[..8]
+        );
+        let admin = PgPoolOptions::new()
+            .max_connections(1)
+            .connect(database_url)
+            .await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{name}\"")))
+            .execute(&admin)
+            .await?;
+        let sep = if database_url.contains('?') { '&' } else { '?' };
+        let url = format!("{database_url}{sep}options=-c%20search_path%3D{name}");
+        Ok(Self { name, admin, url })
+    }
+
+    /// The invoices written so far (0 before `billing` created its table): `exact`, their
+    /// count; else the highest invoice id (see [`run_billing`]'s progress).
+    async fn invoices(&self, exact: bool) -> i64 {
+        let sql = if exact {
+            format!("SELECT count(*) FROM \"{}\".invoices", self.name)
+        } else {
+            format!("SELECT coalesce(max(id), 0) FROM \"{}\".invoices", self.name)
+        };
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&self.admin)
             .await
             .unwrap_or(0)
-    };
-    let result = run_billing(broker, events, partitions, &url, count).await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&admin)
-    .await?;
-    result
+    }
+
+    async fn remove(self) -> Result<(), BoxError> {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA \"{}\" CASCADE",
+            self.name
+        )))
+        .execute(&self.admin)
+        .await?;
+        self.admin.close().await;
+        Ok(())
+    }
+}
+
+/// The `billing` example's executable, built beside this bench.
+fn billing_exe() -> Result<std::path::PathBuf, BoxError> {
+    let exe = std::env::current_exe()?.with_file_name("billing");
+    if !exe.exists() {
+        return Err(format!(
+            "{} is missing: run cargo build --release --examples",
+            exe.display()
+        )
+        .into());
+    }
+    Ok(exe)
 }
 
 /// Produces a backlog of `events` onto a fresh topic of `partitions`, then runs the `billing`
@@ -1210,14 +1265,7 @@ async fn run_billing(
     url: &str,
     count: impl AsyncFnMut(bool) -> i64,
 ) -> Result<(f64, u64), BoxError> {
-    let exe = std::env::current_exe()?.with_file_name("billing");
-    if !exe.exists() {
-        return Err(format!(
-            "{} is missing: run cargo build --release --examples",
-            exe.display()
-        )
-        .into());
-    }
+    let exe = billing_exe()?;
     let topic = format!(
         "inoutbox-billing-bench-{}",
         &Uuid::new_v4().simple().to_string()[..8]
@@ -1227,7 +1275,7 @@ async fn run_billing(
         None => create_topic(&broker.brokers, &topic, partitions).await?,
     }
     produce(&broker.brokers, &topic, events).await?;
-    let mut child = std::process::Command::new(&exe)
+    let child = std::process::Command::new(&exe)
         .args([
             // The group is billing's own (`--group` names its handlers' group); the topic is
             // new, so nothing is committed for it yet.
@@ -1238,6 +1286,16 @@ async fn run_billing(
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()?;
+    watch_child(child, count, events).await
+}
+
+/// Watches the `billing` process `child` until `count` (its invoices) reaches `events`, then
+/// kills it: its rate (first to last invoice, polled every 20 ms) and peak RSS.
+async fn watch_child(
+    mut child: std::process::Child,
+    count: impl AsyncFnMut(bool) -> i64,
+    events: usize,
+) -> Result<(f64, u64), BoxError> {
     let result = watch_billing(count, child.id(), events).await;
     let _ = std::process::Command::new("kill")
         .arg(child.id().to_string())
@@ -1428,7 +1486,14 @@ async fn main() -> Result<(), BoxError> {
     let database_url = std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
+    let nats_url = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty());
+    if nats_url.is_some() && !cfg!(feature = "nats") {
+        return Err("NATS_URL is set: build with `--features nats`".into());
+    }
     if database_url.starts_with("mysql://") || database_url.starts_with("mariadb://") {
+        if nats_url.is_some() {
+            return Err("the NATS runs are PostgreSQL's only: unset NATS_URL".into());
+        }
         if latency_ms > 0 || payload_bytes > 0 {
             return Err("--db-latency-ms and --payload-bytes are PostgreSQL's only".into());
         }
@@ -1473,7 +1538,14 @@ async fn main() -> Result<(), BoxError> {
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\"")))
         .execute(&admin)
         .await?;
-    let result = if payload_bytes > 0 {
+    let result = if let Some(url) = nats_url {
+        #[cfg(feature = "nats")]
+        {
+            on_nats::bench(&database_url, &schema, &url, events, partitions, backlog).await
+        }
+        #[cfg(not(feature = "nats"))]
+        Err::<(), BoxError>(format!("NATS_URL={url}: build with `--features nats`").into())
+    } else if payload_bytes > 0 {
         rss_with_large_messages(&database_url, backlog, payload_bytes).await
     } else {
         bench(&database_url, &schema, events, partitions, backlog).await
@@ -1484,4 +1556,265 @@ async fn main() -> Result<(), BoxError> {
     .execute(&admin)
     .await?;
     result
+}
+
+/// The runs on NATS JetStream (`NATS_URL`, feature `nats`): A hand-written (async-nats and
+/// sqlx), B inoutbox in this process, and the `billing` example as a child process, each on a
+/// stream of their own; PostgreSQL only.
+#[cfg(feature = "nats")]
+mod on_nats {
+    use std::time::{Duration, Instant};
+
+    use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
+    use futures_util::StreamExt;
+    use inoutbox::inbox::Report;
+    use inoutbox::nats::{stream_name, subject, NatsConfig};
+    use inoutbox::{AckStrategy, Outcome};
+    use sqlx::PgPool;
+    use tokio::sync::{mpsc, oneshot};
+    use uuid::Uuid;
+
+    use super::common::nats::{fresh_stream, jetstream, publish_windows, remove_stream};
+    use super::{
+        count, open_postgres, print_billing, print_table, selected, watch_child, BillingSchema,
+        BoxError, Measured, OrderCreated, GROUP, INSERT_INVOICE,
+    };
+
+    /// The window of the backlogs' publishing (acknowledgements awaited every this many).
+    const WINDOW: usize = 1000;
+
+    /// Where the runs read: the server of `NATS_URL`.
+    pub struct Nats {
+        pub url: String,
+        js: jetstream::Context,
+    }
+
+    impl Nats {
+        /// A fresh stream `topic` holding `events` messages on `partitions` partitions.
+        async fn backlog(
+            &self,
+            topic: &str,
+            partitions: u32,
+            events: usize,
+        ) -> Result<Duration, BoxError> {
+            fresh_stream(&self.js, topic).await?;
+            publish_windows(&self.js, topic, partitions, events, WINDOW, 1).await
+        }
+    }
+
+    fn new_topic(prefix: &str) -> String {
+        format!("{prefix}-{}", &Uuid::new_v4().simple().to_string()[..8])
+    }
+
+    /// Every NATS run on PostgreSQL schema `schema`.
+    pub async fn bench(
+        database_url: &str,
+        schema: &str,
+        url: &str,
+        events: usize,
+        partitions: i32,
+        backlog: usize,
+    ) -> Result<(), BoxError> {
+        let (pool, pg) = open_postgres(database_url, schema, partitions).await?;
+        sqlx::raw_sql("CREATE TABLE bench_seen (event_id text PRIMARY KEY)")
+            .execute(&pool)
+            .await?;
+        let nats = Nats {
+            url: url.to_owned(),
+            js: jetstream(url).await?,
+        };
+        let topic = new_topic("inoutbox-inbox-bench");
+        let parts = u32::try_from(partitions)?;
+        let produced = nats.backlog(&topic, parts, events).await?;
+        println!(
+            "inbox bench: {events} messages on {partitions} partitions (NATS JetStream at {url}, \
+             stream {}), published in {:.2} s; PostgreSQL schema {schema}; {} cores",
+            stream_name(&topic),
+            produced.as_secs_f64(),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        let mut runs = Vec::new();
+        if selected("A") {
+            runs.push(handwritten(&nats, &topic, &pool, events, parts).await?);
+        }
+        if selected("B") {
+            runs.push(inbox_consumer(&nats, &topic, pg, events, parts).await?);
+        }
+        remove_stream(&nats.js, &topic).await;
+        print_table(&runs);
+        let invoices = count(&pool, "SELECT count(*) FROM bench_invoices").await?;
+        let seen = count(&pool, "SELECT count(*) FROM bench_seen").await?;
+        println!(
+            "\ncheck: bench_invoices = {invoices} (expected {}: {} runs), bench_seen = {seen} \
+             (A, expected {events})",
+            runs.len() * events,
+            runs.len()
+        );
+        if selected("G") {
+            let baseline = runs.first().map_or(1.0, Measured::rate);
+            let blackbox = async |n, parts| {
+                let schema = BillingSchema::create(database_url).await?;
+                let count = async |exact| schema.invoices(exact).await;
+                let result = billing(&nats, n, parts, &schema.url, count).await;
+                schema.remove().await?;
+                result
+            };
+            print_billing(blackbox, events, partitions, backlog, baseline).await?;
+        }
+        pool.close().await;
+        Ok(())
+    }
+
+    /// Baseline A on NATS: one lane per partition, each a pull consumer of its partition's
+    /// subject (explicit acknowledgement) that, for each message, runs `BEGIN`, the insert of
+    /// its `ce_id` into a dedup table (`ON CONFLICT DO NOTHING`: a repeat writes nothing
+    /// more), the invoice's insert, `COMMIT`, and then acknowledges it: the way one writes it
+    /// by hand.
+    async fn handwritten(
+        nats: &Nats,
+        topic: &str,
+        pool: &PgPool,
+        events: usize,
+        lanes: u32,
+    ) -> Result<Measured, BoxError> {
+        let started = Instant::now();
+        let stream = nats.js.get_stream(stream_name(topic)).await?;
+        let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, Instant)>();
+        let mut tasks = Vec::new();
+        for lane in 0..lanes {
+            let consumer = stream
+                .create_consumer(pull::Config {
+                    durable_name: Some(format!("handwritten-{lane}")),
+                    filter_subject: subject(topic, lane),
+                    ack_policy: AckPolicy::Explicit,
+                    ..Default::default()
+                })
+                .await?;
+            let (pool, done_tx) = (pool.clone(), done_tx.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut messages = consumer.messages().await?;
+                while let Some(message) = messages.next().await {
+                    let message = message?;
+                    let event_id = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("ce_id"))
+                        .map(|v| v.as_str().to_owned())
+                        .unwrap_or_default();
+                    let event: OrderCreated = serde_json::from_slice(&message.payload)?;
+                    let mut tx = pool.begin().await?;
+                    let new = sqlx::query(
+                        "INSERT INTO bench_seen (event_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                    )
+                    .bind(event_id)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                    if new == 1 {
+                        sqlx::query(INSERT_INVOICE)
+                            .bind(event.order_id)
+                            .bind(event.total_cents)
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    tx.commit().await?;
+                    message.ack().await?;
+                    let _ = done_tx.send((i32::try_from(lane)?, Instant::now()));
+                }
+                Ok::<_, BoxError>(())
+            }));
+        }
+        let mut completions = Vec::with_capacity(events);
+        while completions.len() < events {
+            match tokio::time::timeout(Duration::from_secs(60), done.recv()).await {
+                Ok(Some(c)) => completions.push(c),
+                _ => {
+                    return Err(format!(
+                        "hand-written consumer stalled after {}",
+                        completions.len()
+                    )
+                    .into())
+                }
+            }
+        }
+        for task in tasks {
+            task.abort();
+        }
+        Ok(Measured::new(
+            "A hand-written, 1 tx + 1 ack/msg",
+            started,
+            &completions,
+        ))
+    }
+
+    /// Run B on NATS: inoutbox's consumer (`NatsConfig`, batched, the `bench` group's handler)
+    /// in this process until every message is processed, then a graceful stop.
+    async fn inbox_consumer(
+        nats: &Nats,
+        topic: &str,
+        store: inoutbox::PgStore,
+        events: usize,
+        partitions: u32,
+    ) -> Result<Measured, BoxError> {
+        let name = "B inoutbox batched (NatsConfig)";
+        let started = Instant::now();
+        let config = NatsConfig::new(nats.url.clone(), [topic]).partitions(partitions);
+        let (report_tx, mut reports) = mpsc::unbounded_channel::<Report>();
+        let consumer = inoutbox::Consumer::builder(GROUP, store, config)
+            .ack(AckStrategy::ExactlyOnceInbox)
+            .reports(report_tx)
+            .build()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(consumer.run(async move {
+            let _ = stopped.await;
+        }));
+        let mut completions = Vec::with_capacity(events);
+        while completions.len() < events {
+            match tokio::time::timeout(Duration::from_secs(60), reports.recv()).await {
+                Ok(Some(r)) => match r.outcome {
+                    Outcome::Processed { .. } => {
+                        completions.push((r.delivery.partition, Instant::now()));
+                    }
+                    other => {
+                        return Err(format!(
+                            "{name}: {} ended as {other:?}",
+                            r.delivery.coordinates()
+                        )
+                        .into())
+                    }
+                },
+                _ => return Err(format!("{name}: stalled after {}", completions.len()).into()),
+            }
+        }
+        let measured = Measured::new(name, started, &completions);
+        let _ = stop.send(());
+        handle.await??;
+        Ok(measured)
+    }
+
+    /// The `billing` example on a fresh stream holding `events` messages on `partitions`
+    /// partitions, run with `NATS_URL` and `--partitions` (its `NatsConfig`) on
+    /// `DATABASE_URL=url`, until `count` (its invoices) reaches `events`.
+    async fn billing(
+        nats: &Nats,
+        events: usize,
+        partitions: i32,
+        url: &str,
+        count: impl AsyncFnMut(bool) -> i64,
+    ) -> Result<(f64, u64), BoxError> {
+        let exe = super::billing_exe()?;
+        let topic = new_topic("inoutbox-billing-bench");
+        nats.backlog(&topic, u32::try_from(partitions)?, events)
+            .await?;
+        let child = std::process::Command::new(&exe)
+            .args(["--topic", &topic, "--partitions", &partitions.to_string()])
+            .env("DATABASE_URL", url)
+            .env("NATS_URL", &nats.url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let result = watch_child(child, count, events).await;
+        remove_stream(&nats.js, &topic).await;
+        result
+    }
 }

@@ -44,6 +44,16 @@
 //! rows (one transaction). MySQL's relay store has one slot (`GET_LOCK`): the second relay is a
 //! standby. The other phases are PostgreSQL's only.
 //!
+//! With `NATS_URL=nats://127.0.0.1:4222` (feature `nats`: `cargo run --release --all-features
+//! --example relay_bench -- --phases drain`; a `nats-server -js`) the drain phase publishes to
+//! NATS JetStream instead of Kafka, on PostgreSQL or MySQL/MariaDB: the raw rate is JetStream
+//! publishing of 100 000 messages shaped as the relay's (headers, key header, `Nats-Msg-Id`), in
+//! windows of `--batch` messages published without waiting and then their acknowledgements
+//! awaited, from `--workers` tasks side by side on one connection (what the relays do with their
+//! batches, without the database); each relay publishes through a `NatsPublisher` of its own.
+//! The stream (`inoutbox-bench`, 4 partitions) is emptied before every run and deleted at the
+//! end. The other phases are Kafka's only.
+//!
 //! Rows live in a fresh schema (dropped at the end); messages go to topic `inoutbox-bench`
 //! (created with 4 partitions if missing). `--log` prints inoutbox's and sqlx's debug logs
 //! (statements, rebalances).
@@ -144,7 +154,10 @@ struct Settings {
     phases: String,
     idempotence: bool,
     database_url: String,
+    /// `KAFKA_BROKERS` (empty on NATS).
     brokers: String,
+    /// The server of `NATS_URL`, when set: the drain phase publishes there.
+    nats: Option<NatsSide>,
 }
 
 impl Settings {
@@ -165,7 +178,11 @@ impl Settings {
             phases: flag(&args, "--phases", "latency,drain,sigterm,writers")?,
             idempotence: !args.iter().any(|a| a == "--no-idempotence"),
             database_url: env("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")?,
-            brokers: env("KAFKA_BROKERS", "127.0.0.1:9092")?,
+            brokers: match std::env::var("NATS_URL") {
+                Ok(url) if !url.is_empty() => String::new(),
+                _ => env("KAFKA_BROKERS", "127.0.0.1:9092")?,
+            },
+            nats: None,
         })
     }
 
@@ -264,14 +281,15 @@ impl Schema {
 }
 
 /// A relay on `store` publishing with `producer`, running until stopped.
-fn spawn_relay<S: IntoRelayStore>(
+fn spawn_relay<S: IntoRelayStore, P: IntoPublisher>(
     store: S,
     config: &RelayConfig,
-    producer: KafkaProducer,
+    producer: P,
     reports: Option<mpsc::UnboundedSender<RelayReport>>,
 ) -> Running
 where
     S::Store: 'static,
+    P::Publisher: 'static,
 {
     let publisher = producer.into_publisher().expect("producer");
     let mut relay = Relay::with_store(store.into_relay_store(), publisher, config.clone());
@@ -298,8 +316,10 @@ trait Drained {
     async fn backlog(&self, rows: usize) -> Result<(), BoxError>;
     /// Whether a row is not yet marked published.
     async fn unpublished(&self) -> Result<bool, BoxError>;
-    /// A relay on the outbox.
-    fn relay(&self, config: &RelayConfig, producer: KafkaProducer) -> Running;
+    /// A relay on the outbox, publishing with `producer`.
+    fn relay<P: IntoPublisher>(&self, config: &RelayConfig, producer: P) -> Running
+    where
+        P::Publisher: 'static;
 }
 
 impl Drained for Schema {
@@ -315,8 +335,12 @@ impl Drained for Schema {
         .await?)
     }
 
-    fn relay(&self, config: &RelayConfig, producer: KafkaProducer) -> Running {
-        self.start_relay(config, producer, None)
+    fn relay<P: IntoPublisher>(&self, config: &RelayConfig, producer: P) -> Running
+    where
+        P::Publisher: 'static,
+    {
+        let store = inoutbox::PgStore::with_tables(self.pool.clone(), self.tables.clone());
+        spawn_relay(store, config, producer, None)
     }
 }
 
@@ -436,10 +460,16 @@ async fn drain(
     relays: usize,
 ) -> Result<f64, BoxError> {
     db.backlog(rows).await?;
+    if let Some(nats) = &settings.nats {
+        nats.empty().await?;
+    }
     let started = Instant::now();
-    let running: Vec<Running> = (0..relays)
-        .map(|_| db.relay(&settings.relay_config(), settings.producer()))
-        .collect();
+    let running: Vec<Running> = match &settings.nats {
+        Some(nats) => nats.relays(db, &settings.relay_config(), relays).await?,
+        None => (0..relays)
+            .map(|_| db.relay(&settings.relay_config(), settings.producer()))
+            .collect(),
+    };
     loop {
         if !db.unpublished().await? {
             break;
@@ -697,8 +727,8 @@ async fn read_ids_until_quiet(
 /// of the bench's own (dropped at the end).
 #[cfg(feature = "mysql")]
 mod on_mysql {
-    use inoutbox::kafka::KafkaProducer;
     use inoutbox::relay::RelayConfig;
+    use inoutbox::transport::IntoPublisher;
     use inoutbox::MySqlStore;
     use rdkafka::producer::FutureProducer;
     use uuid::Uuid;
@@ -756,13 +786,19 @@ mod on_mysql {
             Ok(left != 0)
         }
 
-        fn relay(&self, config: &RelayConfig, producer: KafkaProducer) -> Running {
+        fn relay<P: IntoPublisher>(&self, config: &RelayConfig, producer: P) -> Running
+        where
+            P::Publisher: 'static,
+        {
             spawn_relay(self.store.clone(), config, producer, None)
         }
     }
 
     /// The drain phase (raw produce, then the relay's drains) on a database of its own.
-    pub async fn run(settings: &Settings, producer: &FutureProducer) -> Result<(), BoxError> {
+    pub async fn run(
+        settings: &Settings,
+        producer: Option<&FutureProducer>,
+    ) -> Result<(), BoxError> {
         let db = MySqlDatabase::create(&settings.database_url, "inoutbox_relay_bench").await?;
         let result = async {
             let store = MySqlStore::connect(&db.url).await?;
@@ -782,11 +818,11 @@ mod on_mysql {
     }
 }
 
-fn print_drains(raw: f64, drains: &[(usize, f64, f64)]) {
+fn print_drains(raw: f64, raw_name: &str, drains: &[(usize, f64, f64)]) {
     println!(
         "\nthroughput (events/s; drain = rows / time until every row is marked published, best run):"
     );
-    println!("  raw rdkafka produce ({RAW_EVENTS} messages)    {raw:>9.0}");
+    println!("  {raw_name} ({RAW_EVENTS} messages)    {raw:>9.0}");
     for (rows, one, two) in drains {
         println!(
             "  relay drain {rows:>7} rows: 1 relay {one:>9.0} ({:>4.1} % of raw)   2 relays {two:>9.0}   (2 vs 1: {:.2}x)",
@@ -844,6 +880,9 @@ async fn main() -> Result<(), BoxError> {
             .with_target(false)
             .init();
     }
+    if let Some(url) = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty()) {
+        return on_nats(settings, &url, mysql).await;
+    }
     create_topic(&settings.brokers, TOPIC, PARTITIONS).await?;
     let producer: FutureProducer = settings.producer().client_config().create()?;
     println!(
@@ -859,7 +898,7 @@ async fn main() -> Result<(), BoxError> {
         .map_err(|(e, _)| e)?; // warm-up: metadata and connections
     if mysql {
         #[cfg(feature = "mysql")]
-        return on_mysql::run(&settings, &producer).await;
+        return on_mysql::run(&settings, Some(&producer)).await;
     }
     let schema = Schema::create(&settings).await?;
     if settings.phases.contains("latency") {
@@ -873,7 +912,7 @@ async fn main() -> Result<(), BoxError> {
         );
     }
     if settings.phases.contains("drain") {
-        drains(&schema, &settings, &producer).await?;
+        drains(&schema, &settings, Some(&producer)).await?;
     }
     if settings.phases.contains("sigterm") {
         sigterm(&schema, &settings).await?;
@@ -912,12 +951,21 @@ async fn main() -> Result<(), BoxError> {
     schema.remove().await
 }
 
+/// The drain phase: the raw rate (rdkafka's produce, or JetStream's publish on NATS), then
+/// each backlog drained by one relay and by two.
 async fn drains(
     db: &impl Drained,
     settings: &Settings,
-    producer: &FutureProducer,
+    producer: Option<&FutureProducer>,
 ) -> Result<(), BoxError> {
-    let raw = raw_throughput(producer).await?;
+    let (raw, raw_name) = match (&settings.nats, producer) {
+        (Some(nats), _) => (
+            nats.raw_throughput(settings).await?,
+            "raw JetStream publish, acks awaited per window",
+        ),
+        (None, Some(producer)) => (raw_throughput(producer).await?, "raw rdkafka produce"),
+        (None, None) => return Err("no Kafka producer".into()),
+    };
     let mut drains = Vec::new();
     for &rows in &settings.sizes {
         let (mut one, mut two) = (0f64, 0f64);
@@ -929,6 +977,134 @@ async fn drains(
         }
         drains.push((rows, one, two));
     }
-    print_drains(raw, &drains);
+    print_drains(raw, raw_name, &drains);
     Ok(())
+}
+
+/// The drain phase on NATS JetStream (`NATS_URL`): raw JetStream publishing, then the relays
+/// through `NatsPublisher`, on PostgreSQL or MySQL/MariaDB.
+async fn on_nats(mut settings: Settings, url: &str, mysql: bool) -> Result<(), BoxError> {
+    if settings.phases != "drain" {
+        return Err("on NATS the bench has the drain phase only: pass `--phases drain`".into());
+    }
+    settings.nats = Some(NatsSide::connect(url).await?);
+    println!(
+        "relay bench: NATS JetStream at {url}, {PARTITIONS} partitions, {} workers per relay, \
+         batch {} (the raw publish's window), backlogs {:?}",
+        settings.workers,
+        settings.relay_config().batch_size,
+        settings.sizes
+    );
+    let result = if mysql {
+        #[cfg(feature = "mysql")]
+        {
+            on_mysql::run(&settings, None).await
+        }
+        #[cfg(not(feature = "mysql"))]
+        Err::<(), BoxError>("DATABASE_URL names MySQL: build with `--features mysql`".into())
+    } else {
+        let schema = Schema::create(&settings).await?;
+        let result = drains(&schema, &settings, None).await;
+        schema.remove().await?;
+        result
+    };
+    if let Some(nats) = &settings.nats {
+        nats.remove().await;
+    }
+    result
+}
+
+/// The bench's topic on the server of `NATS_URL` (feature `nats`).
+#[cfg(feature = "nats")]
+struct NatsSide {
+    url: String,
+    js: async_nats::jetstream::Context,
+}
+
+#[cfg(feature = "nats")]
+impl NatsSide {
+    async fn connect(url: &str) -> Result<Self, BoxError> {
+        Ok(Self {
+            url: url.to_owned(),
+            js: common::nats::jetstream(url).await?,
+        })
+    }
+
+    /// Empties the topic: a fresh stream (as the relay's publisher creates it), so that the
+    /// server holds one run's messages at a time.
+    async fn empty(&self) -> Result<(), BoxError> {
+        common::nats::fresh_stream(&self.js, TOPIC).await
+    }
+
+    async fn remove(&self) {
+        common::nats::remove_stream(&self.js, TOPIC).await;
+    }
+
+    /// Raw JetStream publishing: `RAW_EVENTS` messages shaped as the relay's, in windows of
+    /// `--batch` (each window's acknowledgements awaited before the next), from `--workers`
+    /// tasks side by side on one connection: what the relays do with a batch, without the
+    /// database. Events/s.
+    async fn raw_throughput(&self, settings: &Settings) -> Result<f64, BoxError> {
+        self.empty().await?;
+        let partitions = PARTITIONS.unsigned_abs();
+        let took = common::nats::publish_windows(
+            &self.js,
+            TOPIC,
+            partitions,
+            RAW_EVENTS,
+            settings.batch,
+            settings.workers,
+        )
+        .await?;
+        Ok(RAW_EVENTS as f64 / took.as_secs_f64())
+    }
+
+    /// `n` relays on `db`, each with a `NatsPublisher` of its own.
+    async fn relays(
+        &self,
+        db: &impl Drained,
+        config: &RelayConfig,
+        n: usize,
+    ) -> Result<Vec<Running>, BoxError> {
+        let mut running = Vec::with_capacity(n);
+        for _ in 0..n {
+            let publisher =
+                inoutbox::nats::NatsPublisher::connect(&self.url, PARTITIONS.unsigned_abs())
+                    .await?;
+            running.push(db.relay(config, publisher));
+        }
+        Ok(running)
+    }
+}
+
+/// Without the feature `nats`: `NATS_URL` is refused.
+#[cfg(not(feature = "nats"))]
+enum NatsSide {}
+
+#[cfg(not(feature = "nats"))]
+impl NatsSide {
+    async fn connect(url: &str) -> Result<Self, BoxError> {
+        Err(format!("NATS_URL={url}: build with `--features nats`").into())
+    }
+
+    async fn empty(&self) -> Result<(), BoxError> {
+        match *self {}
+    }
+
+    async fn remove(&self) {
+        match *self {}
+    }
+
+    async fn raw_throughput(&self, _: &Settings) -> Result<f64, BoxError> {
+        match *self {}
+    }
+
+    async fn relays(
+        &self,
+        _: &impl Drained,
+        _: &RelayConfig,
+        _: usize,
+    ) -> Result<Vec<Running>, BoxError> {
+        match *self {}
+    }
 }

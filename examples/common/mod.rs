@@ -15,6 +15,10 @@ use rdkafka::message::{Header, OwnedHeaders};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+/// The benches' NATS JetStream side.
+#[cfg(feature = "nats")]
+pub mod nats;
+
 /// The error of the examples' helpers and async code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

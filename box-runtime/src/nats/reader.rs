@@ -93,6 +93,16 @@ fn acknowledged_through(info: &async_nats::jetstream::consumer::Info) -> u64 {
     info.ack_floor.stream_sequence.max(started_after)
 }
 
+/// What one pull asks for: at most this many messages, and at most [`FETCH_BYTES`] of them
+/// (the client holds what a pull returned until the partition's run takes it, besides the
+/// `partition_buffer` messages on their way to the run). Small pulls are slow: with pulls of
+/// 256 messages the server delivered about a tenth of what it delivers with pulls of 10 000
+/// (nats-server 2.9.10).
+const FETCH_MESSAGES: usize = 10_000;
+
+/// The bytes one pull asks for at most (4 MiB a partition).
+const FETCH_BYTES: usize = 4 << 20;
+
 /// Why a reader ended.
 #[derive(Debug)]
 pub(super) enum Ended {
@@ -147,7 +157,8 @@ impl Reader {
         let mut messages = match self
             .consumer
             .stream()
-            .max_messages_per_batch(self.batch.max(1))
+            .max_messages_per_batch(FETCH_MESSAGES.max(self.batch))
+            .max_bytes_per_batch(FETCH_BYTES)
             .heartbeat(Duration::from_secs(5))
             .messages()
             .await
