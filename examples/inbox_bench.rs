@@ -1219,7 +1219,10 @@ impl BillingSchema {
         let sql = if exact {
             format!("SELECT count(*) FROM \"{}\".invoices", self.name)
         } else {
-            format!("SELECT coalesce(max(id), 0) FROM \"{}\".invoices", self.name)
+            format!(
+                "SELECT coalesce(max(id), 0) FROM \"{}\".invoices",
+                self.name
+            )
         };
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
             .fetch_one(&self.admin)

@@ -9,9 +9,7 @@
 mod support;
 
 #[cfg(feature = "nats")]
-#[allow(dead_code)] // each test file uses only some of the fixtures
-#[path = "support/nats.rs"]
-mod nats_support;
+use support::nats as nats_support;
 
 use std::time::{Duration, Instant};
 
