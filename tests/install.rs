@@ -177,13 +177,14 @@ fn a_crate_from_the_postgres_snippet_compiles_the_program_on_postgres() {
 }
 
 /// The guides a user reaches from the README, and the link targets in them.
-const GUIDES: [(&str, &str); 9] = [
+const GUIDES: [(&str, &str); 10] = [
     ("README.md", include_str!("../README.md")),
     ("SECURITY.md", include_str!("../SECURITY.md")),
     ("ARCHITECTURE.md", include_str!("../ARCHITECTURE.md")),
     ("docs/behaviour.md", include_str!("../docs/behaviour.md")),
     ("docs/deployment.md", include_str!("../docs/deployment.md")),
     ("docs/modes.md", include_str!("../docs/modes.md")),
+    ("docs/nats.md", include_str!("../docs/nats.md")),
     ("docs/operations.md", include_str!("../docs/operations.md")),
     ("docs/outbox.md", include_str!("../docs/outbox.md")),
     ("docs/two_phase.md", include_str!("../docs/two_phase.md")),
