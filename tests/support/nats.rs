@@ -253,6 +253,17 @@ pub async fn read_stream(
     topic: &str,
     quiet: Duration,
 ) -> Vec<async_nats::jetstream::Message> {
+    let mut messages = reader(js, topic).await;
+    let mut out = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(quiet, messages.next()).await {
+        out.push(m.expect("message"));
+    }
+    out
+}
+
+/// The messages of `topic`'s stream from its first, through a consumer of the test's own that
+/// acknowledges nothing (the groups' consumers and positions are left as they are).
+async fn reader(js: &jetstream::Context, topic: &str) -> jetstream::consumer::pull::Stream {
     let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::Config {
@@ -261,12 +272,7 @@ pub async fn read_stream(
         })
         .await
         .expect("reader consumer");
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut out = Vec::new();
-    while let Ok(Some(m)) = tokio::time::timeout(quiet, messages.next()).await {
-        out.push(m.expect("message"));
-    }
-    out
+    consumer.messages().await.expect("messages")
 }
 
 /// The key of a lease in the lease bucket: `<group>.<topic>.<partition>`.
@@ -296,15 +302,7 @@ pub async fn read_n(
     n: usize,
     within: Duration,
 ) -> Vec<crate::support::Received> {
-    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
-    let consumer = stream
-        .create_consumer(jetstream::consumer::pull::Config {
-            ack_policy: jetstream::consumer::AckPolicy::None,
-            ..Default::default()
-        })
-        .await
-        .expect("reader consumer");
-    let mut messages = consumer.messages().await.expect("messages");
+    let mut messages = reader(js, topic).await;
     let deadline = tokio::time::Instant::now() + within;
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
