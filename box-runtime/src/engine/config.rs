@@ -173,10 +173,12 @@ pub enum Ordering {
     /// the order of messages with different keys keeps.
     #[default]
     Partition,
-    /// Messages with the same key in offset order; different keys in concurrent lanes (see
-    /// [`InboxConfig::key_lanes`]), so that the concurrency does not come from the number of
-    /// partitions alone. Keyless messages share one lane, in offset order. The committed offset
-    /// still never passes a message that is not resolved.
+    /// Messages with the same key in offset order; different keys in concurrent transactions
+    /// (see [`InboxConfig::key_lanes`]), so that the concurrency does not come from the number
+    /// of partitions. Each transaction is a micro-batch of the messages waiting when a
+    /// connection is free whose keys no transaction in flight holds: the slower the database
+    /// answers, the more each carries. Keyless messages share one key, in offset order. The
+    /// committed offset still never passes a message that is not resolved.
     Key,
 }
 
@@ -230,12 +232,13 @@ pub struct InboxConfig {
     /// Messages of one partition handled in one transaction at most (default 500; 1 turns
     /// batching off).
     pub max_batch: usize,
-    /// How long a batch waits for more messages before it closes (default 2 ms).
+    /// How long a batch waits for more messages before it closes (default 2 ms; with
+    /// [`Ordering::Key`] a batch is cut when a transaction can start instead).
     pub max_wait: Duration,
     /// The order of handling inside a partition (default [`Ordering::Partition`]).
     pub ordering: Ordering,
-    /// Concurrent lanes per partition with [`Ordering::Key`]; 0 (the default) sizes them from
-    /// the store: as many as its pool has connections
+    /// The most transactions one partition runs at once with [`Ordering::Key`]; 0 (the
+    /// default) sizes it from the store: as many as its pool has connections
     /// ([`InboxStore::parallel_transactions`](crate::store::InboxStore::parallel_transactions)),
     /// one on a store that writes one transaction at a time (SQLite).
     pub key_lanes: usize,
@@ -388,7 +391,8 @@ macro_rules! inbox_setters {
             self
         }
 
-        /// How long a batch waits for more messages before it closes (default 2 ms).
+        /// How long a batch waits for more messages before it closes (default 2 ms; with
+    /// [`Ordering::Key`] a batch is cut when a transaction can start instead).
         pub fn max_wait(mut self, wait: std::time::Duration) -> Self {
             self$(.$field)?.max_wait = wait;
             self
@@ -403,9 +407,9 @@ macro_rules! inbox_setters {
             self
         }
 
-        /// Concurrent lanes per partition with
+        /// The most transactions one partition runs at once with
         /// [`Ordering::Key`](crate::engine::Ordering::Key) (default 0: as many as the store's
-        /// pool has connections).
+        /// pool has connections; the group's partitions share those connections besides).
         pub fn key_lanes(mut self, lanes: usize) -> Self {
             self$(.$field)?.key_lanes = lanes;
             self

@@ -21,6 +21,9 @@ pub struct Inbox<S> {
     pub(crate) committed: tokio::sync::Notify,
     /// The store's effects table, rendered once for every message's metadata.
     pub(super) effects_table: std::sync::Arc<str>,
+    /// The transactions the partitions' key-ordered lanes may run at once: one per connection
+    /// the store can hold ([`InboxStore::parallel_transactions`]).
+    pub(crate) transactions: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl<S: InboxStore> Inbox<S> {
@@ -48,6 +51,9 @@ impl<S: InboxStore> Inbox<S> {
         setup::check_two_phase::<S>(&handlers, &config)?;
         Ok(Self {
             effects_table: store.tables().effects.to_string().into(),
+            transactions: std::sync::Arc::new(tokio::sync::Semaphore::new(
+                store.parallel_transactions().max(1),
+            )),
             telemetry: InboxTelemetry::new(handlers.group(), handlers.event_types()),
             store,
             handlers,
@@ -89,9 +95,10 @@ impl<S: InboxStore> Inbox<S> {
         self.telemetry.health = health;
     }
 
-    /// The concurrent lanes of one partition with [`Ordering::Key`](super::Ordering::Key):
-    /// [`InboxConfig::key_lanes`], or, when that is 0, what the store can run in parallel
-    /// (its pool's connections), at most [`MAX_AUTO_LANES`].
+    /// The most transactions one partition runs at once with
+    /// [`Ordering::Key`](super::Ordering::Key): [`InboxConfig::key_lanes`], or, when that is 0,
+    /// what the store can run in parallel (its pool's connections), at most
+    /// [`MAX_AUTO_LANES`]. (The group's partitions share [`Inbox::transactions`] besides.)
     pub(crate) fn key_lanes(&self) -> usize {
         match self.config.key_lanes {
             0 => self.store.parallel_transactions().clamp(1, MAX_AUTO_LANES),
