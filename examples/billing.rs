@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test KAFKA_BROKERS=127.0.0.1:9092 \
-//!     cargo run --example billing -- [--topic orders] [--group billing]
+//!     cargo run --example billing -- [--topic orders] [--group billing] [--pool 8]
 //! DATABASE_URL=postgres://postgres@127.0.0.1/test NATS_URL=nats://127.0.0.1:4222 \
 //!     cargo run --example billing --features nats -- [--topic orders] [--partitions 3] \
 //!         [--lease-ttl-ms 10000]
@@ -19,6 +19,10 @@
 //! `content-type: application/json`. It logs one line per message (inoutbox logs them at debug:
 //! this example shows `inoutbox::engine` at debug) and runs until SIGTERM; `RUST_LOG` (targets
 //! syntax) changes what is logged.
+//!
+//! `--pool N` (PostgreSQL, default 8) sizes its connection pool: the group handles the keys of a
+//! partition side by side (`Ordering::Key`, the default), one transaction per connection, so a
+//! database far away needs more of them (about 32 at 1 ms each way).
 //!
 //! `--finish-slowly-ms N` (for the graceful-stop test) makes the handler wait N ms after
 //! writing the invoice, saying so on stderr, so a stop can arrive while a message is in hand.
@@ -110,6 +114,9 @@ async fn main() -> Result<(), common::Failure> {
     let slowly: u64 = flag(&args, "--finish-slowly-ms", "0")?.parse()?;
     FINISH_SLOWLY.get_or_init(|| Duration::from_millis(slowly));
     let partitions: u32 = flag(&args, "--partitions", "3")?.parse()?;
+    // PostgreSQL connections: the transactions in flight at once (the default order runs the
+    // keys of a partition side by side, one transaction per connection).
+    let pool: u32 = flag(&args, "--pool", "8")?.parse()?;
     let lease_ttl = Duration::from_millis(flag(&args, "--lease-ttl-ms", "10000")?.parse()?);
     let nats = NatsSettings {
         partitions,
@@ -127,7 +134,7 @@ async fn main() -> Result<(), common::Failure> {
 
     // Refuses a URL of another database, and names the target (password hidden) if it
     // cannot connect within a few seconds.
-    let store = inoutbox::PgStore::connect(&database_url, 8).await?;
+    let store = inoutbox::PgStore::connect(&database_url, pool).await?;
     sqlx::query(INVOICES).execute(store.pool()).await?;
     store.migrate().await?;
     run(&group, store, &topic, &nats).await

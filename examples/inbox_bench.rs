@@ -27,16 +27,18 @@
 //! * **B, inoutbox batched, partition order** (`ExactlyOnceInbox`, `Ordering::Partition`):
 //!   micro-batches per partition, one claim statement, the handler per event, one commit and
 //!   one offset commit per batch.
-//! * **K, inoutbox batched, key lanes** (`Ordering::Key`, lanes sized from the
-//!   pool): B with the keys of each partition spread over concurrent lanes.
+//! * **K, inoutbox batched, key order** (`Ordering::Key`, the default; transactions sized from
+//!   the pool): B with the keys of each partition in concurrent transactions, each a batch of the
+//!   waiting messages whose keys no other holds.
 //! * **C, inoutbox unbatched** (`max_batch(1)`): one transaction per message, as before batching.
 //! * **D, at least once** (`OnSuccess`, batched): B without the inbox row.
 //! * **E, inbox on SQLite** (batched): B on `SqliteStore`, a temporary WAL file.
 //! * **F, batch handler** (`#[inbox_handler(.., batch)]`): the handler gets the new events of a
 //!   batch at once and writes them with one multi-row insert.
 //!
-//! Then, black-box, the unchanged `billing` example as a child process: its rate from the
-//! first to the last invoice row, on `--partitions` and on 12 partitions; the end-to-end
+//! Then, black-box, the unchanged `billing` example as a child process (`--pool` passed on: its
+//! PostgreSQL pool is the runs'): its rate from the first to the last invoice row, on
+//! `--partitions` and on 12 partitions; the end-to-end
 //! latency (produce to handler commit) at a steady 1 000 msgs/s offered, beside a bare rdkafka
 //! consumer's on the same broker (produce to receive, no database: the broker's own share);
 //! and its peak RSS while draining a backlog of `--backlog` (200 000) messages.
@@ -844,7 +846,7 @@ async fn postgres_runs(
             Partition,
         ),
         (
-            "K inoutbox batched, key lanes (Ordering::Key)",
+            "K inoutbox batched, key order (the default)",
             "k",
             GROUP,
             AckStrategy::ExactlyOnceInbox,
@@ -1278,11 +1280,12 @@ async fn run_billing(
         None => create_topic(&broker.brokers, &topic, partitions).await?,
     }
     produce(&broker.brokers, &topic, events).await?;
+    let pool = POOL.load(std::sync::atomic::Ordering::Relaxed).to_string();
     let child = std::process::Command::new(&exe)
         .args([
             // The group is billing's own (`--group` names its handlers' group); the topic is
-            // new, so nothing is committed for it yet.
-            "--topic", &topic,
+            // new, so nothing is committed for it yet. Its PostgreSQL pool is the runs' `--pool`.
+            "--topic", &topic, "--pool", &pool,
         ])
         .env("DATABASE_URL", url)
         .env("KAFKA_BROKERS", &broker.brokers)

@@ -285,10 +285,15 @@ async fn sigkill_mid_batch_before_commit_applies_each_event_once_after_restart()
         Duration::from_secs(60),
     );
     first.kill9();
+    // The keys of the partition run side by side (the default order): batches before the one
+    // in hand may have committed; the one in hand (handler 4's) died with the process.
     let before =
         s.db.count("SELECT count(*) FROM inoutbox_inbox WHERE processed_at IS NOT NULL")
             .await;
-    assert_eq!(before, 0, "the batch died with the process, uncommitted");
+    assert!(
+        before < 4,
+        "the batch in hand died with the process, uncommitted: {before} rows processed"
+    );
 
     let mut second = ChildProcess::start("billing", &s.db, &s.broker.brokers, &args, None);
     support::wait_committed(&s.broker.brokers, "billing", &s.topic, 0, 10).await;
@@ -503,15 +508,13 @@ async fn key_ordering_keeps_each_keys_offset_order_and_runs_keys_concurrently() 
     );
 }
 
-/// `Ordering::Key` with no `key_lanes` set: lanes sized from the pool (the test store's 10
-/// connections), each key in offset order, different keys at once.
+/// The default order (`Ordering::Key`, nothing set): transactions sized from the pool (the test
+/// store's 10 connections), each key in offset order, different keys at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_order_sized_from_the_pool_runs_the_keys_of_a_partition_concurrently_each_in_offset_order(
 ) {
     keyed_run("batchkeysdef", "batch-keys-default", &KEYS_DEFAULT, |c| {
-        c.ordering(Ordering::Key)
-            .max_batch(10)
-            .max_wait(Duration::ZERO)
+        c.max_batch(10).max_wait(Duration::ZERO)
     })
     .await;
     assert!(
@@ -520,11 +523,14 @@ async fn key_order_sized_from_the_pool_runs_the_keys_of_a_partition_concurrently
     );
 }
 
-/// The default (nothing set): every message of the partition in offset order, one at a time.
+/// `Ordering::Partition`, one setting away from the default: every message of the partition in
+/// offset order, one at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_default_order_keeps_the_whole_partitions_order() {
+async fn partition_order_keeps_the_whole_partitions_order() {
     let offsets = keyed_run("batchpart", "batch-partition-order", &KEYS_PARTITION, |c| {
-        c.max_batch(10).max_wait(Duration::ZERO)
+        c.ordering(Ordering::Partition)
+            .max_batch(10)
+            .max_wait(Duration::ZERO)
     })
     .await;
     assert!(

@@ -169,16 +169,16 @@ impl RetryPolicy {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Ordering {
-    /// One message after the other, in offset order (the default): what a handler that needs
-    /// the order of messages with different keys keeps.
-    #[default]
+    /// One message after the other, in offset order: what a handler that needs the order of
+    /// messages with different keys keeps.
     Partition,
     /// Messages with the same key in offset order; different keys in concurrent transactions
     /// (see [`InboxConfig::key_lanes`]), so that the concurrency does not come from the number
     /// of partitions. Each transaction is a micro-batch of the messages waiting when a
     /// connection is free whose keys no transaction in flight holds: the slower the database
     /// answers, the more each carries. Keyless messages share one key, in offset order. The
-    /// committed offset still never passes a message that is not resolved.
+    /// committed offset still never passes a message that is not resolved. The default.
+    #[default]
     Key,
 }
 
@@ -235,7 +235,8 @@ pub struct InboxConfig {
     /// How long a batch waits for more messages before it closes (default 2 ms; with
     /// [`Ordering::Key`] a batch is cut when a transaction can start instead).
     pub max_wait: Duration,
-    /// The order of handling inside a partition (default [`Ordering::Partition`]).
+    /// The order of handling inside a partition (default [`Ordering::Key`]: per key;
+    /// [`Ordering::Partition`] keeps the whole partition's order).
     pub ordering: Ordering,
     /// The most transactions one partition runs at once with [`Ordering::Key`]; 0 (the
     /// default) sizes it from the store: as many as its pool has connections
@@ -301,7 +302,7 @@ impl Default for InboxConfig {
             outage_backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(10)),
             max_batch: 500,
             max_wait: Duration::from_millis(2),
-            ordering: Ordering::Partition,
+            ordering: Ordering::Key,
             key_lanes: 0,
             transaction_timeout: Duration::from_secs(60),
             busy_attempts: 10,
@@ -399,9 +400,9 @@ macro_rules! inbox_setters {
         }
 
         /// The order of handling inside a partition (default
-        /// [`Ordering::Partition`](crate::engine::Ordering::Partition): the whole partition's
-        /// order; [`Ordering::Key`](crate::engine::Ordering::Key): per key, different keys in
-        /// concurrent lanes).
+        /// [`Ordering::Key`](crate::engine::Ordering::Key): per key, different keys in
+        /// concurrent transactions; [`Ordering::Partition`](crate::engine::Ordering::Partition):
+        /// the whole partition's order, one batch at a time).
         pub fn ordering(mut self, ordering: $crate::engine::Ordering) -> Self {
             self$(.$field)?.ordering = ordering;
             self

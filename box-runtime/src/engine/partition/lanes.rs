@@ -193,21 +193,24 @@ impl Waiting {
     }
 
     /// Takes waiting messages, in offset order, whose keys no batch in flight holds and no
-    /// message left waiting before them has; their keys become busy. Takes at most `max`, a
-    /// share of what waits beside `free` other transactions that could start now (so that none
-    /// idles while one carries a long batch), and what runs in about [`BATCH_TIME`].
+    /// message left waiting before them has; their keys become busy. Takes at most `max`; past
+    /// a share of what waits beside `free` other transactions that could start now (so that
+    /// none idles while one carries a long batch), or past what runs in about [`BATCH_TIME`],
+    /// only messages of keys the batch already holds (no other transaction could take them).
     fn cut(&mut self, max: usize, free: usize) -> (Vec<u64>, Vec<Arc<Delivery>>) {
-        let mut max = self.queue.len().div_ceil(free + 1).min(max);
+        let mut share = self.queue.len().div_ceil(free + 1);
         if let Some(per_message) = self.per_message.filter(|t| !t.is_zero()) {
             let fits = BATCH_TIME.as_nanos() / per_message.as_nanos();
-            max = max.min(usize::try_from(fits).unwrap_or(usize::MAX));
+            share = share.min(usize::try_from(fits).unwrap_or(usize::MAX));
         }
-        let max = max.max(1);
-        let mut passed = HashSet::new();
+        let (share, max) = (share.max(1), max.max(1));
+        let (mut passed, mut held) = (HashSet::new(), HashSet::new());
         let (mut keys, mut batch) = (Vec::new(), Vec::new());
         let mut left = VecDeque::with_capacity(self.queue.len());
         for (key, d) in self.queue.drain(..) {
-            if batch.len() < max && !passed.contains(&key) && !self.busy.contains_key(&key) {
+            let room = batch.len() < share || (batch.len() < max && held.contains(&key));
+            if room && !passed.contains(&key) && !self.busy.contains_key(&key) {
+                held.insert(key);
                 keys.push(key);
                 batch.push(d);
             } else {
@@ -304,6 +307,20 @@ mod tests {
         assert!(w.runnable());
         let (_, third) = w.cut(10, 0);
         assert_eq!(offsets(&third), [2], "b is still held by the first batch");
+    }
+
+    #[test]
+    fn past_its_share_a_batch_takes_only_the_keys_it_holds() {
+        let mut w = Waiting::new(100);
+        for (offset, key) in [(0, "a"), (1, "a"), (2, "b"), (3, "a"), (4, "c")] {
+            w.push(msg(offset, Some(key)));
+        }
+        // Five waiting, four transactions could start: a share of two; a's later messages
+        // could run nowhere else, so they come along (b, c are left to the others).
+        let (_, batch) = w.cut(10, 3);
+        assert_eq!(offsets(&batch), [0, 1, 3]);
+        let (_, batch) = w.cut(1, 3);
+        assert_eq!(offsets(&batch), [2], "max is a hard bound");
     }
 
     #[test]
