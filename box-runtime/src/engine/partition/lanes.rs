@@ -203,7 +203,8 @@ impl Waiting {
             let fits = BATCH_TIME.as_nanos() / per_message.as_nanos();
             share = share.min(usize::try_from(fits).unwrap_or(usize::MAX));
         }
-        let (share, max) = (share.max(1), max.max(1));
+        let max = max.max(1);
+        let share = share.clamp(1, max);
         let (mut passed, mut held) = (HashSet::new(), HashSet::new());
         let (mut keys, mut batch) = (Vec::new(), Vec::new());
         let mut left = VecDeque::with_capacity(self.queue.len());
