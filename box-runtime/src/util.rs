@@ -47,3 +47,19 @@ impl<F: Future + ?Sized> Future for CatchUnwind<F> {
         }
     }
 }
+
+/// FNV-1a, 64 bits, over `parts` with a separator after each: a stable hash (the same in every
+/// process and version: PostgreSQL's outbox advisory lock ids are made of it).
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // a separator that cannot occur in UTF-8, so ("ab", "c") and ("a", "bc") differ
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h as i64
+}

@@ -20,6 +20,7 @@ use crate::event::OutboxEvent;
 use crate::outbox::{EnqueueError, NewRow, OutboxTx};
 use crate::store::sql::{stmt, Stmt};
 use crate::store::{legacy, Tables};
+use crate::util::fnv1a64;
 
 /// The outbox on a given table; [`enqueue`](crate::outbox::enqueue) and
 /// [`enqueue_all`](crate::outbox::enqueue_all) use the default table name
@@ -43,21 +44,6 @@ impl Default for Outbox {
 /// The transaction-local setting that lists the key locks (ids, comma-separated) its
 /// transaction takes at commit (migration outbox v4 reads it).
 pub(crate) const KEYS_SETTING: &str = "inoutbox.enqueue_keys";
-
-/// FNV-1a, 64 bits: a stable hash for advisory lock ids (the same in every process and version).
-pub(crate) fn fnv1a64(parts: &[&[u8]]) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for &b in *part {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // a separator that cannot occur in UTF-8, so ("ab", "c") and ("a", "bc") differ
-        h ^= 0xff;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h as i64
-}
 
 /// The advisory lock id that serialises enqueues of one `(topic, key)` on a table.
 pub(crate) fn enqueue_lock_id(scope: &str, topic: &str, key: &str) -> i64 {

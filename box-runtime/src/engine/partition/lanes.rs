@@ -29,7 +29,7 @@ use crate::engine::Inbox;
 use crate::message::{Delivery, Outcome};
 use crate::store::InboxStore;
 use crate::transport::PartitionLink;
-use crate::util::CatchUnwind;
+use crate::util::{fnv1a64, CatchUnwind};
 
 type Results = Vec<(Arc<Delivery>, Outcome)>;
 
@@ -205,17 +205,18 @@ impl Waiting {
         }
         let max = max.max(1);
         let share = share.clamp(1, max);
-        let (mut passed, mut held) = (HashSet::new(), HashSet::new());
+        // A key left waiting stays left: its later messages find it busy, or no room (the batch
+        // only grows, and the key is not among those it holds).
+        let mut held = HashSet::new();
         let (mut keys, mut batch) = (Vec::new(), Vec::new());
         let mut left = VecDeque::with_capacity(self.queue.len());
         for (key, d) in self.queue.drain(..) {
             let room = batch.len() < share || (batch.len() < max && held.contains(&key));
-            if room && !passed.contains(&key) && !self.busy.contains_key(&key) {
+            if room && !self.busy.contains_key(&key) {
                 held.insert(key);
                 keys.push(key);
                 batch.push(d);
             } else {
-                passed.insert(key);
                 left.push_back((key, d));
             }
         }
@@ -249,16 +250,10 @@ impl Waiting {
     }
 }
 
-/// A key's hash (FNV-1a of its bytes); keyless messages share one. Two keys with one hash only
-/// wait for each other.
+/// A key's hash ([`fnv1a64`]); keyless messages share one (0, never a key's). Two keys with one
+/// hash only wait for each other.
 fn key_of(key: Option<&[u8]>) -> u64 {
-    let Some(key) = key else { return 0 };
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h | 1
+    key.map_or(0, |key| fnv1a64(&[key]) as u64 | 1)
 }
 
 #[cfg(test)]
