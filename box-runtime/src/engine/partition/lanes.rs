@@ -44,6 +44,13 @@ type BatchEnd = (Vec<u64>, Duration, Result<Results, String>);
 /// message took in the batches before.
 const BATCH_TIME: Duration = Duration::from_millis(300);
 
+/// About how long one batch runs at least while enough messages wait: spreading what waits
+/// over more transactions than the round trip needs only pays more claims and commits per
+/// message. While the database answers fast (a message in tens of microseconds), batches stay
+/// as large as the partition order's; while it is far away, the share among the free
+/// transactions is larger than this anyway.
+const MIN_BATCH_TIME: Duration = Duration::from_millis(20);
+
 /// Runs the partition in key-ordered batches; `Err(panic)` when a panic outside the handler's
 /// guard ended a batch (its messages stay in flight in the tracker: the position never passes
 /// them). The batches are tasks of this run: when the run is dropped (aborted at the end of the
@@ -195,13 +202,16 @@ impl Waiting {
     /// Takes waiting messages, in offset order, whose keys no batch in flight holds and no
     /// message left waiting before them has; their keys become busy. Takes at most `max`; past
     /// a share of what waits beside `free` other transactions that could start now (so that
-    /// none idles while one carries a long batch), or past what runs in about [`BATCH_TIME`],
-    /// only messages of keys the batch already holds (no other transaction could take them).
+    /// none idles while one carries a long batch), but no less than what runs in about
+    /// [`MIN_BATCH_TIME`] and no more than what runs in about [`BATCH_TIME`], only messages of
+    /// keys the batch already holds (no other transaction could take them).
     fn cut(&mut self, max: usize, free: usize) -> (Vec<u64>, Vec<Arc<Delivery>>) {
         let mut share = self.queue.len().div_ceil(free + 1);
         if let Some(per_message) = self.per_message.filter(|t| !t.is_zero()) {
-            let fits = BATCH_TIME.as_nanos() / per_message.as_nanos();
-            share = share.min(usize::try_from(fits).unwrap_or(usize::MAX));
+            let fits = |time: Duration| {
+                usize::try_from(time.as_nanos() / per_message.as_nanos()).unwrap_or(usize::MAX)
+            };
+            share = share.max(fits(MIN_BATCH_TIME)).min(fits(BATCH_TIME));
         }
         let max = max.max(1);
         let share = share.clamp(1, max);
@@ -317,6 +327,37 @@ mod tests {
         assert_eq!(offsets(&batch), [0, 1, 3]);
         let (_, batch) = w.cut(1, 3);
         assert_eq!(offsets(&batch), [2], "max is a hard bound");
+    }
+
+    /// `n` waiting messages of different keys, after batches that took `each` a message.
+    fn measured(n: i64, each: Duration) -> Waiting {
+        let mut w = Waiting::new(1000);
+        for offset in 0..n {
+            w.push(msg(offset, Some(&format!("k-{offset}"))));
+        }
+        w.release(&[key_of(None); 10], each * 10);
+        w
+    }
+
+    #[test]
+    fn a_batch_runs_between_the_least_and_the_most_time_a_batch_should() {
+        // 1 ms a message, 100 transactions could start: a share of 10, raised to the 20
+        // messages that run in MIN_BATCH_TIME.
+        let (_, batch) = measured(1000, Duration::from_millis(1)).cut(500, 99);
+        assert_eq!(batch.len(), 20);
+        // 10 ms a message, nothing else could start: the share of 1000 is cut to the 30 that
+        // run in BATCH_TIME.
+        let (_, batch) = measured(1000, Duration::from_millis(10)).cut(500, 0);
+        assert_eq!(batch.len(), 30);
+        // Fast messages (a loopback database): batches as large as max allows, never larger.
+        let (_, batch) = measured(1000, Duration::from_micros(20)).cut(500, 99);
+        assert_eq!(batch.len(), 500);
+        // Nothing measured yet: the share alone.
+        let mut w = Waiting::new(1000);
+        for offset in 0..100 {
+            w.push(msg(offset, Some(&format!("k-{offset}"))));
+        }
+        assert_eq!(w.cut(500, 9).1.len(), 10);
     }
 
     #[test]
