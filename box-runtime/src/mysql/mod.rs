@@ -394,6 +394,7 @@ impl MySqlStore {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(CONNECT_TIMEOUT)
+            .after_release(crate::store::release_ping)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")

@@ -419,30 +419,6 @@ const SESSION_DEFAULTS: &[(&str, &str)] = &[
 /// (sqlx's reaper may take up to twice as long).
 const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(25);
 
-/// How long a connection given back to the pool may take to answer the ping sqlx sends before
-/// reusing it (it also flushes the rollback of a transaction dropped mid-statement).
-const RELEASE_PING: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Pings a connection given back to the pool within [`RELEASE_PING`]; one that does not answer
-/// (left half-open: a transaction abandoned after `transaction_timeout`) is dropped at once.
-/// sqlx's own ping on release has no bound: a half-open connection would hold its pool slot for
-/// good, and once every slot is held so, the consumer would wait on the pool for ever.
-fn release_ping(
-    conn: &mut sqlx::PgConnection,
-    _: sqlx::pool::PoolConnectionMetadata,
-) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
-    use sqlx::Connection as _;
-    Box::pin(async move {
-        match tokio::time::timeout(RELEASE_PING, conn.ping()).await {
-            Ok(answered) => answered.map(|()| true),
-            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "a pooled connection did not answer a ping: dropped",
-            ))),
-        }
-    })
-}
-
 /// The [`SESSION_DEFAULTS`] to send: those the server knows and nobody configured (not the
 /// server, role or database configuration, not the URL's `options`: `source = 'default'`).
 async fn session_defaults(
@@ -539,7 +515,7 @@ impl PgStore {
                 // No ping before each acquire: a broken connection fails its first statement,
                 // which the engine treats as an outage, so a ping would only add a round trip.
                 .test_before_acquire(false)
-                .after_release(release_ping)
+                .after_release(crate::store::release_ping)
         };
         let with_defaults = target.clone().options(defaults.iter().copied());
         let pool = match bounded(url, pool().connect_with(with_defaults)).await {

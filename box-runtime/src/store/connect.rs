@@ -42,6 +42,30 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// How long a connection given back to the pool may take to answer the ping sqlx sends before
+/// reusing it (it also flushes the rollback of a transaction dropped mid-statement).
+const RELEASE_PING: Duration = Duration::from_secs(5);
+
+/// Pings a connection given back to the pool within [`RELEASE_PING`]; one that does not answer
+/// (left half-open: a transaction abandoned after its timeout) is dropped at once. sqlx's own
+/// ping on release has no bound: a half-open connection would hold its pool slot for good, and
+/// once every slot is held so, the consumer would wait on the pool for ever. The pooled stores
+/// pass it to `after_release`.
+pub(crate) fn release_ping<C: sqlx::Connection>(
+    conn: &mut C,
+    _: sqlx::pool::PoolConnectionMetadata,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, sqlx::Error>> + Send + '_>> {
+    Box::pin(async move {
+        match tokio::time::timeout(RELEASE_PING, conn.ping()).await {
+            Ok(answered) => answered.map(|()| true),
+            Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "a pooled connection did not answer a ping: dropped",
+            ))),
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

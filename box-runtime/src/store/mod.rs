@@ -18,7 +18,7 @@ mod two_phase;
 pub use crate::ident::IdentError;
 pub use crate::redact::redact_url;
 pub use connect::CONNECT_TIMEOUT;
-pub(crate) use connect::{bounded, check_scheme};
+pub(crate) use connect::{bounded, check_scheme, release_ping};
 use error::unsupported;
 pub use error::{class_of, classify, is_unavailable, ErrorClass, StoreError};
 pub use tables::Tables;
