@@ -18,13 +18,13 @@ pub(super) struct DeadLetterSubject {
 impl DeadLetterSubject {
     /// Creates the subject's stream unless it exists.
     pub(super) async fn ensure(&self) -> Result<(), String> {
-        self.js
-            .get_or_create_stream(jetstream::stream::Config {
-                name: super::token(&self.subject),
-                subjects: vec![self.subject.clone()],
-                storage: jetstream::stream::StorageType::File,
-                ..Default::default()
-            })
+        let config = jetstream::stream::Config {
+            name: super::token(&self.subject),
+            subjects: vec![self.subject.clone()],
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        super::get_or_create_stream(&self.js, config)
             .await
             .map(|_| ())
             .map_err(|e| format!("dead-letter stream of {}: {e}", self.subject))

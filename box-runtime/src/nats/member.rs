@@ -136,7 +136,7 @@ async fn lease_bucket(
         num_replicas: 1,
         ..Default::default()
     };
-    js.get_or_create_stream(stream)
+    super::get_or_create_stream(js, stream)
         .await
         .map_err(|e| NatsTransportError::Setup(format!("lease bucket {bucket}: {e}")))?;
     js.get_key_value(bucket)

@@ -138,14 +138,37 @@ pub(crate) async fn ensure_stream(
     js: &jetstream::Context,
     topic: &str,
 ) -> Result<jetstream::stream::Stream, String> {
-    js.get_or_create_stream(jetstream::stream::Config {
+    let config = jetstream::stream::Config {
         name: stream_name(topic),
         subjects: vec![format!("{topic}.*")],
         storage: jetstream::stream::StorageType::File,
         ..Default::default()
-    })
-    .await
-    .map_err(|e| format!("stream of {topic}: {e}"))
+    };
+    get_or_create_stream(js, config)
+        .await
+        .map_err(|e| format!("stream of {topic}: {e}"))
+}
+
+/// The stream of `config`, created unless it exists. Processes starting at once race to
+/// create it: the loser's create can fail (`subjects overlap with an existing stream`, 10065)
+/// though the stream is there by then, so it looks again (five times, 50 to 200 ms apart).
+pub(crate) async fn get_or_create_stream(
+    js: &jetstream::Context,
+    config: jetstream::stream::Config,
+) -> Result<jetstream::stream::Stream, String> {
+    let mut tries = 0;
+    loop {
+        match js.get_or_create_stream(config.clone()).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) if tries == 4 => return Err(e.to_string()),
+            Err(e) => {
+                tries += 1;
+                tracing::debug!(target: "inoutbox::nats", stream = %config.name, error = %e,
+                    "creating a stream raced: looking again");
+                tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
+            }
+        }
+    }
 }
 
 /// Connects to `url` within `timeout`; the error names the URL without its password.
