@@ -393,8 +393,12 @@ impl RelaySession for PgRelaySession {
         Ok(())
     }
 
-    async fn close(self) {
-        // Closing the session releases every lock it holds.
+    async fn close(mut self) {
+        // Closing the session releases every lock it holds, but the server ends the session a
+        // moment after the client closed it: unlocking first frees the slots by the time
+        // `close` returns (bounded, in case the connection is the reason for closing).
+        let unlock = sqlx::query("SELECT pg_advisory_unlock_all()").execute(&mut self.conn);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), unlock).await;
         let _ = self.conn.close().await;
     }
 }
