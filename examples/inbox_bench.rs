@@ -51,9 +51,9 @@
 //! --all-features --example inbox_bench`) the same runs go to MySQL/MariaDB, in a database of
 //! the bench's own created on that server and dropped at the end (the `billing` runs in one more
 //! of their own): A (`BEGIN`, an insert of the message's `ce_id` into a dedup table, the
-//! invoice's insert, `COMMIT`, then the offset commit), B, C, D and the `billing` example
+//! invoice's insert, `COMMIT`, then the offset commit), B, K, C, D and the `billing` example
 //! (which picks its MySQL handler from the URL), on the pool `MySqlStore::connect` makes (10
-//! connections), shared by A and inoutbox alike. K, E, F, the latency part, `--db-latency-ms` and
+//! connections), shared by A and inoutbox alike. E, F, the latency part, `--db-latency-ms` and
 //! `--payload-bytes` are PostgreSQL's only.
 //!
 //! With `NATS_URL=nats://127.0.0.1:4222` (feature `nats`: `cargo run --release --all-features
@@ -200,7 +200,7 @@ mod on_sqlite {
     }
 }
 
-/// The runs on MySQL/MariaDB (`DATABASE_URL=mysql://...`, feature `mysql`): A, B, C, D and the
+/// The runs on MySQL/MariaDB (`DATABASE_URL=mysql://...`, feature `mysql`): A, B, K, C, D and the
 /// `billing` example, in a database of the bench's own (dropped at the end).
 #[cfg(feature = "mysql")]
 mod on_mysql {
@@ -321,36 +321,47 @@ mod on_mysql {
         handwritten(broker, topic, events, lanes, write).await
     }
 
-    /// Runs B, C and D on MySQL: batched, unbatched (on inbox tables of its own), without the
-    /// inbox.
+    /// Runs B, K, C and D on MySQL: batched in partition and in key order, unbatched (on inbox
+    /// tables of their own), without the inbox.
     async fn inbox_runs(
         broker: &Broker,
         topic: &str,
         store: &MySqlStore,
         events: usize,
     ) -> Result<Vec<Measured>, BoxError> {
+        use inoutbox::inbox::Ordering::{Key, Partition};
         let runs_of = [
             (
                 "B inoutbox batched, partition order",
                 "",
                 AckStrategy::ExactlyOnceInbox,
                 500,
+                Partition,
+            ),
+            (
+                "K inoutbox batched, key order (the default)",
+                "k",
+                AckStrategy::ExactlyOnceInbox,
+                500,
+                Key,
             ),
             (
                 "C inoutbox unbatched (inbox)",
                 "c",
                 AckStrategy::ExactlyOnceInbox,
                 1,
+                Partition,
             ),
             (
                 "D inoutbox at least once (OnSuccess)",
                 "",
                 AckStrategy::AT_LEAST_ONCE_ON_SUCCESS,
                 500,
+                Partition,
             ),
         ];
         let mut runs = Vec::new();
-        for (name, prefix, ack, max_batch) in runs_of {
+        for (name, prefix, ack, max_batch, ordering) in runs_of {
             if !selected(&name[..1]) {
                 continue;
             }
@@ -370,7 +381,6 @@ mod on_mysql {
                     apart
                 }
             };
-            let ordering = inoutbox::inbox::Ordering::Partition;
             let run = inbox_consumer(
                 GROUP, name, broker, topic, store, ack, max_batch, ordering, events,
             );
