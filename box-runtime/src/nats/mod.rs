@@ -151,24 +151,36 @@ pub(crate) async fn ensure_stream(
 
 /// The stream of `config`, created unless it exists. Processes starting at once race to
 /// create it: the loser's create can fail (`subjects overlap with an existing stream`, 10065)
-/// though the stream is there by then, so it looks again (five times, 50 to 200 ms apart).
+/// though the stream is there by then, so it looks again, five tries in all, after the waits of
+/// [`stream_race`].
 pub(crate) async fn get_or_create_stream(
     js: &jetstream::Context,
     config: jetstream::stream::Config,
 ) -> Result<jetstream::stream::Stream, String> {
-    let mut tries = 0;
-    loop {
+    let mut attempts = stream_race().start();
+    for _ in 1..5 {
         match js.get_or_create_stream(config.clone()).await {
             Ok(stream) => return Ok(stream),
-            Err(e) if tries == 4 => return Err(e.to_string()),
             Err(e) => {
-                tries += 1;
                 tracing::debug!(target: "inoutbox::nats", stream = %config.name, error = %e,
                     "creating a stream raced: looking again");
-                tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
+                tokio::time::sleep(attempts.next_delay()).await;
             }
         }
     }
+    js.get_or_create_stream(config)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The waits between tries of [`get_or_create_stream`]: 50 ms doubling up to 400 ms, jittered
+/// so that racing processes come back apart.
+fn stream_race() -> crate::backoff::Backoff {
+    crate::backoff::Backoff::new(
+        std::time::Duration::from_millis(50),
+        std::time::Duration::from_millis(400),
+    )
+    .jitter(0.5)
 }
 
 /// Connects to `url` within `timeout`; the error names the URL without its password.
