@@ -9,8 +9,9 @@
 //!         [--lease-ttl-ms 10000]
 //! ```
 //!
-//! With `NATS_URL` set (feature `nats`) it reads the topic's stream of `--partitions`
-//! partitioned subjects (`orders.0`, ...; the relay's publisher must use the same number),
+//! With `NATS_URL` set (feature `nats`) it reads the topic's `--partitions` partitioned
+//! subjects (`orders.0` in the stream `orders_0`, ...; the relay's publisher must use the same
+//! number),
 //! holding each partition by a lease of `--lease-ttl-ms` (`NatsConfig::lease_ttl`; the crash
 //! tests shorten it); `KAFKA_BROKERS` is then not read.
 //!

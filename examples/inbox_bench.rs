@@ -63,7 +63,7 @@
 //! `ce_id`), onto a fresh stream, then
 //!
 //! * **A, hand-written** (baseline): async-nats and sqlx, one lane per partition, each a pull
-//!   consumer of its partition's subject that, for each message, runs `BEGIN`, the insert of its
+//!   consumer of its partition's stream that, for each message, runs `BEGIN`, the insert of its
 //!   `ce_id` into a dedup table, the invoice's insert, `COMMIT`, and acknowledges it;
 //! * **B, inoutbox batched** (`NatsConfig`, in this process), as B above;
 //! * **G**, the unchanged `billing` example as a child process with `NATS_URL` and
@@ -1584,7 +1584,7 @@ mod on_nats {
     use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
     use futures_util::StreamExt;
     use inoutbox::inbox::Report;
-    use inoutbox::nats::{stream_name, subject, NatsConfig};
+    use inoutbox::nats::{stream_name, NatsConfig};
     use inoutbox::{AckStrategy, Outcome};
     use sqlx::PgPool;
     use tokio::sync::{mpsc, oneshot};
@@ -1606,14 +1606,14 @@ mod on_nats {
     }
 
     impl Nats {
-        /// A fresh stream `topic` holding `events` messages on `partitions` partitions.
+        /// Fresh streams of `topic` holding `events` messages on `partitions` partitions.
         async fn backlog(
             &self,
             topic: &str,
             partitions: u32,
             events: usize,
         ) -> Result<Duration, BoxError> {
-            fresh_stream(&self.js, topic).await?;
+            fresh_stream(&self.js, topic, partitions).await?;
             publish_windows(&self.js, topic, partitions, events, WINDOW, 1).await
         }
     }
@@ -1644,8 +1644,8 @@ mod on_nats {
         let produced = nats.backlog(&topic, parts, events).await?;
         println!(
             "inbox bench: {events} messages on {partitions} partitions (NATS JetStream at {url}, \
-             stream {}), published in {:.2} s; PostgreSQL schema {schema}; {} cores",
-            stream_name(&topic),
+             streams {}..), published in {:.2} s; PostgreSQL schema {schema}; {} cores",
+            stream_name(&topic, 0),
             produced.as_secs_f64(),
             std::thread::available_parallelism().map_or(0, |n| n.get())
         );
@@ -1656,7 +1656,7 @@ mod on_nats {
         if selected("B") {
             runs.push(inbox_consumer(&nats, &topic, pg, events, parts).await?);
         }
-        remove_stream(&nats.js, &topic).await;
+        remove_stream(&nats.js, &topic, parts).await;
         print_table(&runs);
         let invoices = count(&pool, "SELECT count(*) FROM bench_invoices").await?;
         let seen = count(&pool, "SELECT count(*) FROM bench_seen").await?;
@@ -1682,7 +1682,7 @@ mod on_nats {
     }
 
     /// Baseline A on NATS: one lane per partition, each a pull consumer of its partition's
-    /// subject (explicit acknowledgement) that, for each message, runs `BEGIN`, the insert of
+    /// stream (explicit acknowledgement) that, for each message, runs `BEGIN`, the insert of
     /// its `ce_id` into a dedup table (`ON CONFLICT DO NOTHING`: a repeat writes nothing
     /// more), the invoice's insert, `COMMIT`, and then acknowledges it: the way one writes it
     /// by hand.
@@ -1694,14 +1694,13 @@ mod on_nats {
         lanes: u32,
     ) -> Result<Measured, BoxError> {
         let started = Instant::now();
-        let stream = nats.js.get_stream(stream_name(topic)).await?;
         let (done_tx, mut done) = mpsc::unbounded_channel::<(i32, Instant)>();
         let mut tasks = Vec::new();
         for lane in 0..lanes {
+            let stream = nats.js.get_stream(stream_name(topic, lane)).await?;
             let consumer = stream
                 .create_consumer(pull::Config {
                     durable_name: Some(format!("handwritten-{lane}")),
-                    filter_subject: subject(topic, lane),
                     ack_policy: AckPolicy::Explicit,
                     ..Default::default()
                 })
@@ -1830,7 +1829,7 @@ mod on_nats {
             .stderr(std::process::Stdio::null())
             .spawn()?;
         let result = watch_child(child, count, events).await;
-        remove_stream(&nats.js, &topic).await;
+        remove_stream(&nats.js, &topic, u32::try_from(partitions)?).await;
         result
     }
 }

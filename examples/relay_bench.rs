@@ -1030,14 +1030,14 @@ impl NatsSide {
         })
     }
 
-    /// Empties the topic: a fresh stream (as the relay's publisher creates it), so that the
+    /// Empties the topic: fresh streams (as the relay's publisher creates them), so that the
     /// server holds one run's messages at a time.
     async fn empty(&self) -> Result<(), BoxError> {
-        common::nats::fresh_stream(&self.js, TOPIC).await
+        common::nats::fresh_stream(&self.js, TOPIC, PARTITIONS.unsigned_abs()).await
     }
 
     async fn remove(&self) {
-        common::nats::remove_stream(&self.js, TOPIC).await;
+        common::nats::remove_stream(&self.js, TOPIC, PARTITIONS.unsigned_abs()).await;
     }
 
     /// Raw JetStream publishing: `RAW_EVENTS` messages shaped as the relay's, in windows of

@@ -724,14 +724,12 @@ mod mysql_relays {
             let js = server.js().await;
             // JetStream's duplicate window (`Nats-Msg-Id`) would drop a relay's repeats and
             // hide them: its shortest window (100 ms) leaves the relays' own guarantees to be seen.
-            js.create_stream(async_nats::jetstream::stream::Config {
-                name: inoutbox::nats::stream_name(TOPIC),
-                subjects: vec![format!("{TOPIC}.*")],
+            let partitions = u32::try_from(PARTITIONS).expect("partitions");
+            let config = async_nats::jetstream::stream::Config {
                 duplicate_window: Duration::from_millis(100),
                 ..Default::default()
-            })
-            .await
-            .expect("create the stream");
+            };
+            super::nats_support::create_streams_with(&js, TOPIC, partitions, config).await;
             Self::Nats(Box::new(server), js)
         }
 
@@ -763,7 +761,7 @@ mod mysql_relays {
             }
         }
 
-        /// Every copy on the topic (the stream), in each partition's (subject's) order.
+        /// Every copy on the topic (its streams), in each partition's order.
         async fn read(&self) -> Vec<Copy> {
             match self {
                 Self::Kafka(broker) => read_topic_until_quiet(

@@ -790,20 +790,59 @@ async fn next_report(
         .expect("the consumer's reports ended")
 }
 
+/// A stream that takes a topic's partition subjects already (a stream of subjects `<topic>.*`)
+/// stops the topic's streams from being made: the error names the subject and what to do, and
+/// publishing never goes to the other stream by accident.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
+async fn a_stream_holding_a_topics_subjects_is_refused_with_what_to_do() {
     let server = NatsServer::start();
     let js = server.js().await;
-    // The topic's stream made beforehand with a short duplicate window, so that the test can
-    // republish the same `Nats-Msg-Id` after it (JetStream then stores it again).
     js.get_or_create_stream(async_nats::jetstream::stream::Config {
-        name: "orders".to_owned(),
-        subjects: vec!["orders.*".to_owned()],
-        duplicate_window: Duration::from_secs(1),
+        name: "legacy".to_owned(),
+        subjects: vec!["legacy.*".to_owned()],
         ..Default::default()
     })
     .await
     .expect("stream");
+    let db = TestDb::new("nats_overlap").await;
+    let app = inoutbox::App::connect_nats(Some(&db.url()), &server.url)
+        .await
+        .expect("app");
+    let refused = app
+        .create_topic("legacy", 2)
+        .await
+        .expect_err("the subjects are another stream's");
+    let text = refused.to_string();
+    assert!(
+        text.contains("`legacy.0`") && text.contains("`legacy.*` must be deleted first"),
+        "{text}"
+    );
+    let publisher = NatsPublisher::connect(&server.url, 2)
+        .await
+        .expect("publisher");
+    let message =
+        inoutbox::transport::OutgoingMessage::new("legacy", b"{}", "id-1", "OrderCreated", "tests");
+    let refused = match inoutbox::transport::Publisher::send(&publisher, &message) {
+        Ok(receipt) => receipt.await.expect_err("refused"),
+        Err(e) => e,
+    };
+    assert!(
+        refused.to_string().contains("must be deleted first"),
+        "{refused}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_app_on_nats_relays_the_outbox_and_handles_each_event_once() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    // The topic's streams made beforehand with a short duplicate window, so that the test can
+    // republish the same `Nats-Msg-Id` after it (JetStream then stores it again).
+    let config = async_nats::jetstream::stream::Config {
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    };
+    nats_support::create_streams_with(&js, "orders", 2, config).await;
     let db = TestDb::new("nats_app").await;
     // A password the server does not ask for: it must never be shown.
     let url = server

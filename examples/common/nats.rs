@@ -1,5 +1,5 @@
 //! The benches' NATS JetStream side (feature `nats`): a JetStream context on `NATS_URL`, a
-//! topic's stream as inoutbox makes it, and raw publishing of keyed `OrderCreated` messages,
+//! topic's streams as inoutbox makes them, and raw publishing of keyed `OrderCreated` messages,
 //! shaped as the relay publishes them, in windows of acknowledgements.
 
 use std::time::{Duration, Instant};
@@ -22,24 +22,33 @@ pub async fn jetstream(url: &str) -> Result<jetstream::Context, BoxError> {
     Ok(jetstream::new(client))
 }
 
-/// `topic`'s stream as inoutbox creates it (subjects `<topic>.*`, file storage, JetStream's
-/// defaults otherwise), empty: a stream of that name is deleted first.
-pub async fn fresh_stream(js: &jetstream::Context, topic: &str) -> Result<(), BoxError> {
-    let _ = js.delete_stream(stream_name(topic)).await;
-    js.create_stream(jetstream::stream::Config {
-        name: stream_name(topic),
-        subjects: vec![format!("{topic}.*")],
-        storage: jetstream::stream::StorageType::File,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| format!("stream of {topic}: {e}"))?;
+/// `topic`'s streams as inoutbox creates them (one a partition, of the one subject
+/// `<topic>.<partition>`, file storage, JetStream's defaults otherwise), empty: streams of those
+/// names are deleted first.
+pub async fn fresh_stream(
+    js: &jetstream::Context,
+    topic: &str,
+    partitions: u32,
+) -> Result<(), BoxError> {
+    remove_stream(js, topic, partitions).await;
+    for partition in 0..partitions {
+        js.create_stream(jetstream::stream::Config {
+            name: stream_name(topic, partition),
+            subjects: vec![subject(topic, partition)],
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| format!("stream of {topic} partition {partition}: {e}"))?;
+    }
     Ok(())
 }
 
-/// Deletes `topic`'s stream (what a run left), if it exists.
-pub async fn remove_stream(js: &jetstream::Context, topic: &str) {
-    let _ = js.delete_stream(stream_name(topic)).await;
+/// Deletes `topic`'s streams (what a run left), those that exist.
+pub async fn remove_stream(js: &jetstream::Context, topic: &str, partitions: u32) {
+    for partition in 0..partitions {
+        let _ = js.delete_stream(stream_name(topic, partition)).await;
+    }
 }
 
 /// A new `OrderCreated` as the relay publishes it on `partitions` partitions: to the subject of

@@ -343,7 +343,7 @@ impl Bus for Nats {
     }
 
     async fn create_topic(&self, topic: &str, partitions: u32) {
-        super::nats::create_stream(&self.js, topic).await;
+        super::nats::create_streams(&self.js, topic, partitions).await;
         lock(&self.partitions).insert(topic.to_owned(), partitions);
     }
 

@@ -164,15 +164,58 @@ impl Setup {
     }
 }
 
-/// Creates the stream of `topic` (subjects `<topic>.*`).
+/// Partitions whose streams [`create_stream`] creates: as many as any test's topic has (a
+/// member creates the streams of its partitions too; these are there for what a test publishes
+/// before a member starts).
+pub const STREAM_PARTITIONS: u32 = 12;
+
+/// Creates the streams of `topic`'s first [`STREAM_PARTITIONS`] partitions.
 pub async fn create_stream(js: &jetstream::Context, topic: &str) {
-    js.get_or_create_stream(jetstream::stream::Config {
-        name: stream_name(topic),
-        subjects: vec![format!("{topic}.*")],
-        ..Default::default()
-    })
-    .await
-    .expect("create stream");
+    create_streams(js, topic, STREAM_PARTITIONS).await;
+}
+
+/// Creates the streams of `topic`'s `partitions` partitions as inoutbox does (one a partition,
+/// its one subject `<topic>.<partition>`), with `config`'s other settings.
+pub async fn create_streams_with(
+    js: &jetstream::Context,
+    topic: &str,
+    partitions: u32,
+    config: jetstream::stream::Config,
+) {
+    for partition in 0..partitions {
+        js.get_or_create_stream(jetstream::stream::Config {
+            name: stream_name(topic, partition),
+            subjects: vec![subject(topic, partition)],
+            ..config.clone()
+        })
+        .await
+        .expect("create stream");
+    }
+}
+
+/// Creates the streams of `topic`'s `partitions` partitions.
+pub async fn create_streams(js: &jetstream::Context, topic: &str, partitions: u32) {
+    create_streams_with(js, topic, partitions, jetstream::stream::Config::default()).await;
+}
+
+/// The streams of `topic`, in partition order: a partition's stream each (`<topic>_<p>`, from
+/// 0 up to the first missing one), or else the one stream of a subject (a dead-letter
+/// subject's, named as a token of it).
+async fn streams_of(js: &jetstream::Context, topic: &str) -> Vec<jetstream::stream::Stream> {
+    let mut streams = Vec::new();
+    while let Ok(stream) = js
+        .get_stream(stream_name(
+            topic,
+            u32::try_from(streams.len()).expect("partitions"),
+        ))
+        .await
+    {
+        streams.push(stream);
+    }
+    if streams.is_empty() {
+        streams.push(js.get_stream(name_token(topic)).await.expect("get stream"));
+    }
+    streams
 }
 
 /// Publishes a raw message and waits for JetStream's acknowledgement; returns its sequence.
@@ -233,7 +276,10 @@ pub async fn ack_floor(js: &jetstream::Context, topic: &str, group: &str, partit
         })
         .collect();
     let prefix = format!("{token}_p{partition}_");
-    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let stream = js
+        .get_stream(stream_name(topic, partition))
+        .await
+        .expect("get stream");
     let mut names = stream.consumer_names();
     let mut floor = 0;
     while let Some(name) = names.next().await {
@@ -246,25 +292,28 @@ pub async fn ack_floor(js: &jetstream::Context, topic: &str, group: &str, partit
     floor
 }
 
-/// Every message of `topic`'s stream, read from the start by an ordered consumer until none
-/// comes for `quiet`.
+/// Every message of `topic`'s streams, each read from the start by a consumer until none comes
+/// for `quiet`: partition after partition, each in its order.
 pub async fn read_stream(
     js: &jetstream::Context,
     topic: &str,
     quiet: Duration,
 ) -> Vec<async_nats::jetstream::Message> {
-    let mut messages = reader(js, topic).await;
     let mut out = Vec::new();
-    while let Ok(Some(m)) = tokio::time::timeout(quiet, messages.next()).await {
-        out.push(m.expect("message"));
+    for stream in streams_of(js, topic).await {
+        // Each reader made when its turn comes: a pull left waiting while the others are read
+        // can expire.
+        let mut messages = reader(&stream).await;
+        while let Ok(Some(m)) = tokio::time::timeout(quiet, messages.next()).await {
+            out.push(m.expect("message"));
+        }
     }
     out
 }
 
-/// The messages of `topic`'s stream from its first, through a consumer of the test's own that
+/// The messages of `stream` from its first, through a consumer of the test's own that
 /// acknowledges nothing (the groups' consumers and positions are left as they are).
-async fn reader(js: &jetstream::Context, topic: &str) -> jetstream::consumer::pull::Stream {
-    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+async fn reader(stream: &jetstream::stream::Stream) -> jetstream::consumer::pull::Stream {
     let consumer = stream
         .create_consumer(jetstream::consumer::pull::Config {
             ack_policy: jetstream::consumer::AckPolicy::None,
@@ -293,16 +342,20 @@ fn name_token(text: &str) -> String {
         .collect()
 }
 
-/// The first `n` messages of `topic`'s stream, in stream order, as the suite's `Received`
-/// (partition from the subject, offset the stream sequence, key from `ce_partitionkey`);
-/// panics if they do not come within `within`.
+/// The first `n` messages of `topic`'s streams, each partition's in its order, as the suite's
+/// `Received` (partition from the subject, offset the sequence in the partition's stream, key
+/// from `ce_partitionkey`); panics if they do not come within `within`.
 pub async fn read_n(
     js: &jetstream::Context,
     topic: &str,
     n: usize,
     within: Duration,
 ) -> Vec<crate::support::Received> {
-    let mut messages = reader(js, topic).await;
+    let mut readers = Vec::new();
+    for stream in streams_of(js, topic).await {
+        readers.push(reader(&stream).await);
+    }
+    let mut messages = futures_util::stream::select_all(readers);
     let deadline = tokio::time::Instant::now() + within;
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
@@ -356,7 +409,10 @@ pub async fn acknowledged(
     partition: u32,
 ) -> u64 {
     let prefix = format!("{}_p{partition}_", name_token(&format!("{group}-{topic}")));
-    let stream = js.get_stream(stream_name(topic)).await.expect("get stream");
+    let stream = js
+        .get_stream(stream_name(topic, partition))
+        .await
+        .expect("get stream");
     let mut names = stream.consumer_names();
     let mut floor = 0;
     while let Some(name) = names.next().await {

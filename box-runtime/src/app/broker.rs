@@ -49,8 +49,9 @@ impl Nats {
         }
     }
 
-    /// Creates `topic`'s stream unless it exists, and fixes the partitions per topic: a second
-    /// topic of another number is refused (the publisher has one number for every topic).
+    /// Creates `topic`'s streams (one a partition) unless they exist, and fixes the partitions
+    /// per topic: a second topic of another number is refused (the publisher has one number for
+    /// every topic).
     async fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), AppError> {
         use std::sync::atomic::Ordering;
         let wanted = u32::try_from(partitions)
@@ -75,7 +76,7 @@ impl Nats {
         let timeout = std::time::Duration::from_secs(30);
         let client = crate::nats::connect(&self.url, timeout).await?;
         let js = async_nats::jetstream::new(client);
-        crate::nats::ensure_stream(&js, topic)
+        crate::nats::ensure_streams(&js, topic, wanted)
             .await
             .map_err(crate::nats::NatsTransportError::Setup)?;
         Ok(())

@@ -17,7 +17,7 @@ use std::time::Duration;
 pub struct NatsConfig {
     /// The server URL (`nats://host:4222`).
     pub url: String,
-    /// Topics: each is a stream of subjects `<topic>.<partition>`.
+    /// Topics: each partition is the subject `<topic>.<partition>` in a stream of its own.
     pub topics: Vec<String>,
     /// Partitions per topic (default 3): the relay's publisher must use the same number.
     pub partitions: u32,

@@ -63,6 +63,9 @@ pub async fn consumer_lag(
                 .map_err(|e| setup(format!("stream {name}: {e}")))?;
             lags.extend(stream_lag(&stream, groups).await?);
         }
+        lags.sort_by(|a, b| {
+            (&a.group, &a.topic, a.partition).cmp(&(&b.group, &b.topic, b.partition))
+        });
         Ok(lags)
     };
     tokio::time::timeout(timeout, read)
@@ -74,17 +77,15 @@ fn setup(message: String) -> NatsTransportError {
     NatsTransportError::Setup(format!("consumer lag: {message}"))
 }
 
-/// The lag of `groups` on the partitions of one stream (of a topic: subjects `<topic>.*`; any
-/// other stream has none): per (group, partition) the consumer of the highest revision, the
-/// current lease's (its predecessors are deleted when it is created).
+/// The lag of `groups` on the partition of one stream (a partition's: the one subject
+/// `<topic>.<partition>`, named [`stream_name`](super::stream_name); any other stream has
+/// none): per group the consumer of the highest revision, the current lease's (its
+/// predecessors are deleted when it is created).
 async fn stream_lag(
     stream: &Stream,
     groups: &[String],
 ) -> Result<Vec<ConsumerLag>, NatsTransportError> {
-    let Some(topic) = stream.cached_info().config.subjects.iter().find_map(|s| {
-        s.strip_suffix(".*")
-            .filter(|t| super::stream_name(t) == stream.cached_info().config.name)
-    }) else {
+    let Some((topic, partition)) = partition_of(&stream.cached_info().config) else {
         return Ok(Vec::new());
     };
     let mut names = stream.consumer_names();
@@ -92,7 +93,10 @@ async fn stream_lag(
     while let Some(name) = names.next().await {
         let name = name.map_err(|e| setup(format!("consumer names: {e}")))?;
         for (g, group) in groups.iter().enumerate() {
-            if let Some((partition, revision)) = parse(&name, group, topic) {
+            if let Some((p, revision)) = parse(&name, group, topic) {
+                if p != partition {
+                    continue;
+                }
                 let entry = current.entry((g, partition)).or_default();
                 if revision >= entry.0 {
                     *entry = (revision, name.clone());
@@ -118,6 +122,16 @@ async fn stream_lag(
         });
     }
     Ok(lags)
+}
+
+/// The topic and partition of a partition's stream, if `config` is one.
+fn partition_of(config: &jetstream::stream::Config) -> Option<(&str, u32)> {
+    let [subject] = config.subjects.as_slice() else {
+        return None;
+    };
+    let (topic, partition) = subject.rsplit_once('.')?;
+    let partition: u32 = partition.parse().ok()?;
+    (super::stream_name(topic, partition) == config.name).then_some((topic, partition))
 }
 
 /// The partition and revision of a consumer named `<group>-<topic>_p<partition>_<revision>`
@@ -191,7 +205,22 @@ impl Drop for LagSampler {
 
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, partition_of};
+
+    #[test]
+    fn a_partitions_stream_gives_its_topic_and_partition_and_no_other_stream_does() {
+        let stream = |name: &str, subjects: &[&str]| async_nats::jetstream::stream::Config {
+            name: name.to_owned(),
+            subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
+            ..Default::default()
+        };
+        let orders = stream("shop_orders_12", &["shop.orders.12"]);
+        assert_eq!(partition_of(&orders), Some(("shop.orders", 12)));
+        assert_eq!(partition_of(&stream("other", &["shop.orders.12"])), None);
+        assert_eq!(partition_of(&stream("orders", &["orders.*"])), None);
+        assert_eq!(partition_of(&stream("orders_0", &["orders.0", "x"])), None);
+        assert_eq!(partition_of(&stream("dlq", &["orders.dlq"])), None);
+    }
 
     #[test]
     fn a_consumer_name_gives_its_partition_and_revision_for_its_group_only() {

@@ -51,7 +51,10 @@ struct Member<P> {
     config: NatsConfig,
     kv: kv::Store,
     js: jetstream::Context,
-    streams: HashMap<Arc<str>, jetstream::stream::Stream>,
+    /// The topics, in the order of the configuration.
+    topics: Vec<Arc<str>>,
+    /// Each partition's stream.
+    streams: HashMap<Key, jetstream::stream::Stream>,
     /// This member's value in the leases it holds.
     id: String,
     owned: HashMap<Key, Owned>,
@@ -71,12 +74,13 @@ impl Transport for NatsConfig {
     ) -> Result<(), NatsTransportError> {
         let client = super::connect(&self.url, self.startup_timeout).await?;
         let js = jetstream::new(client.clone());
+        let topics: Vec<Arc<str>> = self.topics.iter().map(|t| Arc::from(t.as_str())).collect();
         let mut streams = HashMap::new();
-        for topic in &self.topics {
-            let stream = super::ensure_stream(&js, topic)
+        for topic in &topics {
+            let all = super::ensure_streams(&js, topic, self.partitions)
                 .await
                 .map_err(NatsTransportError::Setup)?;
-            streams.insert(Arc::<str>::from(topic.as_str()), stream);
+            streams.extend((0..).zip(all).map(|(p, s)| ((topic.clone(), p), s)));
         }
         let kv = lease_bucket(&js, &self).await?;
         let dead_letters = match &self.dead_letter_subject {
@@ -99,6 +103,7 @@ impl Transport for NatsConfig {
             config: self,
             kv,
             js,
+            topics,
             streams,
             id: uuid::Uuid::new_v4().to_string(),
             owned: HashMap::new(),
@@ -194,7 +199,7 @@ impl<P: Partitions> Member<P> {
         self.owned
             .iter()
             .filter_map(|(key, owned)| {
-                let stream = self.streams.get(&key.0)?.clone();
+                let stream = self.streams.get(key)?.clone();
                 Some((key.0.clone(), key.1, stream, owned.consumer.clone()))
             })
             .collect()
@@ -258,7 +263,7 @@ impl<P: Partitions> Member<P> {
     /// (each registered under `<group>._members.<id>` in the lease bucket, renewed every tick,
     /// expiring with the TTL), rounded up.
     async fn fair_share(&self) -> usize {
-        let total = self.streams.len() * self.config.partitions as usize;
+        let total = self.streams.len();
         let prefix = format!("{}._members.", token(self.partitions.group()));
         let me = format!("{prefix}{}", self.id);
         if self
@@ -386,8 +391,7 @@ impl<P: Partitions> Member<P> {
 
     /// Takes the leases of free partitions, up to `fair` held.
     async fn acquire(&mut self, fair: usize) {
-        let topics: Vec<Arc<str>> = self.streams.keys().cloned().collect();
-        for topic in topics {
+        for topic in self.topics.clone() {
             for partition in 0..self.config.partitions {
                 if self.owned.len() + self.retiring.len() >= fair {
                     return;
@@ -411,7 +415,7 @@ impl<P: Partitions> Member<P> {
     async fn start(&mut self, key: Key, revision: u64, sent: Instant) {
         let lease = Arc::new(Lease::new(sent + self.config.lease_ttl));
         let group = self.partitions.group().to_owned();
-        let Some(stream) = self.streams.get(&key.0) else {
+        let Some(stream) = self.streams.get(&key) else {
             return;
         };
         let consumer = match reader::consumer(stream, &self.config, &group, &key.0, key.1, revision)

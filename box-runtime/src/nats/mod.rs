@@ -1,9 +1,11 @@
 //! The NATS JetStream transport (feature `nats`, async-nats): the second broker on the
 //! transport contract. See `docs/nats.md` for the design and its timings.
 //!
-//! - Topics are streams of partitioned subjects: topic `orders` with 3 partitions is the
-//!   stream `orders` of subjects `orders.0`, `orders.1`, `orders.2`; a message's partition is
-//!   the hash of its key, as Kafka's default partitioner computes it ([`partition_for`]).
+//! - A topic's partitions are subjects, each in a stream of its own: topic `orders` with 3
+//!   partitions is the subjects `orders.0`, `orders.1`, `orders.2` in the streams `orders_0`,
+//!   `orders_1`, `orders_2` (as a Kafka partition is a log of its own: a partition's consumer
+//!   reads its stream whole, unfiltered, and its sequences have no gaps); a message's partition
+//!   is the hash of its key, as Kafka's default partitioner computes it ([`partition_for`]).
 //! - `config`: [`NatsConfig`], the consumer's settings; it implements `Transport`;
 //! - `member`: a member of a group: takes the leases of free partitions, renews them, runs each
 //!   owned partition through the engine and gives it up when its lease is lost;
@@ -114,10 +116,10 @@ pub fn subject(topic: &str, partition: u32) -> String {
     format!("{topic}.{partition}")
 }
 
-/// The stream of a topic: its name with what a stream name may not hold (`.`, `*`, `>`,
-/// spaces, path separators) replaced by `_`.
-pub fn stream_name(topic: &str) -> String {
-    token(topic)
+/// The stream of one partition of a topic: the topic's name with what a stream name may not
+/// hold (`.`, `*`, `>`, spaces, path separators) replaced by `_`, then `_<partition>`.
+pub fn stream_name(topic: &str, partition: u32) -> String {
+    format!("{}_{partition}", token(topic))
 }
 
 /// `text` as a token of a stream, consumer or key name: letters, digits, `-` and `_`.
@@ -133,20 +135,45 @@ pub(crate) fn token(text: &str) -> String {
         .collect()
 }
 
-/// Creates the stream of `topic` (subjects `<topic>.*`, on file storage) unless it exists.
+/// Creates the stream of one partition of `topic` (the one subject `<topic>.<partition>`, on
+/// file storage) unless it exists.
 pub(crate) async fn ensure_stream(
     js: &jetstream::Context,
     topic: &str,
+    partition: u32,
 ) -> Result<jetstream::stream::Stream, String> {
     let config = jetstream::stream::Config {
-        name: stream_name(topic),
-        subjects: vec![format!("{topic}.*")],
+        name: stream_name(topic, partition),
+        subjects: vec![subject(topic, partition)],
         storage: jetstream::stream::StorageType::File,
         ..Default::default()
     };
-    get_or_create_stream(js, config)
-        .await
-        .map_err(|e| format!("stream of {topic}: {e}"))
+    get_or_create_stream(js, config).await.map_err(|e| {
+        let hint = if e.contains("overlap") {
+            format!(
+                " (another stream takes the subject `{}`: each partition of a topic has a stream \
+                 of its own, and a stream of subjects `{topic}.*` must be deleted first; see \
+                 docs/nats.md)",
+                subject(topic, partition)
+            )
+        } else {
+            String::new()
+        };
+        format!("stream of {topic} partition {partition}: {e}{hint}")
+    })
+}
+
+/// The streams of every partition of `topic`, created unless they exist.
+pub(crate) async fn ensure_streams(
+    js: &jetstream::Context,
+    topic: &str,
+    partitions: u32,
+) -> Result<Vec<jetstream::stream::Stream>, String> {
+    let mut streams = Vec::with_capacity(partitions as usize);
+    for partition in 0..partitions {
+        streams.push(ensure_stream(js, topic, partition).await?);
+    }
+    Ok(streams)
 }
 
 /// The stream of `config`, created unless it exists. Processes starting at once race to
@@ -299,6 +326,6 @@ mod tests {
 
     #[test]
     fn stream_names_hold_no_subject_wildcards() {
-        assert_eq!(stream_name("shop.orders v2>*"), "shop_orders_v2__");
+        assert_eq!(stream_name("shop.orders v2>*", 3), "shop_orders_v2___3");
     }
 }

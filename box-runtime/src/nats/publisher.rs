@@ -55,20 +55,19 @@ impl NatsPublisher {
             .await
             .map_err(PublishError::unavailable)?;
         let (jobs, queue) = mpsc::channel(QUEUE);
-        tokio::spawn(pump(jetstream::new(client), queue));
-        Ok(Self {
-            jobs,
-            partitions: partitions.max(1),
-        })
+        let partitions = partitions.max(1);
+        tokio::spawn(pump(jetstream::new(client), queue, partitions));
+        Ok(Self { jobs, partitions })
     }
 }
 
-/// Publishes the jobs in order; creates a topic's stream before its first message.
-async fn pump(js: jetstream::Context, mut queue: mpsc::Receiver<Job>) {
+/// Publishes the jobs in order; creates the streams of a topic's `partitions` before its first
+/// message.
+async fn pump(js: jetstream::Context, mut queue: mpsc::Receiver<Job>, partitions: u32) {
     let mut streams: HashSet<String> = HashSet::new();
     while let Some(job) = queue.recv().await {
         if !streams.contains(&job.topic) {
-            match super::ensure_stream(&js, &job.topic).await {
+            match super::ensure_streams(&js, &job.topic, partitions).await {
                 Ok(_) => {
                     streams.insert(job.topic.clone());
                 }

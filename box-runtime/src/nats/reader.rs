@@ -24,7 +24,7 @@ fn prefix(group: &str, topic: &str, partition: u32) -> String {
     format!("{}_p{partition}_", token(&format!("{group}-{topic}")))
 }
 
-/// Creates the consumer of a new lease (revision `revision`) on `stream` for one partition,
+/// Creates the consumer of a new lease (revision `revision`) on a partition's `stream`,
 /// starting after the highest acknowledgement floor of its predecessors, and deletes them: an
 /// acknowledgement still on its way to one of them is dropped by the server.
 pub(super) async fn consumer(
@@ -63,7 +63,6 @@ pub(super) async fn consumer(
     let consumer = stream
         .create_consumer(pull::Config {
             durable_name: Some(name.clone()),
-            filter_subject: super::subject(topic, partition),
             ack_policy: AckPolicy::All,
             ack_wait: config.ack_wait,
             deliver_policy,
@@ -265,11 +264,11 @@ impl Reader {
     /// partition restarts from its acknowledgement floor.
     async fn recover(&self, seen: &mut Seen, until: u64) -> Result<(), Ended> {
         let info = self.consumer.cached_info();
-        let subject = &info.config.filter_subject;
+        let subject = super::subject(&self.topic, u32::try_from(self.partition).unwrap_or(0));
         let lost = lost::read(
             &self.js,
             &info.stream_name,
-            subject,
+            &subject,
             seen.stream,
             until,
             MOST_LOST,
