@@ -790,6 +790,42 @@ async fn next_report(
         .expect("the consumer's reports ended")
 }
 
+/// Processes that start at once race to create a topic's streams: every one of them gets them,
+/// and each partition has one stream of its one subject. (It passes without the retry of
+/// `get_or_create_stream` too: nats-server 2.9.10 answered these identical creates without the
+/// "subjects overlap" error that retry is for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_starting_at_once_all_get_the_topics_streams() {
+    let server = NatsServer::start();
+    let js = server.js().await;
+    let db = TestDb::new("nats_race").await;
+    let mut starts = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (url, db_url) = (server.url.clone(), db.url());
+        starts.spawn(async move {
+            let app = inoutbox::App::connect_nats(Some(&db_url), &url).await?;
+            app.create_topic("raced", 6).await
+        });
+    }
+    let mut failures = Vec::new();
+    while let Some(started) = starts.join_next().await {
+        if let Err(e) = started.expect("task") {
+            failures.push(e.to_string());
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+    for partition in 0..6 {
+        let stream = js
+            .get_stream(inoutbox::nats::stream_name("raced", partition))
+            .await
+            .expect("the partition's stream");
+        assert_eq!(
+            stream.cached_info().config.subjects,
+            vec![subject("raced", partition)]
+        );
+    }
+}
+
 /// A stream that takes a topic's partition subjects already (a stream of subjects `<topic>.*`)
 /// stops the topic's streams from being made: the error names the subject and what to do, and
 /// publishing never goes to the other stream by accident.
