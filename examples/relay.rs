@@ -16,9 +16,10 @@
 //! `<topic>.<partition>` of its key among `--partitions` (the consumers' number; default 3);
 //! `KAFKA_BROKERS` and `--no-idempotence` are then not read. `--print-published` prints a line
 //! per row the broker acknowledged (`relay: published <event id> at <partition>@<offset>`; on
-//! NATS the offset is the sequence in the partition's stream), repeats included: the crash tests count them. The relay applies inoutbox's
-//! migrations on start, so it also works before any producer ran. SIGTERM or SIGINT stop it:
-//! batches in flight are acknowledged and marked (for at most `--grace-ms`), then it exits.
+//! NATS the offset is the sequence in the partition's stream), repeats included: the crash
+//! tests count them. The relay applies inoutbox's migrations on start, so it also works before
+//! any producer ran. SIGTERM or SIGINT stop it: batches in flight are acknowledged and marked
+//! (for at most `--grace-ms`), then it exits.
 
 use std::time::Duration;
 

@@ -265,31 +265,39 @@ pub async fn publish_order(
 /// The highest acknowledgement floor (a stream sequence) of the consumers of one group's
 /// partition: what the group has acknowledged there.
 pub async fn ack_floor(js: &jetstream::Context, topic: &str, group: &str, partition: u32) -> u64 {
-    let token: String = format!("{group}-{topic}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let prefix = format!("{token}_p{partition}_");
+    lease_consumers(js, topic, group, partition)
+        .await
+        .iter()
+        .map(|info| info.ack_floor.stream_sequence)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The consumers of one group's leases on one partition (as the transport names them,
+/// `<group>-<topic>_p<partition>_<revision>`); one deleted meanwhile (a lease handed over) is
+/// left out.
+async fn lease_consumers(
+    js: &jetstream::Context,
+    topic: &str,
+    group: &str,
+    partition: u32,
+) -> Vec<jetstream::consumer::Info> {
+    let prefix = format!("{}_p{partition}_", name_token(&format!("{group}-{topic}")));
     let stream = js
         .get_stream(stream_name(topic, partition))
         .await
         .expect("get stream");
     let mut names = stream.consumer_names();
-    let mut floor = 0;
+    let mut infos = Vec::new();
     while let Some(name) = names.next().await {
         let name = name.expect("consumer name");
         if name.starts_with(&prefix) {
-            let info = stream.consumer_info(&name).await.expect("consumer info");
-            floor = floor.max(info.ack_floor.stream_sequence);
+            if let Ok(info) = stream.consumer_info(&name).await {
+                infos.push(info);
+            }
         }
     }
-    floor
+    infos
 }
 
 /// Every message of `topic`'s streams, each read from the start by a consumer until none comes
@@ -408,28 +416,18 @@ pub async fn acknowledged(
     group: &str,
     partition: u32,
 ) -> u64 {
-    let prefix = format!("{}_p{partition}_", name_token(&format!("{group}-{topic}")));
-    let stream = js
-        .get_stream(stream_name(topic, partition))
+    lease_consumers(js, topic, group, partition)
         .await
-        .expect("get stream");
-    let mut names = stream.consumer_names();
-    let mut floor = 0;
-    while let Some(name) = names.next().await {
-        let name = name.expect("consumer name");
-        if name.starts_with(&prefix) {
-            // A consumer deleted meanwhile (a lease handed over) has nothing to add.
-            let Ok(info) = stream.consumer_info(&name).await else {
-                continue;
-            };
+        .iter()
+        .map(|info| {
             let before_start = match info.config.deliver_policy {
                 jetstream::consumer::DeliverPolicy::ByStartSequence { start_sequence } => {
                     start_sequence.saturating_sub(1)
                 }
                 _ => 0,
             };
-            floor = floor.max(info.ack_floor.stream_sequence).max(before_start);
-        }
-    }
-    floor
+            info.ack_floor.stream_sequence.max(before_start)
+        })
+        .max()
+        .unwrap_or(0)
 }

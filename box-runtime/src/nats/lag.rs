@@ -89,15 +89,13 @@ async fn stream_lag(
         return Ok(Vec::new());
     };
     let mut names = stream.consumer_names();
-    let mut current: BTreeMap<(usize, u32), (u64, String)> = BTreeMap::new();
+    // Per group (by its index), the consumer of the highest revision.
+    let mut current: BTreeMap<usize, (u64, String)> = BTreeMap::new();
     while let Some(name) = names.next().await {
         let name = name.map_err(|e| setup(format!("consumer names: {e}")))?;
         for (g, group) in groups.iter().enumerate() {
-            if let Some((p, revision)) = parse(&name, group, topic) {
-                if p != partition {
-                    continue;
-                }
-                let entry = current.entry((g, partition)).or_default();
+            if let Some((_, revision)) = parse(&name, group, topic).filter(|p| p.0 == partition) {
+                let entry = current.entry(g).or_default();
                 if revision >= entry.0 {
                     *entry = (revision, name.clone());
                 }
@@ -105,7 +103,7 @@ async fn stream_lag(
         }
     }
     let mut lags = Vec::new();
-    for ((g, partition), (_, name)) in current {
+    for (g, (_, name)) in current {
         let info = stream
             .consumer_info(&name)
             .await

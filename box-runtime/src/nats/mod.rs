@@ -38,6 +38,7 @@ pub use lag::{consumer_lag, ConsumerLag};
 pub use publisher::NatsPublisher;
 
 use async_nats::jetstream;
+use async_nats::jetstream::context::{CreateStreamError, CreateStreamErrorKind};
 
 /// The header that carries a message's key: NATS messages have none of their own (the
 /// CloudEvents partitioning extension's `partitionkey`, with the `ce_` prefix of the other
@@ -149,7 +150,7 @@ pub(crate) async fn ensure_stream(
         ..Default::default()
     };
     get_or_create_stream(js, config).await.map_err(|e| {
-        let hint = if e.contains("overlap") {
+        let hint = if subjects_overlap(&e) {
             format!(
                 " (another stream takes the subject `{}`: each partition of a topic has a stream \
                  of its own, and a stream of subjects `{topic}.*` must be deleted first; see \
@@ -161,6 +162,13 @@ pub(crate) async fn ensure_stream(
         };
         format!("stream of {topic} partition {partition}: {e}{hint}")
     })
+}
+
+/// Whether the server refused a stream because another stream takes one of its subjects
+/// (JetStream's error 10065).
+fn subjects_overlap(e: &CreateStreamError) -> bool {
+    matches!(e.kind(), CreateStreamErrorKind::JetStream(err)
+        if err.error_code() == jetstream::ErrorCode::STREAM_SUBJECT_OVERLAP)
 }
 
 /// The streams of every partition of `topic`, created unless they exist.
@@ -183,7 +191,7 @@ pub(crate) async fn ensure_streams(
 pub(crate) async fn get_or_create_stream(
     js: &jetstream::Context,
     config: jetstream::stream::Config,
-) -> Result<jetstream::stream::Stream, String> {
+) -> Result<jetstream::stream::Stream, CreateStreamError> {
     let mut attempts = stream_race().start();
     for _ in 1..5 {
         match js.get_or_create_stream(config.clone()).await {
@@ -195,9 +203,7 @@ pub(crate) async fn get_or_create_stream(
             }
         }
     }
-    js.get_or_create_stream(config)
-        .await
-        .map_err(|e| e.to_string())
+    js.get_or_create_stream(config).await
 }
 
 /// The waits between tries of [`get_or_create_stream`]: 50 ms doubling up to 400 ms, jittered
