@@ -19,7 +19,8 @@
 //! `--events` `OrderCreated` messages (CloudEvents binary mode, a unique `ce_id` each) are
 //! produced once onto a fresh topic of `--partitions` partitions: on librdkafka's in-process mock
 //! cluster by default, on `KAFKA_BROKERS` if set. The mock keeps only about 20 000 messages a
-//! partition (every run stalls past that): for more, use `KAFKA_BROKERS`. Then each run reads the whole topic with a
+//! partition (past that every run would stall, so the bench refuses such a run before it
+//! produces anything): for more, use `KAFKA_BROKERS`. Then each run reads the whole topic with a
 //! Kafka consumer group of its own and writes one `bench_invoices` row per message:
 //!
 //! * **A, hand-written** (baseline): an rdkafka consumer whose lanes (one per partition, as
@@ -782,6 +783,27 @@ fn print_table(runs: &[Measured]) {
     }
 }
 
+/// The most messages a partition of librdkafka's in-process mock cluster holds for these runs:
+/// past about 20 000 it drops the oldest, and every run stalls waiting for them.
+const MOCK_PARTITION_MESSAGES: usize = 20_000;
+
+/// Refuses, before anything is produced, a run the in-process broker cannot hold: `events` on
+/// `partitions`, and a `backlog` (0 when no run drains one) on 12 partitions.
+fn fits_the_mock(events: usize, partitions: i32, backlog: usize) -> Result<(), BoxError> {
+    let per_partition = events.div_ceil(usize::try_from(partitions)?);
+    let most = per_partition.max(backlog.div_ceil(12));
+    if most > MOCK_PARTITION_MESSAGES {
+        return Err(format!(
+            "the in-process broker holds about {MOCK_PARTITION_MESSAGES} messages a partition, and \
+             this run puts {most} on one (--events {events} on {partitions} partitions, --backlog \
+             {backlog} on 12): use fewer messages or more partitions, or a broker of your own \
+             (KAFKA_BROKERS=127.0.0.1:9092 with scripts/install-tansu, or NATS_URL)"
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Whether run `letter` is selected by `INBOX_BENCH_RUNS` (default: all of `ABKCDEFLG`; `L` is
 /// the latency part, `G` the black-box `billing` runs).
 fn selected(letter: &str) -> bool {
@@ -1499,10 +1521,19 @@ async fn main() -> Result<(), BoxError> {
     if events == 0 || partitions < 1 {
         return Err("--events and --partitions must be at least 1".into());
     }
-    let database_url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let latency_ms: u64 = flag(&args, "--db-latency-ms", "0")?.parse()?;
     let nats_url = std::env::var("NATS_URL").ok().filter(|u| !u.is_empty());
+    if nats_url.is_none() && std::env::var_os("KAFKA_BROKERS").is_none() {
+        // The backlog goes onto 12 partitions, for `G` and for `--payload-bytes`.
+        let drained = if selected("G") || payload_bytes > 0 {
+            backlog
+        } else {
+            0
+        };
+        fits_the_mock(events, partitions, drained)?;
+    }
+    let database_url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     if nats_url.is_some() && !cfg!(feature = "nats") {
         return Err("NATS_URL is set: build with `--features nats`".into());
     }
