@@ -384,7 +384,9 @@ impl MySqlStore {
 
     /// Connects to `url` (`mysql://user:password@host:port/database`, MariaDB or MySQL),
     /// failing within [`CONNECT_TIMEOUT`] with the target (password hidden) and the cause.
-    /// Its sessions read committed data (`READ COMMITTED`, as PostgreSQL does by default).
+    /// Its sessions read committed data (`READ COMMITTED`, as PostgreSQL does by default), and
+    /// on MariaDB end a transaction left idle for 30 s (`idle_transaction_timeout`, unless set
+    /// already), so one whose connection went half-open does not hold its row locks for hours.
     ///
     /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
@@ -395,14 +397,7 @@ impl MySqlStore {
             .max_connections(10)
             .acquire_timeout(CONNECT_TIMEOUT)
             .after_release(crate::store::release_ping)
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .execute(conn)
-                        .await
-                        .map(|_| ())
-                })
-            });
+            .after_connect(|conn, _| Box::pin(session_settings(conn)));
         let pool = bounded(url, pool.connect_with(options)).await?;
         Ok(Self::new(pool))
     }
@@ -440,6 +435,34 @@ impl MySqlStore {
     pub fn tables(&self) -> &Tables {
         &self.tables
     }
+}
+
+/// How long MariaDB lets a session sit idle inside a transaction before it closes the session,
+/// rolling the transaction back and releasing its row locks (`idle_transaction_timeout`), unless
+/// the server or the user set a value already.
+const IDLE_TRANSACTION_TIMEOUT_SECS: u32 = 30;
+
+/// Each new connection's session: `READ COMMITTED`, and on MariaDB a bound on a transaction
+/// whose client went silent. Without it, a transaction on a connection left half-open (a
+/// middlebox that forgot the flow, a client host that vanished) keeps its row locks until
+/// `wait_timeout` (8 hours by default), and every later claim of its messages waits on them.
+/// MySQL 8.0 has no such setting: set `wait_timeout` on the server there (docs/deployment.md).
+async fn session_settings(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *conn)
+        .await?;
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&mut *conn)
+        .await?;
+    if version.contains("MariaDB") {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "SET SESSION idle_transaction_timeout = IF(@@SESSION.idle_transaction_timeout = 0, \
+             {IDLE_TRANSACTION_TIMEOUT_SECS}, @@SESSION.idle_transaction_timeout)"
+        )))
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
 }
 
 /// The connect options of `url`, or a configuration error that hides its password.
