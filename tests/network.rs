@@ -188,9 +188,18 @@ async fn send_all(brokers: &str, topic: &str, records: &[Record]) -> HashMap<i32
 }
 
 async fn wait_until(db: &TestDb, sql: &str, target: i64, within: Duration) -> i64 {
+    poll_until(|| db.count(sql), target, within).await
+}
+
+/// What `count` counts once it reaches `target`, or after `within`; polled every 200 ms.
+async fn poll_until<F, C>(mut count: C, target: i64, within: Duration) -> i64
+where
+    C: FnMut() -> F,
+    F: std::future::Future<Output = i64>,
+{
     let deadline = Instant::now() + within;
     loop {
-        let n = db.count(sql).await;
+        let n = count().await;
         if n >= target || Instant::now() > deadline {
             return n;
         }
@@ -1311,7 +1320,6 @@ async fn a_connection_left_half_open_for_good_does_not_hang_a_partition() {
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mysql_connection_left_half_open_for_good_does_not_hang_a_partition() {
-    use sqlx::Connection;
     let _one = SERIAL.lock().await;
     let mut rng = Rng::seeded("half-open-mysql");
     let broker = ProxiedBroker::start();
@@ -1319,20 +1327,24 @@ async fn a_mysql_connection_left_half_open_for_good_does_not_hang_a_partition() 
     let topic = support::unique("nethalfmy");
     broker.create_topic(&topic, 3).await;
     let w = produce(broker.brokers(), &topic, 6_000, 0, 0, &mut rng).await;
-    let upstream = mysql_addr(&direct);
-    let db = inoutbox_chaos::Proxy::start(upstream.as_str()).expect("start the MariaDB proxy");
-    let url = direct.replacen(&upstream, &db.addr().to_string(), 1);
-    assert_ne!(url, direct, "the MariaDB URL names {upstream}");
+    let (db, url) = support::net::mysql_proxy(&direct);
     let args = ["--topic", topic.as_str()];
     let mut consumer = ChildProcess::start_with("billing", &url, broker.brokers(), &args, &[]);
-    let mut conn = sqlx::MySqlConnection::connect(&direct)
+    let count = sqlx::MySqlPool::connect(&direct)
         .await
         .expect("connect to MariaDB");
-    mysql_resolved(&mut conn, w.target() / 4, Duration::from_secs(120)).await;
+    // The tables appear once the child has migrated: until then, 0.
+    let resolved = || async {
+        sqlx::query_scalar(RESOLVED)
+            .fetch_one(&count)
+            .await
+            .unwrap_or(0)
+    };
+    poll_until(resolved, w.target() / 4, Duration::from_secs(120)).await;
     // Every open connection goes dead for good; new ones take a healthy link.
     let _new_connections = db.link(|_| true);
     db.blackhole();
-    let done = mysql_resolved(&mut conn, w.target(), Duration::from_secs(120)).await;
+    let done = poll_until(resolved, w.target(), Duration::from_secs(120)).await;
     consumer.kill9();
     assert_eq!(
         done,
@@ -1344,42 +1356,8 @@ async fn a_mysql_connection_left_half_open_for_good_does_not_hang_a_partition() 
     // The proxy's end closes the dead connections, so the drop does not wait on their locks.
     drop(_new_connections);
     drop(db);
-    let _ = sqlx::raw_sql("SET SESSION lock_wait_timeout = 60")
-        .execute(&mut conn)
-        .await;
-    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DROP DATABASE `{name}`")))
-        .execute(&mut conn)
-        .await;
-}
-
-/// [`RESOLVED`] on MariaDB once it reaches `target`, or after `within`.
-#[cfg(feature = "mysql")]
-async fn mysql_resolved(conn: &mut sqlx::MySqlConnection, target: i64, within: Duration) -> i64 {
-    let deadline = Instant::now() + within;
-    loop {
-        // The tables appear once the child has migrated.
-        let n: i64 = sqlx::query_scalar(RESOLVED)
-            .fetch_one(&mut *conn)
-            .await
-            .unwrap_or(0);
-        if n >= target || Instant::now() > deadline {
-            return n;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `host:port` of a `mysql://` URL (port 3306 when it names none).
-#[cfg(feature = "mysql")]
-fn mysql_addr(url: &str) -> String {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    if host.contains(':') {
-        host.to_owned()
-    } else {
-        format!("{host}:3306")
-    }
+    count.close().await;
+    support::kit::drop_mysql_database(&name).await;
 }
 
 // ---------------------------------------------------------------------------------------------

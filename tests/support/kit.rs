@@ -293,6 +293,19 @@ pub async fn mysql_database(name: &str) -> (String, String) {
     (db, url)
 }
 
+/// Drops a database of [`mysql_database`], best effort (waiting at most 60 s for the locks of
+/// sessions still open on it).
+#[cfg(feature = "mysql")]
+pub async fn drop_mysql_database(name: &str) {
+    use sqlx::Connection;
+    if let Ok(mut c) = sqlx::MySqlConnection::connect(&mysql_url()).await {
+        let drop = format!("SET SESSION lock_wait_timeout = 60; DROP DATABASE IF EXISTS `{name}`");
+        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+            .execute(&mut c)
+            .await;
+    }
+}
+
 #[cfg(feature = "mysql")]
 impl Drop for MySqlKit {
     fn drop(&mut self) {
@@ -305,15 +318,7 @@ impl Drop for MySqlKit {
             else {
                 return;
             };
-            rt.block_on(async move {
-                use sqlx::Connection;
-                if let Ok(mut c) = sqlx::MySqlConnection::connect(&mysql_url()).await {
-                    let drop = format!("DROP DATABASE IF EXISTS `{name}`");
-                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
-                        .execute(&mut c)
-                        .await;
-                }
-            });
+            rt.block_on(drop_mysql_database(&name));
         })
         .join();
     }

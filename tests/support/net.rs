@@ -62,19 +62,31 @@ impl ProxiedBroker {
 
 /// The address of the test's PostgreSQL server (from `DATABASE_URL`).
 pub fn postgres_addr() -> SocketAddr {
-    let url = database_url();
-    let (_, authority, _) = split_authority(&url);
+    server_addr(&database_url(), 5432)
+}
+
+/// The server address a database URL names (`default_port` when it names none).
+fn server_addr(url: &str, default_port: u16) -> SocketAddr {
+    let (_, authority, _) = split_authority(url);
     let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let with_port = if host_port.contains(':') {
         host_port.to_owned()
     } else {
-        format!("{host_port}:5432")
+        format!("{host_port}:{default_port}")
     };
     with_port
         .to_socket_addrs()
         .ok()
         .and_then(|mut a| a.next())
-        .unwrap_or_else(|| panic!("cannot resolve the PostgreSQL address of {url}"))
+        .unwrap_or_else(|| panic!("cannot resolve the server address of {url}"))
+}
+
+/// A proxy in front of the MariaDB server `url` names, and `url` through it.
+#[cfg(feature = "mysql")]
+pub fn mysql_proxy(url: &str) -> (Proxy, String) {
+    let proxy = Proxy::start(server_addr(url, 3306)).expect("start the MariaDB proxy");
+    let through = url_through(url, &proxy, &[]);
+    (proxy, through)
 }
 
 /// A proxy in front of the test's PostgreSQL server.
@@ -85,8 +97,12 @@ pub fn postgres_proxy() -> Proxy {
 /// `db`'s connection URL (its schema on the search path), through `proxy`, with `extra` query
 /// parameters (e.g. `application_name=relay-1`).
 pub fn url_via(db: &TestDb, proxy: &Proxy, extra: &[&str]) -> String {
-    let url = db.url();
-    let (scheme, authority, rest) = split_authority(&url);
+    url_through(&db.url(), proxy, extra)
+}
+
+/// `url` with `proxy` for its host and port, and `extra` query parameters.
+fn url_through(url: &str, proxy: &Proxy, extra: &[&str]) -> String {
+    let (scheme, authority, rest) = split_authority(url);
     let user = authority
         .rsplit_once('@')
         .map_or(String::new(), |(u, _)| format!("{u}@"));
