@@ -7,8 +7,12 @@ use sqlx::{PgConnection, Row};
 
 use crate::ident::quote_name as quote;
 use crate::store::legacy::{self, Rename};
+use crate::store::migrate::render;
 use crate::store::sql::stmt;
 use crate::store::{StoreError, Tables};
+
+/// The current definition of the outbox's commit trigger function (see `rename_one`).
+const ORDER_FUNCTION: &str = include_str!("migrations/outbox_v6.sql");
 
 /// The relations that belong to a table (`$1`, its oid), with their kind for `ALTER`: its
 /// partitions (at any depth), their indexes and its sequences.
@@ -53,13 +57,18 @@ pub(super) async fn rename(
         if table_oid(conn, &r.new.to_string()).await?.is_some() {
             return Err(r.both_exist());
         }
-        rename_one(conn, &r, oid).await?;
+        rename_one(conn, &r, oid, tables).await?;
         renamed.push((r.old.to_string(), r.new.to_string()));
     }
     Ok(renamed)
 }
 
-async fn rename_one(conn: &mut PgConnection, r: &Rename, oid: i64) -> Result<(), StoreError> {
+async fn rename_one(
+    conn: &mut PgConnection,
+    r: &Rename,
+    oid: i64,
+    tables: &Tables,
+) -> Result<(), StoreError> {
     let owned = sqlx::query(OWNED).bind(oid).fetch_all(&mut *conn).await?;
     let schema: String = owned
         .iter()
@@ -104,13 +113,22 @@ async fn rename_one(conn: &mut PgConnection, r: &Rename, oid: i64) -> Result<(),
     .bind(r.derived_names())
     .fetch_all(&mut *conn)
     .await?;
+    let order_function = format!("{}_order", r.old.name().as_str());
+    let mut names_its_table = false;
     for (function, name) in functions {
         if let Some(new) = r.derived(&name) {
             statements.push(format!(
                 "ALTER FUNCTION {function} RENAME TO {}",
                 quote(&new)
             ));
+            names_its_table |= name == order_function;
         }
+    }
+    if names_its_table {
+        // The outbox's commit trigger function names its table since migration outbox v6:
+        // defined again (its current definition) for the new name. Where it predates v6, v6
+        // runs again after the rename and defines the same.
+        statements.push(render(ORDER_FUNCTION, tables).map_err(StoreError::Migration)?);
     }
     for statement in statements {
         sqlx::raw_sql(stmt(statement)).execute(&mut *conn).await?;

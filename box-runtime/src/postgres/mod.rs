@@ -87,6 +87,12 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         sql: include_str!("migrations/outbox_v5.sql"),
     },
     Migration {
+        component: "outbox",
+        version: 6,
+        description: "the commit trigger's UPDATE planned once per session, not per row",
+        sql: include_str!("migrations/outbox_v6.sql"),
+    },
+    Migration {
         component: "inbox",
         version: 6,
         description: "deferred messages: due time and deferral count (kept message and lease)",
