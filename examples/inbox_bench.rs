@@ -1422,12 +1422,14 @@ async fn bench(
     if selected("L") {
         print_latency(&broker, &pg).await?;
     }
+    // Closed before the black-box runs: its idle connections (up to `--pool`) would count
+    // against the server's `max_connections` beside the child's own pool of that size.
+    pool.close().await;
     if selected("G") {
         let baseline = runs.first().map_or(1.0, Measured::rate);
         let blackbox = async |n, parts| billing_blackbox(database_url, &broker, n, parts).await;
         print_billing(blackbox, events, partitions, backlog, baseline).await?;
     }
-    pool.close().await;
     Ok(())
 }
 

@@ -143,7 +143,13 @@ fn from_env_in_a_child() {
         .init();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     match runtime.block_on(App::from_env()) {
-        Ok(app) => println!("started: {}", app.describe()),
+        Ok(app) => {
+            println!("started: {}", app.describe());
+            if let inoutbox::app::Store::Postgres(store) = app.store() {
+                let pool = store.pool().options().get_max_connections();
+                println!("pool: {pool} connections");
+            }
+        }
         Err(error @ AppError::Env { variable, .. }) => println!("refused {variable}: {error}"),
         Err(error) => println!("failed: {error}"),
     }
@@ -171,6 +177,44 @@ fn from_env(env: &[(&str, &str)]) -> (String, String) {
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     (stdout, stderr)
+}
+
+#[test]
+fn database_pool_size_sizes_the_pool_and_a_bad_one_refuses_to_start() {
+    let database = std::env::var("DATABASE_URL").expect("DATABASE_URL (scripts/test sets it)");
+    // The broker is only connected to on first use: a closed port starts.
+    let brokers = format!("127.0.0.1:{}", closed_port());
+    let with = |size: Option<&str>| {
+        let mut env = vec![
+            ("DATABASE_URL", database.as_str()),
+            ("KAFKA_BROKERS", brokers.as_str()),
+        ];
+        env.extend(size.map(|s| ("DATABASE_POOL_SIZE", s)));
+        from_env(&env)
+    };
+    let (stdout, stderr) = with(None);
+    assert!(
+        stdout.contains("pool: 16 connections"),
+        "the default:\n{stdout}\n{stderr}"
+    );
+    let (stdout, stderr) = with(Some("48"));
+    assert!(
+        stdout.contains("pool: 48 connections"),
+        "{stdout}\n{stderr}"
+    );
+    for bad in ["", "3", "many", "-8"] {
+        let (stdout, stderr) = with(Some(bad));
+        assert!(
+            stdout.contains("refused DATABASE_POOL_SIZE: DATABASE_POOL_SIZE is"),
+            "{bad:?}: expected a refusal naming the variable, got:\n{stdout}\n{stderr}"
+        );
+        assert!(!stdout.contains("started"), "{bad:?}: {stdout}");
+    }
+    let (stdout, stderr) = from_env(&[("DATABASE_POOL_SIZE", "32")]);
+    assert!(
+        stdout.contains("refused DATABASE_POOL_SIZE") && stdout.contains("SQLite"),
+        "the zero-setup store sizes its own pool:\n{stdout}\n{stderr}"
+    );
 }
 
 #[test]

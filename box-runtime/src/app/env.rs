@@ -12,6 +12,13 @@ pub(super) const KAFKA_BROKERS: &str = "KAFKA_BROKERS";
 /// The variable naming the NATS server (JetStream; feature `nats`).
 pub(super) const NATS_URL: &str = "NATS_URL";
 
+/// The variable sizing the database's connection pool (PostgreSQL, MySQL/MariaDB).
+pub(super) const DATABASE_POOL_SIZE: &str = "DATABASE_POOL_SIZE";
+
+/// The smallest pool `DATABASE_POOL_SIZE` may ask for: a relay holds three connections (two
+/// workers and its listener), and a consumer needs one more to make progress.
+pub(super) const MIN_POOL_SIZE: u32 = 4;
+
 /// The broker the environment names.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum BrokerUrl {
@@ -44,6 +51,39 @@ pub(super) fn read() -> Result<Choice, AppError> {
         }),
     };
     choose(var(DATABASE_URL)?, var(KAFKA_BROKERS)?, var(NATS_URL)?)
+}
+
+/// `DATABASE_POOL_SIZE`, if set: the connections of the database's pool.
+pub(super) fn pool_size() -> Result<Option<u32>, AppError> {
+    match std::env::var(DATABASE_POOL_SIZE) {
+        Ok(value) => parse_pool_size(&value).map(Some),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err(AppError::Env {
+            variable: DATABASE_POOL_SIZE,
+            reason: "is not valid UTF-8".to_owned(),
+        }),
+    }
+}
+
+/// A pool size: a whole number, at least [`MIN_POOL_SIZE`].
+pub(super) fn parse_pool_size(value: &str) -> Result<u32, AppError> {
+    let invalid = |why: &str| AppError::Env {
+        variable: DATABASE_POOL_SIZE,
+        reason: format!(
+            "is `{}`: {why}; it is the number of connections the database pool may open \
+             (default {}; with the database a round trip of a millisecond or more away, about \
+             the events per second wanted times the seconds a message's transaction is open)",
+            value.trim(),
+            super::store::PG_POOL_CONNECTIONS
+        ),
+    };
+    match value.trim().parse::<u32>() {
+        Ok(n) if n >= MIN_POOL_SIZE => Ok(n),
+        Ok(_) => Err(invalid(&format!(
+            "give at least {MIN_POOL_SIZE} (a relay holds three connections, a consumer needs one more)"
+        ))),
+        Err(_) => Err(invalid("give a whole number")),
+    }
 }
 
 /// `DATABASE_URL` and one broker (`KAFKA_BROKERS` or `NATS_URL`) set and not blank: the
@@ -183,7 +223,10 @@ pub(super) fn postgres_target(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{choose, BrokerUrl, Choice, DATABASE_URL, KAFKA_BROKERS, NATS_URL};
+    use super::{
+        choose, parse_pool_size, BrokerUrl, Choice, DATABASE_POOL_SIZE, DATABASE_URL,
+        KAFKA_BROKERS, NATS_URL,
+    };
     use crate::app::AppError;
 
     fn named(result: Result<Choice, AppError>) -> &'static str {
@@ -264,6 +307,24 @@ mod tests {
             );
             assert_eq!(named(choose(None, None, some(blank))), NATS_URL);
             assert_eq!(named(choose(some(blank), None, some(nats))), DATABASE_URL);
+        }
+    }
+
+    #[test]
+    fn a_pool_size_is_a_whole_number_of_at_least_four() {
+        assert_eq!(parse_pool_size("48").expect("48"), 48);
+        assert_eq!(parse_pool_size(" 4\n").expect("trimmed"), 4);
+        for bad in ["", " ", "3", "0", "-1", "4.5", "sixteen", "99999999999"] {
+            match parse_pool_size(bad) {
+                Err(AppError::Env { variable, reason }) => {
+                    assert_eq!(variable, DATABASE_POOL_SIZE, "{bad:?}");
+                    assert!(
+                        reason.contains("whole number") || reason.contains("at least 4"),
+                        "{bad:?}: {reason}"
+                    );
+                }
+                other => panic!("{bad:?} accepted: {other:?}"),
+            }
         }
     }
 }

@@ -8,8 +8,9 @@ use super::AppError;
 use crate::postgres::PgStore;
 use crate::store::StoreError;
 
-/// Connections of the PostgreSQL pool [`App::from_env`](super::App::from_env) opens: each relay
-/// holds three (two workers and its listener), each consumer partition in flight one.
+/// Connections of the PostgreSQL pool [`App::from_env`](super::App::from_env) opens unless
+/// `DATABASE_POOL_SIZE` says otherwise: each relay holds three (two workers and its listener),
+/// each consumer transaction in flight one.
 pub(crate) const PG_POOL_CONNECTIONS: u32 = 16;
 
 /// The store of an [`App`](super::App): PostgreSQL, SQLite or MySQL/MariaDB, with inoutbox's tables migrated.
@@ -64,9 +65,21 @@ impl Drop for TempDir {
 pub(super) async fn open_store(
     database_url: Option<&str>,
 ) -> Result<(Store, Option<TempDir>, String), AppError> {
-    match env::database(database_url)? {
+    let pool_size = env::pool_size()?;
+    let database = env::database(database_url)?;
+    #[cfg(feature = "sqlite")]
+    if pool_size.is_some() && matches!(database, Database::Sqlite(_) | Database::ZeroSetup) {
+        return Err(AppError::Env {
+            variable: env::DATABASE_POOL_SIZE,
+            reason: "is set, but the database is SQLite, which has one writer at a time and \
+                     sizes its own pool: unset it"
+                .to_owned(),
+        });
+    }
+    match database {
         Database::Postgres(url) => {
-            let store = PgStore::connect(url, PG_POOL_CONNECTIONS).await?;
+            let size = pool_size.unwrap_or(PG_POOL_CONNECTIONS);
+            let store = PgStore::connect(url, size).await?;
             let name = format!("PostgreSQL ({})", env::postgres_target(url));
             Ok((Store::Postgres(store), None, name))
         }
@@ -77,7 +90,8 @@ pub(super) async fn open_store(
         }
         #[cfg(feature = "mysql")]
         Database::MySql(url) => {
-            let store = crate::mysql::MySqlStore::connect(url).await?;
+            let size = pool_size.unwrap_or(crate::mysql::POOL_CONNECTIONS);
+            let store = crate::mysql::MySqlStore::connect_sized(url, size).await?;
             let name = format!("MySQL/MariaDB ({})", crate::redact::redact_url(url));
             Ok((Store::MySql(store), None, name))
         }

@@ -60,6 +60,9 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
 ];
 
 /// The current time, as stored (UTC: sqlx sets the session's time zone to `+00:00`).
+/// The connections of the pool [`MySqlStore::connect`] opens.
+pub(crate) const POOL_CONNECTIONS: u32 = 10;
+
 pub(crate) const NOW: &str = "NOW(6)";
 
 /// A time `?` microseconds before now.
@@ -382,19 +385,24 @@ impl MySqlStore {
         Self { pool, tables, sql }
     }
 
-    /// Connects to `url` (`mysql://user:password@host:port/database`, MariaDB or MySQL),
-    /// failing within [`CONNECT_TIMEOUT`] with the target (password hidden) and the cause.
+    /// Connects to `url` (`mysql://user:password@host:port/database`, MariaDB or MySQL) with a
+    /// pool of up to 10 connections, failing within [`CONNECT_TIMEOUT`] with the target (password hidden) and the cause.
     /// Its sessions read committed data (`READ COMMITTED`, as PostgreSQL does by default), and
     /// on MariaDB end a transaction left idle for 30 s (`idle_transaction_timeout`, unless set
     /// already), so one whose connection went half-open does not hold its row locks for hours.
     ///
     /// [`CONNECT_TIMEOUT`]: crate::store::CONNECT_TIMEOUT
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_sized(url, POOL_CONNECTIONS).await
+    }
+
+    /// [`connect`](Self::connect) with a pool of up to `max_connections` (at least 1).
+    pub(crate) async fn connect_sized(url: &str, max_connections: u32) -> Result<Self, StoreError> {
         use crate::store::{bounded, check_scheme, CONNECT_TIMEOUT};
         check_scheme(url, &["mysql", "mariadb"], "MySqlStore")?;
         let options = connect_options(url)?;
         let pool = sqlx::mysql::MySqlPoolOptions::new()
-            .max_connections(10)
+            .max_connections(max_connections.max(1))
             .acquire_timeout(CONNECT_TIMEOUT)
             .after_release(crate::store::release_ping)
             .after_connect(|conn, _| Box::pin(session_settings(conn)));
