@@ -71,10 +71,10 @@ pub(super) fn parse_pool_size(value: &str) -> Result<u32, AppError> {
         variable: DATABASE_POOL_SIZE,
         reason: format!(
             "is `{}`: {why}; it is the number of connections the database pool may open \
-             (default {}; with the database a round trip of a millisecond or more away, about \
-             the events per second wanted times the seconds a message's transaction is open)",
-            value.trim(),
-            super::store::PG_POOL_CONNECTIONS
+             (unset: 16 on PostgreSQL, 10 on MySQL/MariaDB; with the database a round trip of a \
+             millisecond or more away, about the events per second wanted times the seconds a \
+             message's transaction is open)",
+            value.trim()
         ),
     };
     match value.trim().parse::<u32>() {
