@@ -145,8 +145,13 @@ fn from_env_in_a_child() {
     match runtime.block_on(App::from_env()) {
         Ok(app) => {
             println!("started: {}", app.describe());
-            if let inoutbox::app::Store::Postgres(store) = app.store() {
-                let pool = store.pool().options().get_max_connections();
+            let pool = match app.store() {
+                Store::Postgres(store) => Some(store.pool().options().get_max_connections()),
+                #[cfg(feature = "mysql")]
+                Store::MySql(store) => Some(store.pool().options().get_max_connections()),
+                _ => None,
+            };
+            if let Some(pool) = pool {
                 println!("pool: {pool} connections");
             }
         }
@@ -215,6 +220,27 @@ fn database_pool_size_sizes_the_pool_and_a_bad_one_refuses_to_start() {
         stdout.contains("refused DATABASE_POOL_SIZE") && stdout.contains("SQLite"),
         "the zero-setup store sizes its own pool:\n{stdout}\n{stderr}"
     );
+}
+
+/// The same variable sizes the MySQL/MariaDB pool (default 10).
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn database_pool_size_sizes_the_mysql_pool_too() {
+    let (_db, url) = support::kit::mysql_database("app_pool").await;
+    let brokers = format!("127.0.0.1:{}", closed_port());
+    for (size, expected) in [
+        (None, "pool: 10 connections"),
+        (Some("12"), "pool: 12 connections"),
+    ] {
+        let mut env = vec![
+            ("DATABASE_URL", url.as_str()),
+            ("KAFKA_BROKERS", brokers.as_str()),
+        ];
+        env.extend(size.map(|s| ("DATABASE_POOL_SIZE", s)));
+        // A child process, waited for on this worker thread (the other runs the runtime).
+        let (stdout, stderr) = from_env(&env);
+        assert!(stdout.contains(expected), "{size:?}:\n{stdout}\n{stderr}");
+    }
 }
 
 #[test]

@@ -40,29 +40,28 @@ pub(super) enum Choice {
     Embedded,
 }
 
-/// Reads `DATABASE_URL`, `KAFKA_BROKERS` and `NATS_URL` and chooses (see [`choose`]).
-pub(super) fn read() -> Result<Choice, AppError> {
-    let var = |name| match std::env::var(name) {
+/// The variable `name`, if set; not UTF-8 is an error naming it.
+fn var(name: &'static str) -> Result<Option<String>, AppError> {
+    match std::env::var(name) {
         Ok(value) => Ok(Some(value)),
         Err(std::env::VarError::NotPresent) => Ok(None),
         Err(std::env::VarError::NotUnicode(_)) => Err(AppError::Env {
             variable: name,
             reason: "is not valid UTF-8".to_owned(),
         }),
-    };
+    }
+}
+
+/// Reads `DATABASE_URL`, `KAFKA_BROKERS` and `NATS_URL` and chooses (see [`choose`]).
+pub(super) fn read() -> Result<Choice, AppError> {
     choose(var(DATABASE_URL)?, var(KAFKA_BROKERS)?, var(NATS_URL)?)
 }
 
 /// `DATABASE_POOL_SIZE`, if set: the connections of the database's pool.
 pub(super) fn pool_size() -> Result<Option<u32>, AppError> {
-    match std::env::var(DATABASE_POOL_SIZE) {
-        Ok(value) => parse_pool_size(&value).map(Some),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err(AppError::Env {
-            variable: DATABASE_POOL_SIZE,
-            reason: "is not valid UTF-8".to_owned(),
-        }),
-    }
+    var(DATABASE_POOL_SIZE)?
+        .map(|value| parse_pool_size(&value))
+        .transpose()
 }
 
 /// A pool size: a whole number, at least [`MIN_POOL_SIZE`].
@@ -71,9 +70,9 @@ pub(super) fn parse_pool_size(value: &str) -> Result<u32, AppError> {
         variable: DATABASE_POOL_SIZE,
         reason: format!(
             "is `{}`: {why}; it is the number of connections the database pool may open \
-             (unset: 16 on PostgreSQL, 10 on MySQL/MariaDB; with the database a round trip of a \
-             millisecond or more away, about the events per second wanted times the seconds a \
-             message's transaction is open)",
+             (with the database a round trip of a millisecond or more away, about the events \
+             per second wanted times the seconds a message's transaction is open; the defaults \
+             and the rule: docs/deployment.md)",
             value.trim()
         ),
     };

@@ -114,27 +114,3 @@ async fn zero_setup() -> Result<(Store, Option<TempDir>, String), AppError> {
     let name = format!("SQLite ({})", path.display());
     Ok((Store::Sqlite(store), Some(temp), name))
 }
-
-#[cfg(test)]
-mod tests {
-    use super::{env, AppError, PG_POOL_CONNECTIONS};
-
-    #[test]
-    fn a_refused_pool_size_names_the_defaults_in_force() {
-        let Err(AppError::Env { reason, .. }) = env::parse_pool_size("two") else {
-            panic!("`two` accepted as a pool size");
-        };
-        assert!(
-            reason.contains(&format!("{PG_POOL_CONNECTIONS} on PostgreSQL")),
-            "{reason}"
-        );
-        #[cfg(feature = "mysql")]
-        assert!(
-            reason.contains(&format!(
-                "{} on MySQL/MariaDB",
-                crate::mysql::POOL_CONNECTIONS
-            )),
-            "{reason}"
-        );
-    }
-}

@@ -59,10 +59,10 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// The current time, as stored (UTC: sqlx sets the session's time zone to `+00:00`).
 /// The connections of the pool [`MySqlStore::connect`] opens.
 pub(crate) const POOL_CONNECTIONS: u32 = 10;
 
+/// The current time, as stored (UTC: sqlx sets the session's time zone to `+00:00`).
 pub(crate) const NOW: &str = "NOW(6)";
 
 /// A time `?` microseconds before now.
@@ -386,7 +386,8 @@ impl MySqlStore {
     }
 
     /// Connects to `url` (`mysql://user:password@host:port/database`, MariaDB or MySQL) with a
-    /// pool of up to 10 connections, failing within [`CONNECT_TIMEOUT`] with the target (password hidden) and the cause.
+    /// pool of up to 10 connections, failing within [`CONNECT_TIMEOUT`] with the target
+    /// (password hidden) and the cause.
     /// Its sessions read committed data (`READ COMMITTED`, as PostgreSQL does by default), and
     /// on MariaDB end a transaction left idle for 30 s (`idle_transaction_timeout`, unless set
     /// already), so one whose connection went half-open does not hold its row locks for hours.

@@ -11,9 +11,6 @@ use crate::store::migrate::render;
 use crate::store::sql::stmt;
 use crate::store::{StoreError, Tables};
 
-/// The current definition of the outbox's commit trigger function (see `rename_one`).
-const ORDER_FUNCTION: &str = include_str!("migrations/outbox_v6.sql");
-
 /// The relations that belong to a table (`$1`, its oid), with their kind for `ALTER`: its
 /// partitions (at any depth), their indexes and its sequences.
 const OWNED: &str = "\
@@ -128,7 +125,8 @@ async fn rename_one(
         // The outbox's commit trigger function names its table since migration outbox v6:
         // defined again (its current definition) for the new name. Where it predates v6, v6
         // runs again after the rename and defines the same.
-        statements.push(render(ORDER_FUNCTION, tables).map_err(StoreError::Migration)?);
+        statements
+            .push(render(super::outbox::ORDER_FUNCTION, tables).map_err(StoreError::Migration)?);
     }
     for statement in statements {
         sqlx::raw_sql(stmt(statement)).execute(&mut *conn).await?;

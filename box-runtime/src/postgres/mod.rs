@@ -90,7 +90,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
         component: "outbox",
         version: 6,
         description: "the commit trigger's UPDATE planned once per session, not per row",
-        sql: include_str!("migrations/outbox_v6.sql"),
+        sql: outbox::ORDER_FUNCTION,
     },
     Migration {
         component: "inbox",
