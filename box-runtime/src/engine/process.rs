@@ -131,7 +131,7 @@ impl<S: InboxStore> Inbox<S> {
     /// info), a failure or a dead letter at warn.
     pub(super) fn log(&self, d: &Delivery, outcome: &Outcome) {
         let id = d.header_str(self.config.event_id_header()).unwrap_or("-");
-        let (group, at) = (self.group(), d.coordinates());
+        let (group, at) = (self.group(), d.at());
         match outcome {
             Outcome::Processed { attempt } => {
                 tracing::debug!(target: "inoutbox::engine", group, %at, event_id = id, attempt, "processed")

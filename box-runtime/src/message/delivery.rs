@@ -44,6 +44,22 @@ impl Delivery {
 
     /// `topic/partition@offset`, for messages.
     pub fn coordinates(&self) -> String {
-        format!("{}/{}@{}", self.topic, self.partition, self.offset)
+        self.at().to_string()
+    }
+
+    /// The same as [`Delivery::coordinates`], written only where it is displayed: a log field
+    /// that is filtered out costs no allocation.
+    pub(crate) fn at(&self) -> impl std::fmt::Display + '_ {
+        Coordinates(self)
+    }
+}
+
+/// [`Delivery::at`]'s display.
+struct Coordinates<'a>(&'a Delivery);
+
+impl std::fmt::Display for Coordinates<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = self.0;
+        write!(f, "{}/{}@{}", d.topic, d.partition, d.offset)
     }
 }

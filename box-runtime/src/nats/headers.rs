@@ -28,15 +28,17 @@ pub(super) fn incoming(headers: Option<&HeaderMap>) -> Headers {
     let Some(headers) = headers else {
         return Vec::new();
     };
-    let mut out: Headers = headers
-        .iter()
-        .flat_map(|(name, values)| {
-            let name: &str = name.as_ref();
+    // Sized up front (one value a name, as CloudEvents headers are): collecting the nested
+    // iterator would grow the vector from nothing, a reallocation or two a message.
+    let mut out: Headers = Vec::with_capacity(headers.len());
+    for (name, values) in headers.iter() {
+        let name: &str = name.as_ref();
+        out.extend(
             values
                 .iter()
-                .map(move |v| (name.to_owned(), Some(v.as_str().as_bytes().to_vec())))
-        })
-        .collect();
+                .map(|v| (name.to_owned(), Some(v.as_str().as_bytes().to_vec()))),
+        );
+    }
     out.sort_by(|a, b| a.0.cmp(&b.0));
     out
 }
