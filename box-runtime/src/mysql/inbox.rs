@@ -57,27 +57,23 @@ impl MySqlStore {
         })
     }
 
-    /// Inserts the rows of `requests` unless they exist; returns the `(source, event id)` of
-    /// those inserted, each with its recorded failed runs. Two statements whatever the batch's
-    /// size: the insert, then, when every row was new, the group's failures
-    /// ([`Self::group_failures`]), else one read of the rows carrying this claim's tokens joined
-    /// with their failures.
+    /// Inserts the rows of `requests` unless they exist; returns, for each request in order,
+    /// its recorded failed runs when this claim inserted its row, `None` when a row held it
+    /// already. Two statements whatever the batch's size: the insert, then, when every row was
+    /// new, the group's failures ([`Self::group_failures`]), else one read of the rows carrying
+    /// this claim's tokens joined with their failures.
     async fn insert_claims(
         &self,
         tx: &mut Tx,
         requests: &[ClaimRequest<'_>],
-    ) -> Result<HashMap<(String, String), i64>, StoreError> {
+    ) -> Result<Vec<Option<i64>>, StoreError> {
         // Two tokens of this claim's own, never 1 or 2 (bit 40 set, or negative).
         let random = super::claim_token();
         let tokens = ((random | (1 << 40)) & !1, (random | (1 << 40)) | 1);
         let affected = self.insert_rows(tx, requests, tokens).await?;
         if affected == requests.len() as u64 {
             if let Some(failed) = self.group_failures(tx, &requests[0].key.group).await? {
-                let key = |r: &ClaimRequest<'_>| (r.key.source.clone(), r.key.event_id.clone());
-                return Ok(requests
-                    .iter()
-                    .map(|r| (key(r), failed.get(&key(r)).copied().unwrap_or(0)))
-                    .collect());
+                return Ok(requests.iter().map(|r| Some(runs(&failed, r))).collect());
             }
         }
         let select = stmt(format!(
@@ -97,9 +93,13 @@ impl MySqlStore {
             query = query.bind(&r.key.source).bind(&r.key.event_id);
         }
         let inserted: Vec<(Vec<u8>, Vec<u8>, Option<i32>)> = query.fetch_all(&mut **tx).await?;
-        Ok(inserted
+        let inserted: HashMap<(String, String), i64> = inserted
             .into_iter()
             .map(|(s, e, n)| ((text(s), text(e)), i64::from(n.unwrap_or(0))))
+            .collect();
+        Ok(requests
+            .iter()
+            .map(|r| inserted.get(&key(r)).copied())
             .collect())
     }
 
@@ -174,6 +174,20 @@ impl MySqlStore {
     }
 }
 
+/// A claim's `(source, event id)`, as the maps of failures and inserted rows key it.
+fn key(r: &ClaimRequest<'_>) -> (String, String) {
+    (r.key.source.clone(), r.key.event_id.clone())
+}
+
+/// The failed runs `failed` records for a claim's message (0 when none). Failures are rare:
+/// with none recorded, no key is copied to look it up.
+fn runs(failed: &HashMap<(String, String), i64>, r: &ClaimRequest<'_>) -> i64 {
+    if failed.is_empty() {
+        return 0;
+    }
+    failed.get(&key(r)).copied().unwrap_or(0)
+}
+
 impl InboxStore for MySqlStore {
     type Tx = Tx;
 
@@ -230,11 +244,10 @@ impl InboxStore for MySqlStore {
         }
         let inserted = self.insert_claims(tx, requests).await?;
         let mut claims = Vec::with_capacity(requests.len());
-        for r in requests {
-            let k = (r.key.source.clone(), r.key.event_id.clone());
-            claims.push(match inserted.get(&k) {
+        for (r, inserted) in requests.iter().zip(inserted) {
+            claims.push(match inserted {
                 Some(failed) => Claim::New {
-                    attempts: u32::try_from(*failed).unwrap_or(0),
+                    attempts: u32::try_from(failed).unwrap_or(0),
                 },
                 None => self.duplicate_of(tx, r.key).await?,
             });
