@@ -73,7 +73,10 @@ impl MySqlStore {
         let affected = self.insert_rows(tx, requests, tokens).await?;
         if affected == requests.len() as u64 {
             if let Some(failed) = self.group_failures(tx, &requests[0].key.group).await? {
-                return Ok(requests.iter().map(|r| Some(runs(&failed, r))).collect());
+                return Ok(requests
+                    .iter()
+                    .map(|r| Some(lookup(&failed, r).unwrap_or(0)))
+                    .collect());
             }
         }
         let select = stmt(format!(
@@ -97,10 +100,7 @@ impl MySqlStore {
             .into_iter()
             .map(|(s, e, n)| ((text(s), text(e)), i64::from(n.unwrap_or(0))))
             .collect();
-        Ok(requests
-            .iter()
-            .map(|r| inserted.get(&key(r)).copied())
-            .collect())
+        Ok(requests.iter().map(|r| lookup(&inserted, r)).collect())
     }
 
     /// The claim's insert, with `tokens.0` on the rows it inserts: its affected rows. Every row
@@ -174,18 +174,14 @@ impl MySqlStore {
     }
 }
 
-/// A claim's `(source, event id)`, as the maps of failures and inserted rows key it.
-fn key(r: &ClaimRequest<'_>) -> (String, String) {
-    (r.key.source.clone(), r.key.event_id.clone())
-}
-
-/// The failed runs `failed` records for a claim's message (0 when none). Failures are rare:
-/// with none recorded, no key is copied to look it up.
-fn runs(failed: &HashMap<(String, String), i64>, r: &ClaimRequest<'_>) -> i64 {
-    if failed.is_empty() {
-        return 0;
+/// What `map` (failed runs, by `(source, event id)`) holds for a claim's message. Failures are
+/// rare: with the map empty, no key is copied to look it up.
+fn lookup(map: &HashMap<(String, String), i64>, r: &ClaimRequest<'_>) -> Option<i64> {
+    if map.is_empty() {
+        return None;
     }
-    failed.get(&key(r)).copied().unwrap_or(0)
+    map.get(&(r.key.source.clone(), r.key.event_id.clone()))
+        .copied()
 }
 
 impl InboxStore for MySqlStore {
